@@ -1,0 +1,11 @@
+"""``tmslurm``: user and admin commands (status, notify, report)."""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tmslurm.commands import main as run
+
+    return run(sys.argv[1:] if argv is None else argv)

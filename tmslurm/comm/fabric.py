@@ -1,0 +1,254 @@
+"""The fabric: one rank's named process groups, each buildable for a new generation on its own.
+
+Contract:
+- Every group is a torch.distributed ProcessGroup (gloo on CPU, NCCL on CUDA) built directly over
+  ``PrefixStore("<name>/g<generation>", store)``. There is no global ``init_process_group`` and no
+  world group. Group members are logical ranks (slots); a replacement process takes its slot's
+  group rank, so reduction order, and therefore every bit of the result, is unchanged.
+- :meth:`Fabric.build` constructs the given generations without touching installed groups (phase 1,
+  may run in a background thread while other groups carry traffic); :meth:`Fabric.install` swaps the
+  handles in (phase 2). Groups not named keep their exact ProcessGroup objects.
+- Every operation is issued asynchronously and waited on in short slices. Between slices the abort
+  event is checked: when set, the wait raises :class:`~tmslurm.errors.CommAborted`. A dead peer
+  surfaces as :class:`~tmslurm.errors.CommError` (gloo reports a closed connection within ms); no
+  operation waits past ``timeout`` in total. Abandoned groups are kept in a graveyard, never
+  destroyed, because destroying a group with a pending operation can block.
+- Per-step op counters per group (sent, received, collectives, pending) tell the controller which
+  groups an aborted step left *dirty* (entered by some members only).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from tmslurm.errors import CommAborted, CommError
+from tmslurm.topology import GroupSpec, Layout
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GroupHandle:
+    name: str
+    generation: int
+    members: tuple[int, ...]
+    group_rank: int
+    pg: Any
+
+    def peer(self, rank: int) -> int:
+        return self.members.index(rank)
+
+
+@dataclass
+class OpCount:
+    sent: int = 0
+    recv: int = 0
+    coll: int = 0
+    pending: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"sent": self.sent, "recv": self.recv, "coll": self.coll, "pending": self.pending}
+
+
+@dataclass
+class FabricSettings:
+    backend: str = "gloo"
+    timeout_s: float = 60.0
+    wait_slice_s: float = 0.05
+    connect_timeout_s: float = 120.0
+
+
+StoreFactory = Callable[[], Any]
+
+
+def make_pg(store: Any, name: str, generation: int, group_rank: int, size: int, s: FabricSettings) -> Any:
+    """Construct one ProcessGroup over a namespaced store; blocks until every member arrived."""
+    prefixed = dist.PrefixStore(f"{name}/g{generation}", store)
+    timeout = datetime.timedelta(seconds=s.timeout_s)
+    if s.backend == "nccl":
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        return dist.ProcessGroupNCCL(prefixed, group_rank, size, opts)
+    return dist.ProcessGroupGloo(prefixed, group_rank, size, timeout)
+
+
+class Fabric:
+    def __init__(self, rank: int, layout: Layout, store_factory: StoreFactory, settings: FabricSettings,
+                 abort_event: threading.Event) -> None:
+        self.rank = rank
+        self.layout = layout
+        self.store_factory = store_factory
+        self.s = settings
+        self.abort_event = abort_event
+        self.handles: dict[str, GroupHandle] = {}
+        self.graveyard: list[Any] = []
+        self.counts: dict[str, OpCount] = {}
+        self._pending_sends: list[tuple[str, Any]] = []
+        self._slice = datetime.timedelta(seconds=settings.wait_slice_s)
+
+    # ---- building and switching -------------------------------------------------------------
+    def my_groups(self) -> list[GroupSpec]:
+        """Groups of this rank that need a ProcessGroup (single-member groups need none)."""
+        return [g for g in self.layout.groups_of(self.rank) if len(g.members) > 1]
+
+    def build(self, generations: dict[str, int], pairs: dict[str, tuple[int, int]] | None = None) -> dict[str, GroupHandle]:
+        """Build the named groups at the given generations (blocking); installs nothing.
+
+        ``pairs`` adds two-member transfer groups ``{name: (generation, my_index)}``. All groups are
+        built in one global name order (dp/ < pp/ < xfer/), so processes building overlapping sets
+        can never wait on each other in a cycle.
+        """
+        store = self.store_factory()
+        pairs = pairs or {}
+        built = {}
+        for name in sorted(set(generations) | set(pairs)):
+            if name in pairs:
+                gen, index = pairs[name]
+                pg = make_pg(store, name, gen, index, 2, self.s)
+                built[name] = GroupHandle(name, gen, (0, 1), index, pg)
+                continue
+            spec = self.layout.groups[name]
+            gr = spec.group_rank(self.rank)
+            pg = make_pg(store, name, generations[name], gr, len(spec.members), self.s)
+            built[name] = GroupHandle(name, generations[name], spec.members, gr, pg)
+        return built
+
+    def build_in_background(self, generations: dict[str, int], pairs: dict[str, tuple[int, int]] | None = None,
+                            on_done: Callable[["BackgroundBuild"], None] | None = None) -> "BackgroundBuild":
+        return BackgroundBuild(self, generations, pairs or {}, on_done)
+
+    def install(self, handles: dict[str, GroupHandle]) -> None:
+        """Phase 2: swap in new handles; replaced ones go to the graveyard."""
+        for name, handle in handles.items():
+            old = self.handles.get(name)
+            if old is not None:
+                self.graveyard.append(old.pg)
+            self.handles[name] = handle
+            self.counts[name] = OpCount()
+
+    def abandon(self, names: list[str]) -> None:
+        for name in names:
+            old = self.handles.pop(name, None)
+            if old is not None:
+                self.graveyard.append(old.pg)
+
+    def generations(self) -> dict[str, int]:
+        return {name: h.generation for name, h in self.handles.items()}
+
+    # ---- operations ---------------------------------------------------------------------------
+    def begin_step(self) -> None:
+        self.counts = {name: OpCount() for name in self.handles}
+        self._pending_sends = []
+
+    def status(self) -> dict[str, dict[str, int]]:
+        """Per installed group: this step's op counts and the group's generation."""
+        return {name: {**self.counts.get(name, OpCount()).as_dict(), "gen": h.generation} for name, h in self.handles.items()}
+
+    def send(self, name: str, tensor: torch.Tensor, peer: int, tag: int) -> None:
+        h = self._handle(name)
+        work = self._issue(name, "send", lambda: h.pg.send([tensor], h.peer(peer), tag))
+        self.counts[name].sent += 1
+        self._pending_sends.append((name, work))
+
+    def recv(self, name: str, tensor: torch.Tensor, peer: int, tag: int) -> torch.Tensor:
+        h = self._handle(name)
+        work = self._issue(name, "recv", lambda: h.pg.recv([tensor], h.peer(peer), tag))
+        self.counts[name].recv += 1
+        self._wait(name, work, "recv")
+        return tensor
+
+    def allreduce(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        h = self._handle(name)
+        work = self._issue(name, "allreduce", lambda: h.pg.allreduce([tensor]))
+        self.counts[name].coll += 1
+        self._wait(name, work, "allreduce")
+        return tensor
+
+    def flush_sends(self) -> None:
+        pending, self._pending_sends = self._pending_sends, []
+        for name, work in pending:
+            self._wait(name, work, "send")
+
+    def _handle(self, name: str) -> GroupHandle:
+        try:
+            return self.handles[name]
+        except KeyError:
+            raise CommError(f"rank {self.rank} has no group {name!r}; installed: {sorted(self.handles)}") from None
+
+    def _issue(self, name: str, op: str, fn: Callable[[], Any]) -> Any:
+        if self.abort_event.is_set():
+            raise CommAborted(f"{op} on {name} not issued: the step is being aborted")
+        self.counts.setdefault(name, OpCount()).pending += 1
+        try:
+            return fn()
+        except RuntimeError as exc:
+            raise CommError(f"{op} on group {name} failed to start: {_short(exc)}") from None
+
+    def _wait(self, name: str, work: Any, op: str) -> None:
+        deadline = time.monotonic() + self.s.timeout_s
+        while True:
+            try:
+                work.wait(self._slice)
+                self.counts[name].pending -= 1
+                return
+            except RuntimeError as exc:
+                if "timed out" not in str(exc).lower():
+                    raise CommError(f"{op} on group {name} failed: {_short(exc)}") from None
+            if self.abort_event.is_set():
+                raise CommAborted(f"{op} on group {name} abandoned: the step is being aborted")
+            if time.monotonic() > deadline:
+                raise CommError(f"{op} on group {name} timed out after {self.s.timeout_s:.0f}s (runtime.collective_timeout_s)")
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text if len(text) < 300 else text[:300] + "..."
+
+
+@dataclass
+class BackgroundBuild:
+    """Phase 1 in a thread: build groups while training continues on the installed ones."""
+
+    fabric: Fabric
+    generations: dict[str, int]
+    pairs: dict[str, tuple[int, int]] = field(default_factory=dict)
+    on_done: Callable[["BackgroundBuild"], None] | None = None
+    result: dict[str, GroupHandle] = field(default_factory=dict)
+    error: BaseException | None = None
+    seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="phase1-build", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        t0 = time.monotonic()
+        try:
+            self.result = self.fabric.build(self.generations, self.pairs)
+        except BaseException as exc:  # reported to the caller through join()
+            self.error = exc
+        self.seconds = time.monotonic() - t0
+        if self.on_done is not None:
+            self.on_done(self)
+
+    def names(self) -> list[str]:
+        return sorted(set(self.generations) | set(self.pairs))
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def join(self, timeout: float | None = None) -> dict[str, GroupHandle]:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise CommError(f"group build of {self.names()} did not finish in {timeout}s")
+        if self.error is not None:
+            raise CommError(f"group build of {self.names()} failed: {_short(self.error)}")
+        return self.result

@@ -1,0 +1,161 @@
+"""Stage communicators: what the pipeline schedule calls to move activations, gradients and reductions.
+
+Contract: a :class:`StageComm` gives the schedule five operations (receive/send activations,
+receive/send gradients, all-reduce the flat gradient) and nothing else, so the same schedule runs
+
+- over the real fabric (:class:`FabricStageComm`), where failures raise CommError/CommAborted;
+- over the real fabric while *recording* the values that cross the stage boundary
+  (:class:`RecordingStageComm`, used by designated ranks for the first step only, then off: zero
+  steady-state cost);
+- inside a standby's sandbox (:class:`SandboxStageComm`), where every value that would come from a
+  peer is *replayed* from a recording and every send is skipped: the sandbox talks to nobody, and
+  never invents zeros or random values that could produce NaNs. A missing or mismatched recording
+  raises :class:`~tmslurm.errors.CommError` naming the file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from tmslurm.comm.fabric import Fabric
+from tmslurm.errors import CommError
+from tmslurm.topology import Layout
+
+log = logging.getLogger(__name__)
+
+
+class StageComm(Protocol):
+    def recv_act(self, micro: int) -> torch.Tensor: ...
+    def send_act(self, t: torch.Tensor, micro: int) -> None: ...
+    def recv_grad(self, micro: int) -> torch.Tensor: ...
+    def send_grad(self, t: torch.Tensor, micro: int) -> None: ...
+    def allreduce(self, flat: torch.Tensor) -> torch.Tensor: ...
+    def end_step(self) -> None: ...
+
+
+GRAD_TAG = 100000
+
+
+class FabricStageComm:
+    def __init__(self, fabric: Fabric, layout: Layout, rank: int, act_shape: tuple[int, ...], device: torch.device) -> None:
+        self.f = fabric
+        self.prev = layout.pp_prev(rank)
+        self.next = layout.pp_next(rank)
+        c = layout.coord(rank)
+        self.prev_rank = layout.rank(c.dp, c.stage - 1, c.tp) if self.prev else None
+        self.next_rank = layout.rank(c.dp, c.stage + 1, c.tp) if self.next else None
+        self.dp = layout.dp_group(rank) if layout.dp > 1 else None
+        self.shape = act_shape
+        self.device = device
+
+    def recv_act(self, micro: int) -> torch.Tensor:
+        buf = torch.empty(self.shape, device=self.device)
+        return self.f.recv(self.prev, buf, self.prev_rank, micro)
+
+    def send_act(self, t: torch.Tensor, micro: int) -> None:
+        self.f.send(self.next, t.detach().contiguous(), self.next_rank, micro)
+
+    def recv_grad(self, micro: int) -> torch.Tensor:
+        buf = torch.empty(self.shape, device=self.device)
+        return self.f.recv(self.next, buf, self.next_rank, GRAD_TAG + micro)
+
+    def send_grad(self, t: torch.Tensor, micro: int) -> None:
+        self.f.send(self.prev, t.contiguous(), self.prev_rank, GRAD_TAG + micro)
+
+    def allreduce(self, flat: torch.Tensor) -> torch.Tensor:
+        return flat if self.dp is None else self.f.allreduce(self.dp, flat)
+
+    def end_step(self) -> None:
+        self.f.flush_sends()
+
+
+def recording_path(run_dir: str | Path, role: str) -> Path:
+    return Path(run_dir) / "sandbox" / f"{role}.pt"
+
+
+class RecordingStageComm:
+    """Wraps the real communicator and records every incoming value of one step to a file."""
+
+    def __init__(self, inner: FabricStageComm, path: Path) -> None:
+        self.inner = inner
+        self.path = path
+        self.rec: dict[str, torch.Tensor] = {}
+
+    def recv_act(self, micro: int) -> torch.Tensor:
+        t = self.inner.recv_act(micro)
+        self.rec[f"act/{micro}"] = t.detach().clone().cpu()
+        return t
+
+    def send_act(self, t: torch.Tensor, micro: int) -> None:
+        self.inner.send_act(t, micro)
+
+    def recv_grad(self, micro: int) -> torch.Tensor:
+        t = self.inner.recv_grad(micro)
+        self.rec[f"grad/{micro}"] = t.detach().clone().cpu()
+        return t
+
+    def send_grad(self, t: torch.Tensor, micro: int) -> None:
+        self.inner.send_grad(t, micro)
+
+    def allreduce(self, flat: torch.Tensor) -> torch.Tensor:
+        out = self.inner.allreduce(flat)
+        self.rec["allreduce"] = out.detach().clone().cpu()
+        return out
+
+    def end_step(self) -> None:
+        self.inner.end_step()
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        torch.save(self.rec, tmp)
+        os.replace(tmp, self.path)
+        log.info("recorded %d boundary values to %s", len(self.rec), self.path)
+
+
+class SandboxStageComm:
+    """Answers every boundary-crossing operation from a recording; sends are skipped."""
+
+    def __init__(self, path: Path, device: torch.device) -> None:
+        try:
+            self.rec = torch.load(path, weights_only=True)
+        except Exception as exc:
+            raise CommError(f"sandbox recording {path} is unreadable: {exc}") from None
+        self.path = path
+        self.device = device
+        self.sent = 0
+
+    def _get(self, key: str) -> torch.Tensor:
+        try:
+            return self.rec[key].to(self.device).clone()
+        except KeyError:
+            raise CommError(f"sandbox recording {self.path} has no value for {key!r} (recorded with another layout?)") from None
+
+    def recv_act(self, micro: int) -> torch.Tensor:
+        return self._get(f"act/{micro}")
+
+    def send_act(self, t: torch.Tensor, micro: int) -> None:
+        self.sent += 1
+
+    def recv_grad(self, micro: int) -> torch.Tensor:
+        return self._get(f"grad/{micro}")
+
+    def send_grad(self, t: torch.Tensor, micro: int) -> None:
+        self.sent += 1
+
+    def allreduce(self, flat: torch.Tensor) -> torch.Tensor:
+        if "allreduce" not in self.rec:
+            return flat  # dp = 1: the reduction is the identity
+        out = self._get("allreduce")
+        if out.shape != flat.shape:
+            raise CommError(f"sandbox recording {self.path}: all-reduce shape {tuple(out.shape)} != {tuple(flat.shape)}")
+        flat.copy_(out)
+        return flat
+
+    def end_step(self) -> None:
+        pass

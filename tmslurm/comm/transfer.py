@@ -1,0 +1,51 @@
+"""Direct state transfer between two processes over a two-member process group.
+
+Contract: :func:`send_state` serialises a state dict with ``torch.save`` and sends its length and
+bytes; :func:`recv_state` receives and deserialises it. The bytes are exactly the sender's tensors,
+so the receiver's state is bit-identical. Failures (peer died, timeout) raise CommError.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import time
+from typing import Any, Callable
+
+import torch
+
+from tmslurm.errors import CommError
+
+
+def _wait(work: Any, timeout_s: float, what: str, should_stop: Callable[[], bool] | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    slice_ = datetime.timedelta(seconds=0.05)
+    while True:
+        try:
+            work.wait(slice_)
+            return
+        except RuntimeError as exc:
+            if "timed out" not in str(exc).lower():
+                raise CommError(f"state transfer ({what}) failed: {str(exc).splitlines()[0][:200]}") from None
+        if should_stop is not None and should_stop():
+            raise CommError(f"state transfer ({what}) abandoned: the switch was cancelled")
+        if time.monotonic() > deadline:
+            raise CommError(f"state transfer ({what}) timed out after {timeout_s:.0f}s")
+
+
+def send_state(pg: Any, peer: int, state: dict[str, Any], timeout_s: float) -> int:
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    payload = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+    _wait(pg.send([torch.tensor([payload.numel()], dtype=torch.int64)], peer, 1), timeout_s, "size")
+    _wait(pg.send([payload], peer, 2), timeout_s, "payload")
+    return payload.numel()
+
+
+def recv_state(pg: Any, peer: int, timeout_s: float, should_stop: Callable[[], bool] | None = None) -> tuple[dict[str, Any], int]:
+    size = torch.zeros(1, dtype=torch.int64)
+    _wait(pg.recv([size], peer, 1), timeout_s, "size", should_stop)
+    payload = torch.empty(int(size.item()), dtype=torch.uint8)
+    _wait(pg.recv([payload], peer, 2), timeout_s, "payload", should_stop)
+    state = torch.load(io.BytesIO(payload.numpy().tobytes()), weights_only=False)
+    return state, int(size.item())

@@ -1,0 +1,338 @@
+"""Structured configuration of a tmslurm run, registered in Hydra's ConfigStore.
+
+Contract: every component owns one kw-only dataclass whose fields carry docstrings; the root is
+:class:`RunConfig`. :func:`compose_config` turns Hydra command-line overrides into a validated
+``RunConfig`` and :func:`validate` checks the cross-field rules. Any invalid input (unknown key, wrong
+type, a layout that does not match the nodes, a negative count, an unknown fault kind) raises
+:class:`~tmslurm.errors.ConfigError` with one message that names the override to change and, where
+there are some, the valid values. Nothing here starts processes or touches the file system.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from tmslurm.errors import ConfigError
+
+FAULT_KINDS = ("drain", "kill", "stop", "node_down")
+BACKENDS = ("gloo", "nccl")
+DEVICES = ("cpu", "cuda")
+CLUSTERS = ("local", "slurm")
+MODEL_SIZES = ("tiny", "small")
+RESTART_MODES = ("tmslurm", "injob_restart", "requeue_restart")
+
+
+@dataclass(kw_only=True)
+class ParallelConfig:
+    dp: int = 2
+    """Data-parallel degree: number of model replicas."""
+    pp: int = 2
+    """Pipeline-parallel degree: number of stages each replica is split into."""
+    tp: int = 1
+    """Tensor-parallel degree (only 1 is implemented; kept so layouts read the usual way)."""
+    ranks_per_node: int = 1
+    """Training ranks started on each node."""
+    nodes: Optional[int] = None
+    """Training nodes; None means dp*pp*tp / ranks_per_node."""
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    size: str = "tiny"
+    """Preset name this config came from (tiny | small)."""
+    n_layer: int = 4
+    """Transformer blocks, split over the pipeline stages."""
+    d_model: int = 32
+    """Width of the residual stream."""
+    n_head: int = 2
+    """Attention heads."""
+    seq_len: int = 32
+    """Bytes per training sequence."""
+    vocab: int = 256
+    """Vocabulary size (byte-level: 256)."""
+    compile: bool = False
+    """Wrap each stage module in torch.compile (makes warm-up real on CPU)."""
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    steps: int = 50
+    """Optimizer steps to run."""
+    micro_batches: int = 2
+    """Micro-batches per step and data-parallel rank (pipeline depth of the schedule)."""
+    micro_batch_size: int = 4
+    """Sequences per micro-batch."""
+    lr: float = 3e-3
+    """AdamW learning rate."""
+    weight_decay: float = 0.01
+    """AdamW weight decay."""
+    seed: int = 1234
+    """Seed of parameter init and of the data order."""
+    checkpoint_every: int = 0
+    """Save a torch.distributed.checkpoint every K steps; 0 disables periodic checkpoints."""
+    data_path: Optional[str] = None
+    """Text file to train on; None uses the Python standard library's sources (sorted)."""
+    threads: int = 1
+    """torch intra-op threads per rank; standbys use the same value (bitwise equality)."""
+    step_delay_s: float = 0.0
+    """Extra sleep per step (demo pacing only; 0 in tests and benchmarks)."""
+
+
+@dataclass(kw_only=True)
+class StandbyConfig:
+    count: int = 0
+    """Warm standby processes (cluster=local) or spare allocations (cluster=slurm)."""
+    warmup_iters: int = 2
+    """Shadow iterations a standby runs per role in its sandbox."""
+    replenish: bool = False
+    """Start a new standby (a new spare job on Slurm) for each one consumed or lost."""
+
+
+@dataclass(kw_only=True)
+class SlurmConfig:
+    partition: str = "debug"
+    """Partition for the main job and the spares."""
+    time: str = "00:30:00"
+    """Time limit (sbatch --time) of the main job and the spares."""
+    account: Optional[str] = None
+    """sbatch --account, if the cluster needs one."""
+    extra_args: list[str] = field(default_factory=list)
+    """Extra sbatch arguments, e.g. ['--qos=high']."""
+    poll_interval_s: float = 1.0
+    """How often the watcher polls node states and reservations."""
+    backend: str = "auto"
+    """Slurm client backend: auto | cli | pyslurm."""
+
+
+@dataclass(kw_only=True)
+class RuntimeConfig:
+    backend: str = "gloo"
+    """torch.distributed backend of the training groups: gloo | nccl."""
+    device: str = "cpu"
+    """Device of the stage modules: cpu | cuda."""
+    heartbeat_interval_s: float = 0.2
+    """Agent -> controller heartbeat period."""
+    heartbeat_timeout_s: float = 3.0
+    """A rank silent this long is declared hung and fenced."""
+    collective_timeout_s: float = 60.0
+    """Upper bound of any single collective before it fails on its own."""
+    wait_slice_s: float = 0.05
+    """Pending collectives are waited on in slices this long, checking for aborts between."""
+    connect_timeout_s: float = 120.0
+    """How long agents wait for the controller and groups for their members."""
+    restart_mode: str = "tmslurm"
+    """Recovery strategy: tmslurm (standby switch) | injob_restart | requeue_restart (baselines)."""
+    commit_vote: bool = True
+    """Vote on every step commit (off only to measure its cost)."""
+    verify_replicas: bool = False
+    """Workers send a parameter digest with every vote; the controller checks DP replicas are equal."""
+
+
+@dataclass(kw_only=True)
+class FaultConfig:
+    step: int
+    """Step at which the fault fires."""
+    kind: str
+    """drain | kill | stop | node_down."""
+    rank: int = 0
+    """Training rank hit by the fault (its node for drain and node_down)."""
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    defaults: list[Any] = field(default_factory=lambda: ["_self_", {"model": "tiny"}])
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    standby: StandbyConfig = field(default_factory=StandbyConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    cluster: str = "local"
+    """Where ranks run: local (processes on this host) | slurm (submit jobs)."""
+    run_dir: str = ""
+    """Run directory; empty means runs/<timestamp> under the current directory."""
+    faults: list[FaultConfig] = field(default_factory=list)
+    """Injected faults [{step, kind, rank}] for tests, benchmarks and the demo."""
+
+
+MODEL_PRESETS = {
+    "tiny": ModelConfig(size="tiny", n_layer=4, d_model=32, n_head=2, seq_len=32),
+    "small": ModelConfig(size="small", n_layer=6, d_model=128, n_head=4, seq_len=64),
+}
+
+
+def register_configs() -> None:
+    """Register the schema and the model presets in Hydra's ConfigStore (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="tmslurm", node=RunConfig)
+    for name, preset in MODEL_PRESETS.items():
+        cs.store(group="model", name=name, node=preset)
+
+
+def world_size(p: ParallelConfig) -> int:
+    return p.dp * p.pp * p.tp
+
+
+def num_nodes(p: ParallelConfig) -> int:
+    return p.nodes if p.nodes is not None else world_size(p) // p.ranks_per_node
+
+
+def _positive(value: int, override: str, minimum: int = 1) -> None:
+    if value < minimum:
+        raise ConfigError(f"{override}={value} is invalid: it must be >= {minimum}. Fix: pass {override}=<n> with n >= {minimum}.")
+
+
+def _one_of(value: str, valid: tuple[str, ...], override: str) -> None:
+    if value not in valid:
+        raise ConfigError(f"{override}={value!r} is invalid; valid values: {', '.join(valid)}. Fix: pass {override}=<one of them>.")
+
+
+def _validate_parallel(p: ParallelConfig) -> None:
+    for name in ("dp", "pp", "tp", "ranks_per_node"):
+        _positive(getattr(p, name), f"parallel.{name}")
+    if p.tp != 1:
+        raise ConfigError(f"parallel.tp={p.tp}: only tp=1 is implemented. Fix: pass parallel.tp=1.")
+    world = world_size(p)
+    if p.nodes is not None:
+        _positive(p.nodes, "parallel.nodes")
+        if p.nodes * p.ranks_per_node != world:
+            raise ConfigError(
+                f"parallel.dp*pp*tp = {world} ranks does not match parallel.nodes*ranks_per_node = "
+                f"{p.nodes}*{p.ranks_per_node} = {p.nodes * p.ranks_per_node}. Fix: change parallel.nodes "
+                f"(or parallel.ranks_per_node) so that nodes*ranks_per_node = {world}.")
+    elif world % p.ranks_per_node:
+        raise ConfigError(
+            f"parallel.ranks_per_node={p.ranks_per_node} does not divide dp*pp*tp = {world} ranks. "
+            f"Fix: pass a parallel.ranks_per_node that divides {world}.")
+
+
+def _validate_model(m: ModelConfig, p: ParallelConfig) -> None:
+    for name in ("n_layer", "d_model", "n_head", "seq_len", "vocab"):
+        _positive(getattr(m, name), f"model.{name}")
+    if m.d_model % m.n_head:
+        raise ConfigError(f"model.d_model={m.d_model} is not a multiple of model.n_head={m.n_head}. Fix: change model.n_head.")
+    if p.pp > m.n_layer:
+        raise ConfigError(
+            f"parallel.pp={p.pp} is greater than model.n_layer={m.n_layer}: every stage needs at least one "
+            f"block. Fix: pass parallel.pp<={m.n_layer} or a larger model.n_layer.")
+
+
+def _validate_train(t: TrainConfig) -> None:
+    for name in ("steps", "micro_batches", "micro_batch_size", "threads"):
+        _positive(getattr(t, name), f"train.{name}")
+    _positive(t.checkpoint_every, "train.checkpoint_every", 0)
+    if t.lr <= 0:
+        raise ConfigError(f"train.lr={t.lr} must be > 0. Fix: pass train.lr=<positive float>.")
+    if t.data_path is not None and not Path(t.data_path).is_file():
+        raise ConfigError(f"train.data_path={t.data_path!r} is not a readable file. Fix: point train.data_path at a text file or leave it unset.")
+
+
+def _validate_faults(cfg: RunConfig) -> None:
+    world = world_size(cfg.parallel)
+    for i, f in enumerate(cfg.faults):
+        _one_of(f.kind, FAULT_KINDS, f"faults[{i}].kind")
+        if not 0 <= f.rank < world:
+            raise ConfigError(f"faults[{i}].rank={f.rank} is not a training rank; valid: 0..{world - 1}. Fix: change faults[{i}].rank.")
+        if not 0 <= f.step < cfg.train.steps:
+            raise ConfigError(f"faults[{i}].step={f.step} is outside the run; valid: 0..{cfg.train.steps - 1}. Fix: change faults[{i}].step.")
+        if f.kind == "node_down" and cfg.cluster != "slurm":
+            raise ConfigError(f"faults[{i}].kind=node_down needs cluster=slurm. Fix: use kind=kill with cluster=local.")
+
+
+def validate(cfg: RunConfig) -> RunConfig:
+    """Check every field and cross-field rule; raise ConfigError naming the override to change."""
+    _validate_parallel(cfg.parallel)
+    _validate_model(cfg.model, cfg.parallel)
+    _validate_train(cfg.train)
+    _positive(cfg.standby.count, "standby.count", 0)
+    _positive(cfg.standby.warmup_iters, "standby.warmup_iters")
+    _one_of(cfg.cluster, CLUSTERS, "cluster")
+    _one_of(cfg.runtime.backend, BACKENDS, "runtime.backend")
+    _one_of(cfg.runtime.device, DEVICES, "runtime.device")
+    _one_of(cfg.runtime.restart_mode, RESTART_MODES, "runtime.restart_mode")
+    _one_of(cfg.slurm.backend, ("auto", "cli", "pyslurm"), "slurm.backend")
+    if cfg.runtime.backend == "nccl" and cfg.runtime.device != "cuda":
+        raise ConfigError("runtime.backend=nccl needs runtime.device=cuda. Fix: pass runtime.device=cuda or runtime.backend=gloo.")
+    for name in ("heartbeat_interval_s", "heartbeat_timeout_s", "collective_timeout_s", "wait_slice_s", "connect_timeout_s"):
+        if getattr(cfg.runtime, name) <= 0:
+            raise ConfigError(f"runtime.{name} must be > 0. Fix: pass runtime.{name}=<seconds>.")
+    if cfg.runtime.heartbeat_timeout_s <= 2 * cfg.runtime.heartbeat_interval_s:
+        raise ConfigError("runtime.heartbeat_timeout_s must exceed 2 x runtime.heartbeat_interval_s. Fix: raise runtime.heartbeat_timeout_s.")
+    _validate_faults(cfg)
+    return cfg
+
+
+def to_dataclass(node: Any) -> RunConfig:
+    """Convert a composed OmegaConf node into a plain RunConfig (lists of dicts become FaultConfig)."""
+    from omegaconf import OmegaConf
+
+    data = OmegaConf.to_container(node, resolve=True)
+    data.pop("defaults", None)
+    return from_dict(data)
+
+
+def from_dict(data: dict) -> RunConfig:
+    """Build a RunConfig from a plain dict (as written to run_dir/config.json)."""
+    data = dict(data)
+    data.pop("defaults", None)
+    sub = {f.name: f.type for f in dataclasses.fields(RunConfig)}
+    kwargs: dict[str, Any] = {}
+    classes = {"parallel": ParallelConfig, "model": ModelConfig, "train": TrainConfig, "standby": StandbyConfig,
+               "slurm": SlurmConfig, "runtime": RuntimeConfig}
+    for key, value in data.items():
+        if key not in sub:
+            raise ConfigError(f"unknown config key {key!r}; valid keys: {', '.join(k for k in sub if k != 'defaults')}.")
+        if key in classes:
+            kwargs[key] = classes[key](**value)
+        elif key == "faults":
+            kwargs[key] = [FaultConfig(**f) for f in value]
+        else:
+            kwargs[key] = value
+    return RunConfig(**kwargs)
+
+
+def to_dict(cfg: RunConfig) -> dict:
+    data = dataclasses.asdict(cfg)
+    data.pop("defaults", None)
+    return data
+
+
+def presets_dir() -> Path:
+    """The repository's conf/ (experiment presets) when present, else an empty package folder."""
+    repo_conf = Path(__file__).resolve().parent.parent / "conf"
+    return repo_conf if repo_conf.is_dir() else Path(__file__).resolve().parent
+
+
+def compose_config(overrides: list[str]) -> RunConfig:
+    """Compose the config from Hydra overrides and validate it; every failure is a ConfigError."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(presets_dir()), version_base=None):
+            node = compose(config_name="tmslurm", overrides=list(overrides))
+    except Exception as exc:  # Hydra raises several unrelated types for bad overrides
+        raise ConfigError(_hydra_message(exc, overrides)) from None
+    try:
+        cfg = to_dataclass(node)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"invalid override: {exc}") from None
+    return validate(cfg)
+
+
+def _hydra_message(exc: Exception, overrides: list[str]) -> str:
+    text = str(exc).strip()
+    cause = exc.__cause__ or exc.__context__
+    if cause is not None and str(cause).strip() and str(cause).strip() not in text:
+        text = f"{text}\n{str(cause).strip()}"
+    noise = ("full_key", "reference_type", "object_type", "Config search path", "provider=")
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.strip().startswith(noise)]
+    body = "\n".join(lines[:8])
+    return f"invalid override ({' '.join(overrides) or 'none'}): {body}"

@@ -1,0 +1,148 @@
+"""An agent process: one training rank (worker) or one standby, connected to the run's controller.
+
+Contract: ``python -m tmslurm.runtime.agent --run-dir D (--rank R | --standby N) [--node NAME]``
+connects to the controller named in ``D/controller.json``, authenticates with ``D/token``, receives
+its assignment (the run config, the generation of each group, the step to start at) and then runs
+as a :class:`~tmslurm.runtime.worker.Worker` or a :class:`~tmslurm.runtime.standby.Standby`.
+A heartbeat thread reports liveness; a reader thread queues controller messages and raises the
+abort flag the moment an ``abort`` arrives, so a rank blocked in a collective stops waiting.
+If the controller goes away the agent exits (status 3): a rank never trains on without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import queue
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tmslurm.errors import ProtocolError, TmslurmError
+from tmslurm.runtime.protocol import Channel, connect, controller_address, read_token
+
+log = logging.getLogger(__name__)
+LOG_CONTEXT: dict[str, Any] = {"run": "-", "who": "-", "step": "-"}
+
+
+class ContextFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.run, record.who, record.step = LOG_CONTEXT["run"], LOG_CONTEXT["who"], LOG_CONTEXT["step"]
+        return True
+
+
+def setup_logging(level: int = logging.INFO) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(ContextFilter())
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s [run=%(run)s %(who)s step=%(step)s] %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+@dataclass
+class Link:
+    """The agent's connection to the controller: channel, inbox and abort flag."""
+
+    channel: Channel
+    heartbeat_s: float
+    inbox: "queue.Queue[dict[str, Any]]" = field(default_factory=queue.Queue)
+    abort_event: threading.Event = field(default_factory=threading.Event)
+    abort_epoch: int = -1
+    lost: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> None:
+        threading.Thread(target=self._read, name="ctl-reader", daemon=True).start()
+        threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
+
+    def send(self, msg: dict[str, Any]) -> None:
+        if not self.channel.try_send(msg):
+            self.lost.set()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                msg = self.channel.recv()
+            except ProtocolError as exc:
+                log.error("bad message from controller: %s", exc)
+                continue
+            if msg is None:
+                self.lost.set()
+                self.abort_event.set()
+                self.inbox.put({"type": "lost"})
+                return
+            if msg["type"] == "abort":
+                self.abort_epoch = max(self.abort_epoch, int(msg.get("epoch", 0)))
+                self.abort_event.set()
+            self.inbox.put(msg)
+
+    def _beat(self) -> None:
+        while not self.lost.is_set():
+            self.send({"type": "hb"})
+            time.sleep(self.heartbeat_s)
+
+    def get(self, timeout: float | None = None) -> dict[str, Any]:
+        """Next controller message; a lost controller ends the process."""
+        msg = self.inbox.get(timeout=timeout)
+        if msg["type"] == "lost":
+            log.error("lost the controller; exiting")
+            os._exit(3)
+        return msg
+
+    def clear_abort(self, epoch: int) -> None:
+        if self.abort_epoch <= epoch:
+            self.abort_event.clear()
+
+
+def hello(run_dir: Path, kind: str, ident: int, node: str) -> tuple[Link, dict[str, Any]]:
+    addr = controller_address(run_dir)
+    ch = connect(addr["host"], addr["port"], timeout_s=30.0)
+    ch.send({"type": "hello", "token": read_token(run_dir), "kind": kind, "id": ident, "pid": os.getpid(), "node": node})
+    welcome = ch.recv()
+    if welcome is None or welcome.get("type") != "welcome":
+        raise TmslurmError(f"controller refused {kind} {ident}: {welcome}")
+    cfg = welcome["config"]
+    link = Link(ch, float(cfg["runtime"]["heartbeat_interval_s"]))
+    link.start()
+    return link, welcome
+
+
+def node_name(arg: str | None) -> str:
+    return arg or os.environ.get("TMSLURM_NODE") or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="tmslurm-agent")
+    ap.add_argument("--run-dir", required=True, type=Path)
+    who = ap.add_mutually_exclusive_group(required=True)
+    who.add_argument("--rank", type=int)
+    who.add_argument("--standby", type=int)
+    ap.add_argument("--node", default=None)
+    args = ap.parse_args(argv)
+    setup_logging()
+    LOG_CONTEXT["run"] = args.run_dir.name
+    kind, ident = ("worker", args.rank) if args.rank is not None else ("standby", args.standby)
+    LOG_CONTEXT["who"] = f"rank{ident}" if kind == "worker" else f"standby{ident}"
+    try:
+        link, welcome = hello(args.run_dir, kind, ident, node_name(args.node))
+        if kind == "worker":
+            from tmslurm.runtime.worker import Worker
+
+            Worker.from_welcome(args.run_dir, link, welcome, ident).run()
+        else:
+            from tmslurm.runtime.standby import Standby
+
+            Standby(args.run_dir, link, welcome, ident).run()
+    except TmslurmError as exc:
+        log.error("%s", exc)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,469 @@
+"""The controller: one per run. Membership, step commits, event intake, switch orchestration.
+
+Contract:
+- Serves the run's control port (newline JSON, token-authenticated: agents, ``tmslurm notify``,
+  ``tmslurm status``) and hosts the TCPStore the process groups rendezvous on. A request without the
+  right token is refused and journalled; a malformed one gets an error reply; neither disturbs the run.
+- Decides every step exactly once: ``commit`` when every slot voted in the current epoch, ``abort``
+  when a failure comes first (a single thread makes the decisions, so there is no race).
+- Turns notices (admin, Slurm watcher, injected faults) into planned switches and failures (process
+  exit, missed heartbeats, broken connections) into recoveries; falls back to a checkpoint restart
+  when no switch is possible. Never waits forever: every phase has a deadline, after which it
+  escalates (fence the silent process, replan, or restart).
+- Appends every event to ``events.jsonl`` and writes ``summary.json`` at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import socket
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch.distributed as dist
+
+from tmslurm.config import RunConfig, to_dict
+from tmslurm.errors import NoticeError, ProtocolError
+from tmslurm.runtime import switch as sw
+from tmslurm.runtime.events import EventLog
+from tmslurm.runtime.journal import Journal
+from tmslurm.runtime.protocol import Channel, token_ok
+from tmslurm.runtime.recovery import RecoveryMixin
+from tmslurm.runtime.spawner import Spawner
+from tmslurm.topology import Layout
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Agent:
+    aid: str
+    kind: str
+    ident: int
+    pid: int
+    node: str
+    channel: Channel
+    last_seen: float
+    rank: int | None = None
+    alive: bool = True
+    expected_exit: bool = False
+    roles: dict[str, dict[str, Any]] = field(default_factory=dict)
+    busy: bool = False
+
+
+class Controller(RecoveryMixin):
+    def __init__(self, cfg: RunConfig, run_dir: Path, token: str, spawner_factory: Callable[["Controller"], Spawner],
+                 host: str = "127.0.0.1") -> None:
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.token = token
+        self.host = host
+        self.layout = Layout(cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp)
+        self.world = self.layout.world
+        self.journal = Journal(self.run_dir / "events.jsonl")
+        self.events = EventLog(self.journal)
+        self.q: "queue.Queue[tuple[str, Any, Any]]" = queue.Queue()
+        self.agents: dict[str, Agent] = {}
+        self.slots: dict[int, str] = {}
+        self.epoch = 0
+        self._epochs = 0
+        self.step = 0
+        self.resume_step = 0
+        self.votes: dict[int, dict[str, Any]] = {}
+        self.step_log: list[dict[str, Any]] = []
+        self.mode = "starting"
+        self.plan: sw.Plan | None = None
+        self.pending_notices: list[dict[str, Any]] = []
+        self.fired: set[int] = set()
+        self.done: dict[int, dict[str, Any]] = {}
+        self.replica_mismatch: list[int] = []
+        self.incarnation = 0
+        self.standbys_started = 0
+        self.comm_error_since: float | None = None
+        self.on_step: list[Callable[[int], None]] = []
+        self.stop_event = threading.Event()
+        self.spawner = spawner_factory(self)
+
+    # ---- servers ------------------------------------------------------------------------------
+    def start_servers(self) -> dict[str, Any]:
+        self.store = dist.TCPStore(self.host, 0, is_master=True, wait_for_workers=False, use_libuv=True)
+        self.server = socket.create_server((self.host, 0))
+        port = self.server.getsockname()[1]
+        threading.Thread(target=self._accept, name="ctl-accept", daemon=True).start()
+        self.address = {"host": self.host, "port": port, "store_port": self.store.port}
+        return self.address
+
+    def _accept(self) -> None:
+        while not self.stop_event.is_set():
+            try:
+                sock, _ = self.server.accept()
+            except OSError:
+                return
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._serve, args=(Channel(sock),), daemon=True).start()
+
+    def _serve(self, ch: Channel) -> None:
+        try:
+            first = ch.recv()
+        except ProtocolError as exc:
+            ch.try_send({"type": "error", "error": f"malformed request: {exc}"})
+            self.journal.write("bad_request", error=str(exc))
+            ch.close()
+            return
+        if first is None:
+            ch.close()
+            return
+        if not token_ok(first.get("token"), self.token):
+            log.warning("refused a %r request without a valid token", first.get("type"))
+            self.journal.write("auth_refused", request=first.get("type"))
+            ch.try_send({"type": "error", "error": "refused: missing or wrong token (use the run's token file or the admin key)"})
+            ch.close()
+            return
+        if first["type"] != "hello":
+            self.q.put(("request", first, ch))
+            return
+        aid = f"{first.get('kind')}{first.get('id')}.{first.get('pid')}"
+        self.q.put(("hello", first, ch))
+        self._read_agent(aid, ch)
+
+    def _read_agent(self, aid: str, ch: Channel) -> None:
+        while True:
+            try:
+                msg = ch.recv()
+            except ProtocolError as exc:
+                log.error("agent %s sent a malformed message: %s", aid, exc)
+                continue
+            if msg is None:
+                self.q.put(("disconnect", aid, None))
+                return
+            agent = self.agents.get(aid)
+            if agent is not None:
+                agent.last_seen = time.monotonic()
+            if msg["type"] != "hb":
+                self.q.put(("msg", aid, msg))
+
+    # ---- main loop ----------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        for rank in range(self.world):
+            self.spawner.spawn_worker(rank, 0)
+        for i in range(self.cfg.standby.count):
+            self._spawn_standby()
+        self.mode = "running"
+        while self.mode != "finished" and not self.stop_event.is_set():
+            try:
+                kind, a, b = self.q.get(timeout=0.05)
+                self._handle(kind, a, b)
+            except queue.Empty:
+                pass
+            self._tick()
+        return self.finish()
+
+    def _handle(self, kind: str, a: Any, b: Any) -> None:
+        if kind == "hello":
+            self._hello(a, b)
+        elif kind == "disconnect":
+            self._disconnect(a)
+        elif kind == "request":
+            self._request(a, b)
+        elif kind == "msg":
+            handler = getattr(self, f"_on_{a and b['type']}", None)
+            agent = self.agents.get(a)
+            if handler is None or agent is None:
+                log.warning("ignoring message %s from %s", b.get("type"), a)
+            elif agent.alive:
+                handler(agent, b)
+        elif kind == "call":
+            a()
+
+    def _hello(self, msg: dict[str, Any], ch: Channel) -> None:
+        kind, ident = msg.get("kind"), msg.get("id")
+        if kind not in ("worker", "standby") or not isinstance(ident, int):
+            ch.try_send({"type": "error", "error": "hello needs kind worker|standby and an integer id"})
+            return
+        aid = f"{kind}{ident}.{msg.get('pid')}"
+        agent = Agent(aid, kind, ident, int(msg.get("pid", 0)), str(msg.get("node", "?")), ch, time.monotonic())
+        self.agents[aid] = agent
+        if kind == "worker":
+            agent.rank = ident
+            self.slots[ident] = aid
+        faults = [{"index": i, **f} for i, f in self._faults() if f["rank"] == ident and kind == "worker"]
+        ch.try_send({"type": "welcome", "config": to_dict(self.cfg), "epoch": self.epoch, "generation": self.epoch,
+                     "resume_step": self.resume_step, "faults": faults, "address": self.address})
+        self.journal.write("agent_up", agent=aid, node=agent.node, pid=agent.pid)
+
+    def _faults(self) -> list[tuple[int, dict[str, Any]]]:
+        return [(i, {"step": f.step, "kind": f.kind, "rank": f.rank}) for i, f in enumerate(self.cfg.faults) if i not in self.fired]
+
+    def broadcast(self, msg: dict[str, Any]) -> None:
+        for rank in range(self.world):
+            self.send_rank(rank, msg)
+
+    def send_rank(self, rank: int, msg: dict[str, Any]) -> None:
+        agent = self.agents.get(self.slots.get(rank, ""))
+        if agent is not None and agent.alive:
+            agent.channel.try_send(msg)
+
+    def send_to(self, key: Any, msg: dict[str, Any]) -> None:
+        if isinstance(key, int):
+            self.send_rank(key, msg)
+        elif key in self.agents:
+            self.agents[key].channel.try_send(msg)
+
+    # ---- commits ------------------------------------------------------------------------------
+    def _on_vote(self, agent: Agent, msg: dict[str, Any]) -> None:
+        if self.mode != "running" or msg.get("epoch") != self.epoch or msg.get("step") != self.step:
+            return
+        if self.slots.get(msg.get("rank")) != agent.aid:
+            return  # a fenced or replaced process: its vote does not count
+        self.votes[msg["rank"]] = msg
+        if len(self.votes) == self.world:
+            self._commit()
+
+    def _on_progress(self, agent: Agent, msg: dict[str, Any]) -> None:
+        if msg.get("step") == self.step:
+            self.votes[msg["rank"]] = msg
+            if len(self.votes) == self.world:
+                self._record_step(time.time())
+                self._advance()
+
+    def _commit(self) -> None:
+        now = time.time()
+        decision = {"type": "decision", "step": self.step, "decision": "commit", "epoch": self.epoch}
+        plan = self.plan
+        attach = plan is not None and plan.kind == "planned" and plan.ready and not plan.applied and self.step + 1 < self.cfg.train.steps
+        if attach:
+            plan.applied = True
+            plan.times["decision"] = now
+            plan.info["step"] = self.step
+            plan.info["target_step"] = self.step + 1
+            plan.info["event"]["last_commit_t"] = now
+            decision["switch"] = {"epoch": plan.epoch, "moves": [{"rank": m.rank, "joiner": m.joiner} for m in plan.moves]}
+            decision["epoch"] = plan.epoch
+            plan.waiting = {m.joiner for m in plan.moves} | {f"r{m.rank}" for m in plan.moves}
+        self.broadcast(decision)
+        if attach:
+            for m in plan.moves:
+                self.send_to(m.joiner, {"type": "activate", "epoch": plan.epoch})
+            self.epoch = plan.epoch
+        self._record_step(now)
+        self._advance()
+
+    def _record_step(self, now: float) -> None:
+        losses = [v["loss"] for v in self.votes.values() if v.get("loss") is not None]
+        digests: dict[int, set[str]] = {}
+        for r, v in self.votes.items():
+            if "digest" in v:
+                digests.setdefault(self.layout.coord(r).stage, set()).add(v["digest"])
+        if any(len(d) > 1 for d in digests.values()):
+            self.replica_mismatch.append(self.step)
+            log.error("data-parallel replicas differ before step %d", self.step)
+        entry = {"step": self.step, "t_end": now, "dt": max(v.get("dt", 0.0) for v in self.votes.values()),
+                 "loss": sum(losses) / len(losses) if losses else None, "epoch": self.epoch}
+        self.step_log.append(entry)
+        self.events.on_commit(self.step, now, self.median_step())
+        if self.step % 10 == 0 or self.step == self.cfg.train.steps - 1:
+            log.info("step %d loss %.4f step time %.3fs", self.step, entry["loss"] or float("nan"), entry["dt"])
+
+    def _advance(self) -> None:
+        self.votes = {}
+        self.step += 1
+        for cb in self.on_step:
+            cb(self.step)
+        if self.step >= self.cfg.train.steps:
+            self.mode = "draining"
+            return
+        for i, f in self._faults():
+            if f["kind"] == "drain" and f["step"] == self.step:
+                self.fired.add(i)
+                self.submit_notice({"kind": "maintenance", "rank": f["rank"], "source": "fault", "reason": "injected drain"})
+
+    def median_step(self) -> float:
+        gaps = [b["t_end"] - a["t_end"] for a, b in zip(self.step_log, self.step_log[1:]) if b["step"] == a["step"] + 1]
+        return statistics.median(gaps) if gaps else 0.0
+
+    # ---- notices ------------------------------------------------------------------------------
+    def submit_notice(self, notice: dict[str, Any]) -> None:
+        """Queue a notice from any thread (watcher, admin request, fault)."""
+        self.q.put(("call", lambda: self._notice(notice), None))
+
+    def ranks_of_node(self, node: str) -> list[int]:
+        return sorted(r for r, aid in self.slots.items() if aid in self.agents and self.agents[aid].node == node and self.agents[aid].alive)
+
+    def nodes(self) -> dict[str, str]:
+        out = {}
+        for aid in list(self.slots.values()):
+            out[self.agents[aid].node] = "main"
+        for a in self.agents.values():
+            if a.kind == "standby" and a.alive and a.rank is None:
+                out[a.node] = "spare"
+        return out
+
+    def _notice(self, notice: dict[str, Any]) -> None:
+        ranks = [notice["rank"]] if notice.get("rank") is not None else self.ranks_of_node(notice.get("node", ""))
+        if not ranks:
+            self._standby_notice(notice)
+            return
+        self.journal.write("notice", **notice, ranks=ranks)
+        if notice["kind"] == "failure":
+            self.fail(set(ranks), f"notice: {notice.get('reason', '')}".strip(), detect_t=time.time())
+        elif self.mode == "running" and self.plan is None:
+            self._start_planned(ranks, notice)
+        else:
+            self.pending_notices.append(notice)
+
+    def _standby_notice(self, notice: dict[str, Any]) -> None:
+        for a in self.agents.values():
+            if a.kind == "standby" and a.rank is None and a.node == notice.get("node") and a.alive:
+                self.journal.write("standby_lost", agent=a.aid, reason=notice.get("reason", notice["kind"]))
+                self._kill_agent(a)
+                self._maybe_replenish()
+
+    def _request(self, msg: dict[str, Any], ch: Channel) -> None:
+        try:
+            if msg["type"] == "notice":
+                self._request_notice(msg, ch)
+            elif msg["type"] == "status":
+                ch.try_send({"type": "status", "ok": True, "status": self.status()})
+            else:
+                ch.try_send({"type": "error", "error": f"unknown request {msg['type']!r}; valid: notice, status"})
+        finally:
+            ch.close()
+
+    def _request_notice(self, msg: dict[str, Any], ch: Channel) -> None:
+        event = msg.get("event")
+        if event not in ("maintenance", "failure"):
+            ch.try_send({"type": "error", "error": f"event {event!r} is invalid; valid: maintenance, failure"})
+            return
+        node, rank = msg.get("node"), msg.get("rank")
+        if rank is None and node not in self.nodes():
+            ch.try_send({"type": "error", "error": f"unknown node {node!r}; this run uses: {', '.join(sorted(self.nodes()))}"})
+            return
+        if rank is not None and (not isinstance(rank, int) or not 0 <= rank < self.world):
+            ch.try_send({"type": "error", "error": f"unknown rank {rank!r}; valid: 0..{self.world - 1}"})
+            return
+        notice = {"kind": event, "node": node, "rank": rank, "source": msg.get("source", "admin"),
+                  "reason": msg.get("reason", ""), "deadline": msg.get("deadline")}
+        self._notice(notice)
+        ch.try_send({"type": "ok", "ok": True, "accepted": notice})
+
+    # ---- planned switch -----------------------------------------------------------------------
+    def _new_epoch(self) -> int:
+        self._epochs = max(self._epochs, self.epoch) + 1
+        return self._epochs
+
+    def warm_pool(self) -> dict[str, set[str]]:
+        return {a.aid: set(a.roles) for a in self.agents.values()
+                if a.kind == "standby" and a.alive and a.rank is None and not a.busy and a.roles}
+
+    def _start_planned(self, ranks: list[int], notice: dict[str, Any]) -> None:
+        t0 = time.time()
+        if self.cfg.runtime.restart_mode != "tmslurm":
+            self.restart(f"planned {notice.get('reason', '')} ({self.cfg.runtime.restart_mode})", ranks, "planned", t0)
+            return
+        try:
+            moves = sw.pick_joiners(self.layout, ranks, self.warm_pool())
+        except sw.PlanError as exc:
+            if any(a.kind == "standby" and a.alive and a.rank is None and not a.busy for a in self.agents.values()):
+                log.info("planned migration of ranks %s waits for a standby to finish warming up", ranks)
+                self.pending_notices.append(notice)
+                return
+            log.warning("planned migration of ranks %s impossible (%s); falling back to a checkpoint restart", ranks, exc)
+            self.restart(str(exc), ranks, "planned", t0)
+            return
+        plan = sw.Plan("planned", self._new_epoch(), moves, sw.multi(self.layout, self.layout.affected_groups(ranks)))
+        plan.times.update(notice=notice.get("t", t0), detect=t0, pick=time.time())
+        plan.info.update(reason=notice.get("reason", ""), source=notice.get("source", ""), node=notice.get("node"))
+        for m in moves:
+            self.agents[m.joiner].busy = True
+        msgs = sw.planned_messages(self.layout, plan)
+        plan.waiting = {k if isinstance(k, str) else f"r{k}" for k in msgs}
+        self.plan = plan
+        for key, msg in msgs.items():
+            self.send_to(key, msg)
+        self.events.begin(plan, self.agents, self.slots)
+        log.info("planned switch epoch %d: ranks %s -> %s (rebuilding %s)", plan.epoch, ranks, [m.joiner for m in moves], plan.groups)
+
+    def _who(self, agent: Agent) -> str:
+        return agent.aid if agent.rank is None or agent.kind == "standby" and self.slots.get(agent.rank) != agent.aid else f"r{agent.rank}"
+
+    def _on_prepared(self, agent: Agent, msg: dict[str, Any]) -> None:
+        plan = self.plan
+        if plan is None or msg.get("epoch") != plan.epoch or plan.applied:
+            return
+        if msg.get("error"):
+            log.warning("phase 1 failed on %s: %s", agent.aid, msg["error"])
+            self._cancel_plan(requeue=True)
+            return
+        plan.waiting.discard(self._who(agent))
+        plan.parts["phase1_s"] = max(plan.parts.get("phase1_s", 0.0), float(msg.get("phase1_s") or 0.0))
+        if not plan.waiting:
+            plan.ready = True
+            plan.times["phase1_done"] = time.time()
+
+    def _on_switched(self, agent: Agent, msg: dict[str, Any]) -> None:
+        if self.plan is not None and msg.get("epoch") == self.plan.epoch:
+            self.plan.parts["phase2_s"] = max(self.plan.parts.get("phase2_s", 0.0), float(msg.get("phase2_s", 0.0)))
+
+    def _on_left(self, agent: Agent, msg: dict[str, Any]) -> None:
+        agent.expected_exit = True
+        if self.plan is not None:
+            self.plan.waiting.discard(f"r{msg['rank']}")
+            self.plan.parts["phase2_s"] = max(self.plan.parts.get("phase2_s", 0.0), float(msg.get("phase2_s", 0.0)))
+        self.journal.write("left", agent=agent.aid, rank=msg["rank"], node=agent.node, transfer_s=msg.get("transfer_s"))
+        self._maybe_finish_plan()
+
+    def _on_joined(self, agent: Agent, msg: dict[str, Any]) -> None:
+        plan = self.plan
+        if plan is None or msg.get("epoch") != plan.epoch:
+            return
+        rank = int(msg["rank"])
+        old = self.agents.get(self.slots.get(rank, ""))
+        if old is not None and old is not agent:
+            old.expected_exit = True
+        agent.rank = rank
+        agent.busy = False
+        self.slots[rank] = agent.aid
+        plan.waiting.discard(agent.aid)
+        plan.parts["transfer_s"] = max(plan.parts.get("transfer_s", 0.0), float(msg.get("transfer_s", 0.0)))
+        plan.info.setdefault("bytes", 0)
+        plan.info["bytes"] += int(msg.get("bytes", 0))
+        self.journal.write("joined", agent=agent.aid, rank=rank, node=agent.node, epoch=plan.epoch)
+        self._maybe_finish_plan()
+        self._maybe_replenish()
+
+    def _on_join_failed(self, agent: Agent, msg: dict[str, Any]) -> None:
+        log.warning("standby %s failed to join: %s", agent.aid, msg.get("error"))
+        agent.busy = False
+        if self.plan is not None and msg.get("epoch") == self.plan.epoch:
+            self.fail(set(), f"joiner {agent.aid} failed", detect_t=time.time())
+
+    def _maybe_finish_plan(self) -> None:
+        plan = self.plan
+        if plan is None or plan.waiting or (plan.kind == "planned" and not plan.applied):
+            return
+        plan.times["switched"] = time.time()
+        self.events.switched(plan)
+        self.plan = None
+        self.mode = "running"
+        if self.pending_notices:
+            self._notice(self.pending_notices.pop(0))
+
+    def _cancel_plan(self, requeue: bool) -> None:
+        plan, self.plan = self.plan, None
+        if plan is None:
+            return
+        for key in {r for m in plan.moves for r in (m.joiner,)}:
+            self.send_to(key, {"type": "cancel", "epoch": plan.epoch})
+            if key in self.agents:
+                self.agents[key].busy = False
+        self.broadcast({"type": "cancel", "epoch": plan.epoch})
+        self.events.cancel(plan)
+        if requeue and plan.kind == "planned":
+            alive = [r for r in plan.ranks if self.slots.get(r) in self.agents and self.agents[self.slots[r]].alive]
+            if alive:
+                self.pending_notices.append({"kind": "maintenance", "rank": alive[0], "source": "requeued", "reason": plan.info.get("reason", "")})

@@ -1,0 +1,96 @@
+"""Per-event timelines: notice, detection, standby pick, phase 1, phase 2, state transfer, first step.
+
+Contract: the controller opens a record when it acts on an event (:meth:`EventLog.begin`), fills in
+the parts as the switch progresses, and the record completes at the commit of the first step after
+the switch (:meth:`EventLog.on_commit`). Then ``gap_s`` = (completion of that step) − (completion of
+the last step before the event) and ``downtime_s`` = ``gap_s`` − median step time (DESIGN.md §6);
+:meth:`finalize` recomputes ``downtime_s`` with the whole run's median. Each completed event is
+journalled and logged as one line with its parts.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from tmslurm.runtime.journal import Journal
+
+log = logging.getLogger(__name__)
+PARTS = ("detect_s", "pick_s", "phase1_s", "phase2_s", "transfer_s", "first_step_s")
+RESTART_PARTS = ("detect_s", "stop_s", "startup_s", "group_setup_s", "ckpt_load_s", "redo_s", "first_step_s")
+
+
+class EventLog:
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        self.items: list[dict[str, Any]] = []
+        self.last_commit_t: float | None = None
+
+    def begin(self, plan: Any, agents: dict[str, Any], slots: dict[int, str]) -> dict[str, Any]:
+        nodes = sorted({agents[slots[r]].node for r in plan.ranks if slots.get(r) in agents}) or [plan.info.get("node")]
+        rec = {"kind": plan.info.get("event_kind", plan.kind), "cause": plan.info.get("reason", ""), "epoch": plan.epoch,
+               "ranks": plan.ranks, "node": ",".join(n for n in nodes if n), "standby": ",".join(m.joiner for m in plan.moves),
+               "notice_t": plan.times.get("notice", plan.times.get("failure")), "last_commit_t": self.last_commit_t,
+               "status": "open"}
+        plan.info["event"] = rec
+        self.items.append(rec)
+        self.journal.write("event_begin", **rec)
+        return rec
+
+    def switched(self, plan: Any) -> None:
+        rec = plan.info.get("event")
+        if rec is None:
+            return
+        t = plan.times
+        rec["ranks"] = plan.ranks
+        rec["standby"] = ",".join(m.joiner for m in plan.moves)
+        rec["detect_s"] = max(0.0, t.get("detect", 0.0) - (t.get("failure") or t.get("notice") or t.get("detect", 0.0)))
+        rec["pick_s"] = max(0.0, t.get("pick", t.get("detect", 0.0)) - t.get("detect", 0.0))
+        for part in ("phase1_s", "phase2_s", "transfer_s"):
+            rec[part] = plan.parts.get(part)
+        rec["switched_t"] = t.get("switched", time.time())
+        rec["target_step"] = plan.info.get("target_step")
+        rec["status"] = "switched"
+
+    def restart(self, rec: dict[str, Any], parts: dict[str, float], target_step: int) -> None:
+        rec.update(parts)
+        rec["target_step"] = target_step
+        rec["status"] = "switched"
+
+    def cancel(self, plan: Any) -> None:
+        rec = plan.info.get("event")
+        if rec is not None:
+            rec["status"] = "cancelled"
+            self.journal.write("event_cancelled", epoch=plan.epoch)
+
+    def on_commit(self, step: int, t: float, median: float) -> None:
+        for rec in self.items:
+            if rec["status"] == "switched" and rec.get("target_step") == step:
+                rec["first_step_s"] = t - rec.get("switched_t", t)
+                rec["first_step_t"] = t
+                if rec.get("last_commit_t") is not None:
+                    rec["gap_s"] = t - rec["last_commit_t"]
+                    rec["downtime_s"] = max(0.0, rec["gap_s"] - median)
+                rec["status"] = "done"
+                self.journal.write("event", **rec)
+                log.info("EVENT %s", describe(rec))
+        self.last_commit_t = t
+
+    def finalize(self, median: float) -> list[dict[str, Any]]:
+        for rec in self.items:
+            if rec.get("gap_s") is not None:
+                rec["downtime_s"] = max(0.0, rec["gap_s"] - median)
+        return [r for r in self.items if r["status"] != "cancelled"]
+
+
+def describe(rec: dict[str, Any]) -> str:
+    parts = [f"{p[:-2]}={rec[p]:.3f}s" for p in PARTS + RESTART_PARTS if isinstance(rec.get(p), (int, float)) and p[:-2]]
+    seen, uniq = set(), []
+    for p in parts:
+        if p not in seen:
+            seen.add(p)
+            uniq.append(p)
+    down = rec.get("downtime_s")
+    return (f"{rec['kind']} ranks={rec.get('ranks')} node={rec.get('node')} standby={rec.get('standby') or '-'} "
+            f"downtime={down:.3f}s " if isinstance(down, (int, float)) else f"{rec['kind']} ranks={rec.get('ranks')} downtime=? ") + " ".join(uniq)

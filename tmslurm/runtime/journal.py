@@ -1,0 +1,44 @@
+"""Append-only event journal of a run (``<run_dir>/events.jsonl``).
+
+Contract: :meth:`Journal.write` appends one JSON object per line with ``t`` (epoch seconds) and
+``type``, flushed at once, under a lock. Lines are never rewritten. Write errors are logged, never
+raised: losing a journal line must not take the run down.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class Journal:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+
+    def write(self, entry_type: str, /, **fields: Any) -> dict[str, Any]:
+        entry = {"t": time.time(), "type": entry_type, **fields}
+        try:
+            with self._lock, open(self.path, "a") as f:
+                f.write(json.dumps(entry, default=str) + "\n")
+        except OSError as exc:
+            log.error("cannot append to %s: %s", self.path, exc)
+        return entry
+
+
+def read_journal(path: Path) -> list[dict[str, Any]]:
+    out = []
+    if not path.is_file():
+        return out
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out

@@ -1,0 +1,129 @@
+"""The agent/control protocol: newline-delimited JSON over TCP, authenticated by the run's token.
+
+Contract: the first message on every connection carries ``token``; the controller compares it in
+constant time with the run token (``<run_dir>/token``, mode 0600) and refuses the connection
+otherwise. :class:`Channel` sends whole lines under a lock (safe from several threads) and
+:meth:`Channel.recv` returns ``None`` on EOF and raises :class:`~tmslurm.errors.ProtocolError` on a
+line that is not a JSON object (the caller answers with an error and keeps going).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+import secrets
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from tmslurm.errors import AuthError, ProtocolError, TmslurmError
+
+MAX_LINE = 1 << 20
+
+
+class Channel:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._rfile = sock.makefile("rb")
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def send(self, msg: dict[str, Any]) -> None:
+        data = (json.dumps(msg, separators=(",", ":")) + "\n").encode()
+        with self._lock:
+            self.sock.sendall(data)
+
+    def try_send(self, msg: dict[str, Any]) -> bool:
+        try:
+            self.send(msg)
+            return True
+        except OSError:
+            return False
+
+    def recv(self) -> dict[str, Any] | None:
+        try:
+            line = self._rfile.readline(MAX_LINE)
+        except (OSError, ValueError):
+            return None
+        if not line:
+            return None
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            raise ProtocolError(f"not JSON: {line[:120]!r}") from None
+        if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
+            raise ProtocolError(f"a message must be a JSON object with a string 'type': {line[:120]!r}")
+        return msg
+
+    def close(self) -> None:
+        self.closed = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+def connect(host: str, port: int, timeout_s: float = 10.0) -> Channel:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            sock = socket.create_connection((host, port), timeout=5.0)
+            sock.settimeout(None)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return Channel(sock)
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                raise TmslurmError(f"controller at {host}:{port} is unreachable: {exc}. Is the run still alive? (tmslurm status RUN_DIR)") from None
+            time.sleep(0.1)
+
+
+def write_token(run_dir: Path) -> str:
+    token = secrets.token_hex(16)
+    path = run_dir / "token"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token)
+    return token
+
+
+def read_token(run_dir: Path) -> str:
+    try:
+        return (Path(run_dir) / "token").read_text().strip()
+    except OSError as exc:
+        raise AuthError(f"cannot read the run token {Path(run_dir) / 'token'}: {exc}") from None
+
+
+def token_ok(given: Any, expected: str) -> bool:
+    return isinstance(given, str) and hmac.compare_digest(given.encode(), expected.encode())
+
+
+def controller_address(run_dir: Path, timeout_s: float = 60.0) -> dict[str, Any]:
+    """Wait for ``<run_dir>/controller.json`` and return it (host, port, store_port)."""
+    path = Path(run_dir) / "controller.json"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            if time.monotonic() > deadline:
+                raise TmslurmError(f"{path} did not appear within {timeout_s:.0f}s: the controller is not running") from None
+            time.sleep(0.05)
+
+
+def request(run_dir: Path, msg: dict[str, Any], token: str | None = None, timeout_s: float = 10.0) -> dict[str, Any]:
+    """One authenticated request/reply to a run's controller (used by the CLI and admin hooks)."""
+    addr = controller_address(run_dir, timeout_s=1.0)
+    ch = connect(addr["host"], addr["port"], timeout_s)
+    try:
+        ch.sock.settimeout(timeout_s)
+        ch.send({**msg, "token": token if token is not None else read_token(run_dir)})
+        reply = ch.recv()
+    finally:
+        ch.close()
+    if reply is None:
+        raise TmslurmError("the controller closed the connection without answering")
+    return reply

@@ -1,0 +1,84 @@
+"""Process spawners: how the controller starts, fences and stops agent processes.
+
+Contract: a spawner starts a worker for a rank or a standby, both running
+``python -m tmslurm.runtime.agent``; :meth:`fence` makes a process unable to come back (SIGKILL,
+also delivered to a SIGSTOPped process); :meth:`stop_all` ends everything it started and waits for
+it. :class:`LocalSpawner` runs processes on this host (``cluster=local``); the Slurm spawner in
+``tmslurm.slurm`` implements the same interface with ``srun`` steps. Agent output goes to
+``<run_dir>/logs/<who>.log``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Protocol
+
+from tmslurm.config import RunConfig
+
+log = logging.getLogger(__name__)
+
+
+class Spawner(Protocol):
+    def spawn_worker(self, rank: int, incarnation: int) -> None: ...
+    def spawn_standby(self, index: int) -> None: ...
+    def fence(self, pid: int, node: str) -> None: ...
+    def stop_all(self) -> None: ...
+    def node_of_rank(self, rank: int) -> str: ...
+
+
+def agent_env(cfg: RunConfig) -> dict[str, str]:
+    env = dict(os.environ)
+    threads = str(cfg.train.threads)
+    env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, PYTHONUNBUFFERED="1")
+    return env
+
+
+class LocalSpawner:
+    def __init__(self, run_dir: Path, cfg: RunConfig) -> None:
+        self.run_dir = Path(run_dir)
+        self.cfg = cfg
+        self.procs: list[subprocess.Popen] = []
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+
+    def node_of_rank(self, rank: int) -> str:
+        return f"local{rank // self.cfg.parallel.ranks_per_node}"
+
+    def _start(self, who: str, args: list[str], node: str) -> None:
+        logf = open(self.run_dir / "logs" / f"{who}.log", "ab")
+        cmd = [sys.executable, "-m", "tmslurm.runtime.agent", "--run-dir", str(self.run_dir), *args, "--node", node]
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=agent_env(self.cfg), start_new_session=True)
+        logf.close()
+        self.procs.append(proc)
+
+    def spawn_worker(self, rank: int, incarnation: int) -> None:
+        self._start(f"rank{rank}.{incarnation}", ["--rank", str(rank)], self.node_of_rank(rank))
+
+    def spawn_standby(self, index: int) -> None:
+        self._start(f"standby{index}", ["--standby", str(index)], f"spare{index}")
+
+    def fence(self, pid: int, node: str) -> None:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        except PermissionError as exc:
+            log.error("cannot fence pid %d on %s: %s", pid, node, exc)
+
+    def stop_all(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                log.error("process %d did not exit after SIGKILL", p.pid)
+        self.procs.clear()
+
+    def reap(self) -> None:
+        self.procs = [p for p in self.procs if p.poll() is None]

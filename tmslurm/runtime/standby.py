@@ -1,0 +1,162 @@
+"""The standby agent: a universal, sandboxed, warm replacement for any training rank.
+
+Contract:
+- Warm-up: for every distinct role of the layout (first / middle / last, or the only stage) the
+  standby builds that role's stage module and optimizer and runs ``standby.warmup_iters`` shadow
+  iterations of the real schedule through a :class:`~tmslurm.comm.stage_comm.SandboxStageComm`:
+  every value that would come from a peer is replayed from the recording a designated rank made of
+  its first step, sends are skipped, and the sandbox talks to nobody. It reports readiness and its
+  RSS per role. Its own sandbox parameters and moments are overwritten at switch-in (module and
+  optimizer ``load_state_dict`` replace every tensor), so nothing of the warm-up leaks into training.
+- Join: told to take slot r at epoch e, it builds all of r's groups at generation e plus a
+  two-member transfer group to its state source (phase 1), then receives the state (at once after an
+  unexpected failure, or on ``activate`` for a planned switch), installs the groups and continues as
+  the :class:`~tmslurm.runtime.worker.Worker` of slot r. ``cancel`` returns it to the pool, still warm.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from tmslurm.comm.stage_comm import SandboxStageComm, recording_path
+from tmslurm.comm.transfer import recv_state
+from tmslurm.config import from_dict
+from tmslurm.errors import CommError, TmslurmError
+from tmslurm.runtime.agent import LOG_CONTEXT, Link
+from tmslurm.runtime.worker import Worker, build_runner, layout_of, make_fabric
+from tmslurm.train.schedule import StageRunner
+
+log = logging.getLogger(__name__)
+
+
+def rss_mb() -> float:
+    """Current resident set size of this process in MiB (from /proc; 0 where unavailable)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return 0.0
+
+
+class Standby:
+    def __init__(self, run_dir: Path, link: Link, welcome: dict[str, Any], ident: int) -> None:
+        self.run_dir = Path(run_dir)
+        self.link = link
+        self.welcome = welcome
+        self.cfg = from_dict(welcome["config"])
+        self.layout = layout_of(self.cfg)
+        self.ident = ident
+        self.warm: dict[str, StageRunner] = {}
+
+    def run(self) -> None:
+        base = rss_mb()
+        for role in self.layout.roles:
+            if not self._warm_role(role, base):
+                return
+        while True:
+            msg = self.link.get()
+            if msg["type"] == "join":
+                worker = self._join(msg)
+                if worker is not None:
+                    worker.run()
+                    return
+            elif msg["type"] == "finish":
+                return
+
+    def _warm_role(self, role: str, base_rss: float) -> bool:
+        path = recording_path(self.run_dir, role)
+        deadline = time.monotonic() + self.cfg.runtime.connect_timeout_s
+        while not path.exists():
+            if not self.link.inbox.empty() and self.link.get()["type"] == "finish":
+                return False
+            if time.monotonic() > deadline:
+                raise TmslurmError(f"sandbox recording {path} did not appear in {self.cfg.runtime.connect_timeout_s:.0f}s")
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        stage = self.layout.representative_stage(role)
+        runner = build_runner(self.cfg, 0, stage=stage)
+        sandbox = SandboxStageComm(path, runner.device)
+        for _ in range(self.cfg.standby.warmup_iters):
+            runner.compute(0, sandbox)
+            runner.apply()
+        self.warm[role] = runner
+        rss = rss_mb()
+        self.link.send({"type": "ready", "role": role, "warmup_s": time.monotonic() - t0, "rss_mb": rss,
+                        "role_rss_mb": rss - base_rss, "sandbox_sends_skipped": sandbox.sent})
+        log.info("role %s warm in %.2fs (RSS %.0f MiB)", role, time.monotonic() - t0, rss)
+        return True
+
+    def _runner_for(self, rank: int) -> StageRunner:
+        role = self.layout.role(rank)
+        stage = self.layout.coord(rank).stage
+        runner = self.warm.get(role)
+        if runner is not None and runner.spec.stage == stage:
+            runner.dp_rank = self.layout.coord(rank).dp
+            runner.drop()
+            return runner
+        return build_runner(self.cfg, rank)
+
+    def _join(self, msg: dict[str, Any]) -> Worker | None:
+        rank, epoch = int(msg["rank"]), int(msg["epoch"])
+        LOG_CONTEXT["who"] = f"standby{self.ident}->rank{rank}"
+        runner = self._runner_for(rank)
+        fabric = make_fabric(self.cfg, rank, self.link, self.welcome["address"])
+        gens = {k: int(v) for k, v in msg["groups"].items()}
+        xfer = msg["xfer"]
+        t0 = time.monotonic()
+        build = fabric.build_in_background(gens, {xfer: (epoch, 1)})
+        while not build.done():
+            time.sleep(0.01)
+            if self._cancelled(epoch):
+                return None
+        try:
+            handles = build.join(0)
+        except CommError as exc:
+            self.link.send({"type": "join_failed", "epoch": epoch, "rank": rank, "error": str(exc)[:300]})
+            return None
+        phase1_s = time.monotonic() - t0
+        if not msg.get("activate", False):
+            self.link.send({"type": "prepared", "epoch": epoch, "rank": rank, "joiner": self.ident, "phase1_s": phase1_s})
+            if not self._await_activate(epoch):
+                return None
+        t1 = time.monotonic()
+        try:
+            state, nbytes = recv_state(handles.pop(xfer).pg, 0, self.cfg.runtime.collective_timeout_s,
+                                       lambda: self._cancelled(epoch))
+        except CommError as exc:
+            self.link.send({"type": "join_failed", "epoch": epoch, "rank": rank, "error": str(exc)[:300]})
+            return None
+        runner.load_state(state["state"])
+        fabric.install(handles)
+        step = int(state["step"])
+        self.link.send({"type": "joined", "epoch": epoch, "rank": rank, "joiner": self.ident, "step": step,
+                        "transfer_s": time.monotonic() - t1, "phase1_s": phase1_s, "bytes": nbytes, "rss_mb": rss_mb()})
+        log.info("now rank %d at step %d (state %d bytes in %.3fs)", rank, step, nbytes, time.monotonic() - t1)
+        return Worker(self.run_dir, self.link, self.cfg, rank, runner, fabric, epoch, step, [], self.welcome["address"])
+
+    def _cancelled(self, epoch: int) -> bool:
+        while not self.link.inbox.empty():
+            msg = self.link.get()
+            if msg["type"] == "cancel" and int(msg["epoch"]) == epoch:
+                log.info("join of epoch %d cancelled; back in the pool", epoch)
+                return True
+            if msg["type"] == "finish":
+                os._exit(0)
+        return False
+
+    def _await_activate(self, epoch: int) -> bool:
+        while True:
+            msg = self.link.get()
+            if msg["type"] == "activate" and int(msg["epoch"]) == epoch:
+                return True
+            if msg["type"] == "cancel" and int(msg["epoch"]) == epoch:
+                return False
+            if msg["type"] == "finish":
+                os._exit(0)

@@ -1,0 +1,324 @@
+"""The worker agent: runs one training rank step by step under the controller's commit decisions.
+
+Contract, per step s:
+1. compute forward/backward/reduction over the installed groups (nothing is applied yet);
+2. vote ``{step, epoch, loss}`` and wait for the controller's one decision for step s;
+3. ``commit``: apply the optimizer step (and a switch the decision carries: phase 2 for stayers,
+   state hand-off and exit for a leaver); ``abort``: drop the gradients, take part in recovery, redo s.
+A communication failure (dead peer, abandoned wait) never applies anything: the rank reports
+``aborted`` with its per-group op counts (which tell the controller the *dirty* groups), rebuilds the
+groups it is told to, sends its state to a joiner if it is a source, and redoes the step.
+Phase-1 builds run in background threads while training goes on. Faults from the config fire here
+for real (SIGKILL/SIGSTOP of this very process, mid-step).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tmslurm.comm.fabric import BackgroundBuild, Fabric, FabricSettings, GroupHandle
+from tmslurm.comm.stage_comm import FabricStageComm, RecordingStageComm, recording_path
+from tmslurm.comm.transfer import send_state
+from tmslurm.config import RunConfig, from_dict
+from tmslurm.errors import CommAborted, CommError
+from tmslurm.runtime.agent import LOG_CONTEXT, Link
+from tmslurm.topology import Layout, split_layers
+from tmslurm.train import checkpoint
+from tmslurm.train.model import ReferenceTask
+from tmslurm.train.schedule import StageRunner
+from tmslurm.train.task import StageSpec
+
+log = logging.getLogger(__name__)
+
+
+def layout_of(cfg: RunConfig) -> Layout:
+    return Layout(cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp)
+
+
+def device_of(cfg: RunConfig) -> torch.device:
+    if cfg.runtime.device == "cuda":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % max(torch.cuda.device_count(), 1))
+    return torch.device("cpu")
+
+
+def build_runner(cfg: RunConfig, rank: int, stage: int | None = None) -> StageRunner:
+    """The StageRunner of ``rank`` (or of ``stage`` for a standby's warm-up, as dp rank 0)."""
+    torch.set_num_threads(cfg.train.threads)
+    layout = layout_of(cfg)
+    c = layout.coord(rank) if stage is None else None
+    stage = c.stage if c is not None else stage
+    spec = StageSpec(stage, layout.pp, layout.role_of_stage(stage), split_layers(cfg.model.n_layer, layout.pp)[stage])
+    task = ReferenceTask(cfg.model, cfg.train)
+    return StageRunner(task, spec, c.dp if c is not None else 0, layout.dp, cfg.train.micro_batches, device_of(cfg))
+
+
+def make_fabric(cfg: RunConfig, rank: int, link: Link, addr: dict[str, Any]) -> Fabric:
+    rt = cfg.runtime
+
+    def store() -> Any:
+        return dist.TCPStore(addr["host"], int(addr["store_port"]), is_master=False,
+                             timeout=_td(rt.connect_timeout_s), wait_for_workers=False)
+
+    settings = FabricSettings(rt.backend, rt.collective_timeout_s, rt.wait_slice_s, rt.connect_timeout_s)
+    return Fabric(rank, layout_of(cfg), store, settings, link.abort_event)
+
+
+def _td(seconds: float) -> Any:
+    import datetime
+
+    return datetime.timedelta(seconds=seconds)
+
+
+class Worker:
+    def __init__(self, run_dir: Path, link: Link, cfg: RunConfig, rank: int, runner: StageRunner, fabric: Fabric,
+                 epoch: int, step: int, faults: list[dict[str, Any]], addr: dict[str, Any]) -> None:
+        self.run_dir = Path(run_dir)
+        self.link = link
+        self.cfg = cfg
+        self.rank = rank
+        self.runner = runner
+        self.fabric = fabric
+        self.epoch = epoch
+        self.step = step
+        self.faults = faults
+        self.addr = addr
+        self.layout = layout_of(cfg)
+        self.coord = self.layout.coord(rank)
+        self.prepared: dict[int, BackgroundBuild] = {}
+        self.seen_abort = epoch
+        self.recording = self._should_record()
+        self.comm = FabricStageComm(fabric, self.layout, rank, runner.task.activation_shape(cfg.train.micro_batch_size), runner.device)
+        LOG_CONTEXT["who"] = f"rank{rank}"
+
+    @classmethod
+    def from_welcome(cls, run_dir: Path, link: Link, welcome: dict[str, Any], rank: int) -> "Worker":
+        cfg = from_dict(welcome["config"])
+        runner = build_runner(cfg, rank)
+        fabric = make_fabric(cfg, rank, link, welcome["address"])
+        step = int(welcome.get("resume_step") or 0)
+        if step:
+            checkpoint.load_stage(run_dir, step, layout_of(cfg).coord(rank).stage, runner)
+        gens = {g.name: int(welcome["generation"]) for g in fabric.my_groups()}
+        t0 = time.monotonic()
+        fabric.install(fabric.build(gens))
+        link.send({"type": "started", "rank": rank, "step": step, "groups_s": time.monotonic() - t0})
+        return cls(run_dir, link, cfg, rank, runner, fabric, int(welcome["epoch"]), step, welcome.get("faults", []), welcome["address"])
+
+    def _should_record(self) -> bool:
+        if self.cfg.standby.count == 0 or self.coord.dp != 0:
+            return False
+        role = self.layout.role(self.rank)
+        if self.layout.representative_stage(role) != self.coord.stage:
+            return False
+        return not recording_path(self.run_dir, role).exists()
+
+    # ---- the step loop ------------------------------------------------------------------------
+    def run(self) -> None:
+        while self.step < self.cfg.train.steps:
+            self._poll_inbox()
+            LOG_CONTEXT["step"] = self.step
+            try:
+                decision = self._attempt()
+            except (CommError, CommAborted) as exc:
+                self.runner.drop()
+                if not isinstance(exc, CommAborted):
+                    log.warning("step %d failed: %s", self.step, exc)
+                    self.link.send({"type": "comm_error", "rank": self.rank, "step": self.step, "epoch": self.epoch, "error": str(exc)})
+                self._recover()
+                continue
+            if decision["decision"] == "commit":
+                self.runner.apply()
+                self._after_commit(decision)
+            else:
+                self.runner.drop()
+                self._recover()
+        self._finish()
+
+    def _attempt(self) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        self.fabric.begin_step()
+        comm = RecordingStageComm(self.comm, recording_path(self.run_dir, self.layout.role(self.rank))) if self.recording else self.comm
+        loss = self.runner.compute(self.step, comm, midstep=self._fault_hook())
+        if self.recording:
+            comm.save()
+            self.recording = False
+        vote: dict[str, Any] = {"type": "vote", "step": self.step, "epoch": self.epoch, "rank": self.rank,
+                                "loss": loss, "dt": time.perf_counter() - t0}
+        if self.cfg.runtime.verify_replicas:
+            vote["digest"] = self.runner.digest()
+        if not self.cfg.runtime.commit_vote:
+            self.link.send({**vote, "type": "progress"})
+            return {"decision": "commit", "step": self.step, "epoch": self.epoch}
+        self.link.send(vote)
+        return self._wait_decision()
+
+    def _wait_decision(self) -> dict[str, Any]:
+        while True:
+            msg = self.link.get()
+            if msg["type"] == "decision" and msg["step"] == self.step:
+                return msg
+            if msg["type"] == "abort":
+                self.seen_abort = max(self.seen_abort, int(msg["epoch"]))
+                return {"decision": "abort"}
+            self._dispatch(msg)
+
+    def _after_commit(self, decision: dict[str, Any]) -> None:
+        self.step += 1
+        every = self.cfg.train.checkpoint_every
+        if every and self.step % every == 0 and self.coord.dp == 0:
+            checkpoint.save_stage(self.run_dir, self.step, self.coord.stage, self.runner)
+        switch = decision.get("switch")
+        if switch:
+            self._switch(switch)
+        self.epoch = int(decision.get("epoch", self.epoch))
+        if self.cfg.train.step_delay_s:
+            time.sleep(self.cfg.train.step_delay_s)
+
+    # ---- planned switch -----------------------------------------------------------------------
+    def _switch(self, switch: dict[str, Any]) -> None:
+        epoch = int(switch["epoch"])
+        build = self.prepared.pop(epoch, None)
+        if build is None:
+            return
+        t0 = time.monotonic()
+        handles = build.join(self.cfg.runtime.connect_timeout_s)
+        leaving = [m for m in switch["moves"] if m["rank"] == self.rank]
+        if leaving:
+            self._leave(handles[f"xfer/r{self.rank}"], t0)
+        self.fabric.install(handles)
+        self.link.send({"type": "switched", "epoch": epoch, "rank": self.rank, "phase2_s": time.monotonic() - t0})
+
+    def _leave(self, xfer: GroupHandle, t0: float) -> None:
+        t1 = time.monotonic()
+        nbytes = send_state(xfer.pg, 1, {"state": self.runner.state(), "step": self.step}, self.cfg.runtime.collective_timeout_s)
+        self.link.send({"type": "left", "rank": self.rank, "step": self.step, "transfer_s": time.monotonic() - t1,
+                        "phase2_s": t1 - t0, "bytes": nbytes})
+        log.info("handed rank %d over at step %d (%d bytes); exiting", self.rank, self.step, nbytes)
+        time.sleep(0.2)  # let the controller read our last message before the socket closes
+        os._exit(0)
+
+    # ---- messages -----------------------------------------------------------------------------
+    def _poll_inbox(self) -> None:
+        while not self.link.inbox.empty():
+            self._dispatch(self.link.get())
+
+    def _dispatch(self, msg: dict[str, Any]) -> None:
+        kind = msg["type"]
+        if kind == "prepare":
+            self._prepare(msg)
+        elif kind == "cancel":
+            build = self.prepared.pop(int(msg["epoch"]), None)
+            if build is not None:
+                log.info("switch of epoch %s cancelled", msg["epoch"])
+        elif kind == "abort":
+            self.seen_abort = max(self.seen_abort, int(msg["epoch"]))
+        elif kind == "finish":
+            log.info("controller says finish")
+            os._exit(0)
+        elif kind not in ("decision", "recover"):
+            log.warning("ignoring unexpected message %s", kind)
+
+    def _prepare(self, msg: dict[str, Any]) -> None:
+        epoch = int(msg["epoch"])
+        gens = {k: int(v) for k, v in msg["groups"].items()}
+        pairs = {k: (int(v[0]), int(v[1])) for k, v in msg.get("pairs", {}).items()}
+
+        def done(build: BackgroundBuild) -> None:
+            self.link.send({"type": "prepared", "epoch": epoch, "rank": self.rank, "phase1_s": build.seconds,
+                            "error": None if build.error is None else str(build.error)[:300]})
+
+        self.prepared[epoch] = self.fabric.build_in_background(gens, pairs, done)
+
+    # ---- unexpected failure -------------------------------------------------------------------
+    def _recover(self) -> None:
+        while self.seen_abort <= self.epoch:
+            msg = self.link.get()
+            if msg["type"] == "abort":
+                self.seen_abort = int(msg["epoch"])
+            else:
+                self._dispatch(msg)
+        replied = -1
+        while True:
+            if replied < self.seen_abort:
+                replied = self.seen_abort
+                self.link.send({"type": "aborted", "epoch": replied, "rank": self.rank, "step": self.step, "status": self.fabric.status()})
+            msg = self.link.get()
+            if msg["type"] == "abort":
+                self.seen_abort = max(self.seen_abort, int(msg["epoch"]))
+            elif msg["type"] == "recover" and int(msg["epoch"]) == self.seen_abort:
+                if self._apply_recover(msg):
+                    return
+            else:
+                self._dispatch(msg)
+
+    def _apply_recover(self, msg: dict[str, Any]) -> bool:
+        epoch = int(msg["epoch"])
+        gens = {k: int(v) for k, v in msg["groups"].items()}
+        pairs = {k: (int(v[0]), int(v[1])) for k, v in msg.get("pairs", {}).items()}
+        t0 = time.monotonic()
+        build = self.fabric.build_in_background(gens, pairs)
+        while not build.done():
+            time.sleep(0.01)
+            if self.link.abort_epoch > epoch:
+                log.warning("recovery of epoch %d superseded by a new abort", epoch)
+                return False
+        try:
+            handles = build.join(0)
+        except CommError as exc:
+            log.warning("recovery build failed: %s", exc)
+            self.link.send({"type": "comm_error", "rank": self.rank, "step": self.step, "epoch": epoch, "error": str(exc)})
+            return False
+        build_s = time.monotonic() - t0
+        xfers = {k: handles.pop(k) for k in list(handles) if k.startswith("xfer/")}
+        self.fabric.install(handles)
+        t1 = time.monotonic()
+        for name, h in xfers.items():
+            send_state(h.pg, 1, {"state": self.runner.state(), "step": self.step}, self.cfg.runtime.collective_timeout_s)
+            self.fabric.graveyard.append(h.pg)
+        self.epoch = epoch
+        self.link.clear_abort(epoch)
+        self.link.send({"type": "recovered", "epoch": epoch, "rank": self.rank, "build_s": build_s,
+                        "transfer_s": time.monotonic() - t1 if xfers else None})
+        return True
+
+    # ---- faults and the end -------------------------------------------------------------------
+    def _fault_hook(self) -> Any:
+        due = [f for f in self.faults if f["step"] == self.step and f["kind"] in ("kill", "stop")]
+        if not due:
+            return None
+        fault = due[0]
+
+        def fire() -> None:
+            self.faults.remove(fault)
+            self.link.send({"type": "fault", "index": fault["index"], "rank": self.rank, "step": self.step, "kind": fault["kind"]})
+            time.sleep(0.05)
+            log.warning("injecting fault %s at step %d", fault["kind"], self.step)
+            os.kill(os.getpid(), signal.SIGKILL if fault["kind"] == "kill" else signal.SIGSTOP)
+
+        return fire
+
+    def _finish(self) -> None:
+        digest = self.runner.digest()
+        if self.coord.dp == 0:
+            out = self.run_dir / "final"
+            out.mkdir(exist_ok=True)
+            torch.save(self.runner.module.state_dict(), out / f"stage{self.coord.stage}.pt")
+        self.link.send({"type": "done", "rank": self.rank, "stage": self.coord.stage, "digest": digest, "step": self.step})
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                msg = self.link.get(timeout=1.0)
+            except Exception:
+                continue
+            if msg["type"] == "finish":
+                return
+            if msg["type"] == "prepare":
+                continue

@@ -1,0 +1,100 @@
+"""Checkpoints of one pipeline stage with torch.distributed.checkpoint (DCP).
+
+Contract: :func:`save_stage` writes ``<run_dir>/checkpoints/step_<k>/stage<j>/`` (DCP files plus
+``meta.json`` with the step, the data position and the parameter digest), written by the stage's
+data-parallel rank 0 only, without any process group (``no_dist=True``). A checkpoint is *complete*
+when every stage has its ``meta.json``; :func:`latest_complete` finds the newest complete one.
+:func:`load_stage` restores model and optimizer in place and checks the parameter digest; a missing
+directory, an unreadable/corrupt DCP file or a digest mismatch raises
+:class:`~tmslurm.errors.CheckpointError` naming the file. Saving never touches the live tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+
+from tmslurm.errors import CheckpointError
+from tmslurm.train.schedule import StageRunner
+
+log = logging.getLogger(__name__)
+
+
+def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
+    return Path(run_dir) / "checkpoints" / f"step_{step:06d}"
+
+
+def _flat_state(runner: StageRunner) -> dict[str, torch.Tensor]:
+    """Model and AdamW state as a flat dict of tensors (DCP loads in place into a same-shaped dict)."""
+    out = {f"model/{k}": v for k, v in runner.module.state_dict().items()}
+    opt = runner.optimizer.state_dict()["state"]
+    for i, p in enumerate(runner.params):
+        st = opt.get(i, {})
+        out[f"optim/{i}/exp_avg"] = st.get("exp_avg", torch.zeros_like(p))
+        out[f"optim/{i}/exp_avg_sq"] = st.get("exp_avg_sq", torch.zeros_like(p))
+        out[f"optim/{i}/step"] = torch.as_tensor(st.get("step", torch.tensor(0.0)), dtype=torch.float32).reshape(())
+    return out
+
+
+def save_stage(run_dir: str | Path, step: int, stage: int, runner: StageRunner) -> Path:
+    """Save stage ``stage`` after ``step`` committed steps (the next step to run is ``step``)."""
+    path = checkpoint_dir(run_dir, step) / f"stage{stage}"
+    path.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().clone() for k, v in _flat_state(runner).items()}
+    dcp.save(state, checkpoint_id=str(path), no_dist=True)
+    meta = {"step": step, "stage": stage, "data_step": step, "digest": runner.digest(),
+            "has_optim_state": bool(runner.optimizer.state_dict()["state"])}
+    tmp = path / "meta.json.tmp"
+    tmp.write_text(json.dumps(meta))
+    os.replace(tmp, path / "meta.json")
+    log.info("checkpoint step=%d stage=%d saved to %s", step, stage, path)
+    return path
+
+
+def latest_complete(run_dir: str | Path, num_stages: int) -> int | None:
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return None
+    steps = []
+    for d in root.glob("step_*"):
+        if all((d / f"stage{j}" / "meta.json").is_file() for j in range(num_stages)):
+            steps.append(int(d.name.split("_")[1]))
+    return max(steps) if steps else None
+
+
+def load_stage(run_dir: str | Path, step: int, stage: int, runner: StageRunner) -> None:
+    path = checkpoint_dir(run_dir, step) / f"stage{stage}"
+    meta_file = path / "meta.json"
+    try:
+        meta = json.loads(meta_file.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {meta_file} is missing (no complete checkpoint at step {step})") from None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {meta_file} is corrupt: {exc}") from None
+    state = {k: torch.empty_like(v) for k, v in _flat_state(runner).items()}
+    try:
+        dcp.load(state, checkpoint_id=str(path), no_dist=True)
+    except Exception as exc:
+        files = ", ".join(sorted(p.name for p in path.iterdir()))
+        raise CheckpointError(f"checkpoint {path} cannot be loaded ({files}): {type(exc).__name__}: {str(exc)[:300]}") from None
+    _restore(runner, state, bool(meta.get("has_optim_state", True)))
+    if runner.digest() != meta.get("digest"):
+        raise CheckpointError(f"checkpoint {path}: parameters do not match the digest in {meta_file} (corrupt data file)")
+    log.info("checkpoint step=%d stage=%d loaded from %s", step, stage, path)
+
+
+def _restore(runner: StageRunner, state: dict[str, torch.Tensor], has_optim: bool) -> None:
+    runner.module.load_state_dict({k[len("model/"):]: v for k, v in state.items() if k.startswith("model/")})
+    if not has_optim:
+        return
+    sd: dict[str, Any] = runner.optimizer.state_dict()
+    sd["state"] = {i: {"step": state[f"optim/{i}/step"].clone(),
+                       "exp_avg": state[f"optim/{i}/exp_avg"],
+                       "exp_avg_sq": state[f"optim/{i}/exp_avg_sq"]} for i in range(len(runner.params))}
+    runner.optimizer.load_state_dict(sd)

@@ -1,0 +1,108 @@
+"""One pipeline stage's training step: GPipe over a StageComm, then the data-parallel reduction.
+
+Contract: :meth:`StageRunner.compute` runs the forward and backward passes of all M micro-batches of
+one step (all forwards, then all backwards, in micro-batch order), all-reduces the flat gradient in
+the stage's data-parallel group (SUM; each micro-batch loss is pre-scaled by 1/(M*dp), so the sum is
+the mean) and leaves the result in ``.grad``. It does NOT apply the optimizer: the caller does that
+with :meth:`apply` only after the run decided the step commits, or :meth:`drop` on abort. Any
+communication failure propagates as CommError/CommAborted with the gradients left to be dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Callable
+
+import torch
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from tmslurm.comm.stage_comm import StageComm
+from tmslurm.train.task import StageSpec, Task
+
+
+class StageRunner:
+    def __init__(self, task: Task, spec: StageSpec, dp_rank: int, dp: int, micro_batches: int, device: torch.device) -> None:
+        self.task = task
+        self.spec = spec
+        self.dp_rank = dp_rank
+        self.dp = dp
+        self.m = micro_batches
+        self.device = device
+        self.module = task.build_stage(spec, device)
+        self.optimizer = task.build_optimizer(self.module)
+        self.params = [p for p in self.module.parameters() if p.requires_grad]
+
+    def compute(self, step: int, comm: StageComm, midstep: Callable[[], None] | None = None) -> float | None:
+        """Forward + backward + reduction of one step; returns the step loss on the last stage.
+
+        ``midstep`` (fault injection) is called between the forward and the backward passes.
+        """
+        scale = 1.0 / (self.m * self.dp)
+        outs, ins, loss_sum = [], [], 0.0
+        for micro in range(self.m):
+            index = self.dp_rank * self.m + micro
+            if self.spec.is_first:
+                x = self.task.batch(step, index)[0].to(self.device)
+            else:
+                x = comm.recv_act(micro).requires_grad_()
+            y = self.module(x)
+            if self.spec.is_last:
+                loss = self.task.loss(y, self.task.batch(step, index)[1].to(self.device)) * scale
+                loss_sum += float(loss.detach())
+                outs.append(loss)
+            else:
+                comm.send_act(y, micro)
+                outs.append(y)
+            ins.append(x)
+        if midstep is not None:
+            midstep()
+        for micro in range(self.m):
+            if self.spec.is_last:
+                outs[micro].backward()
+            else:
+                outs[micro].backward(comm.recv_grad(micro))
+            if not self.spec.is_first:
+                comm.send_grad(ins[micro].grad, micro)
+        self._reduce(comm)
+        comm.end_step()
+        return loss_sum * self.dp if self.spec.is_last else None
+
+    def _reduce(self, comm: StageComm) -> None:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        flat = _flatten_dense_tensors(grads)
+        flat = comm.allreduce(flat)
+        for p, g in zip(self.params, _unflatten_dense_tensors(flat, grads)):
+            p.grad = g
+
+    def apply(self) -> None:
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def drop(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def state(self) -> dict[str, Any]:
+        return {"model": self.module.state_dict(), "optim": self.optimizer.state_dict()}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optim"])
+
+    def digest(self) -> str:
+        return params_digest(self.module)
+
+
+def params_digest(module: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for name, p in sorted(module.state_dict().items()):
+        h.update(name.encode())
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def combine_digests(stage_digests: list[str]) -> str:
+    """The run's ``final_params_sha256``: sha256 over the stage digests in stage order."""
+    h = hashlib.sha256()
+    for d in stage_digests:
+        h.update(d.encode())
+    return h.hexdigest()

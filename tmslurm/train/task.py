@@ -1,0 +1,51 @@
+"""The Task protocol: what a user supplies to train with tmslurm.
+
+Contract: a Task is a pure description of the model and data. tmslurm calls it to build the module of
+one pipeline stage, its optimizer, the batch of (step, global micro-batch index) and the loss. A Task
+must be deterministic: ``build_stage`` gives the same initial parameters for the same stage every
+time (seed them from ``seed`` and the block index, not from global RNG state), and ``batch`` is a pure
+function of its arguments. That is what lets a replacement rank compute bit-for-bit what the old one
+would have. A Task raising an exception makes the rank fail like any crash (the run recovers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """Where a stage sits: its index, the number of stages, its role and its block range."""
+
+    stage: int
+    num_stages: int
+    role: str
+    blocks: range
+
+    @property
+    def is_first(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage == self.num_stages - 1
+
+
+class Task(Protocol):
+    def build_stage(self, spec: StageSpec, device: torch.device) -> torch.nn.Module:
+        """The module of one stage: first stage takes token ids, others take activations."""
+
+    def build_optimizer(self, module: torch.nn.Module) -> torch.optim.Optimizer:
+        """The optimizer of one stage's parameters."""
+
+    def batch(self, step: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets) of global micro-batch ``index`` at ``step``; pure function."""
+
+    def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Scalar loss of the last stage's output."""
+
+    def activation_shape(self, micro_batch_size: int) -> tuple[int, ...]:
+        """Shape of the activations passed between stages (float32)."""
