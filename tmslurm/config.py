@@ -67,6 +67,8 @@ class TrainConfig:
     """Sequences per micro-batch."""
     lr: float = 3e-3
     """AdamW learning rate."""
+    optimizer: str = "adamw"
+    """adamw | sgd (sgd makes layouts comparable parameter by parameter in tests)."""
     weight_decay: float = 0.01
     """AdamW weight decay."""
     seed: int = 1234
@@ -79,6 +81,8 @@ class TrainConfig:
     """torch intra-op threads per rank; standbys use the same value (bitwise equality)."""
     step_delay_s: float = 0.0
     """Extra sleep per step (demo pacing only; 0 in tests and benchmarks)."""
+    resume_from: Optional[str] = None
+    """Run directory whose latest complete checkpoint this run starts from (None: start at step 0)."""
 
 
 @dataclass(kw_only=True)
@@ -127,6 +131,8 @@ class RuntimeConfig:
     """Recovery strategy: tmslurm (standby switch) | injob_restart | requeue_restart (baselines)."""
     commit_vote: bool = True
     """Vote on every step commit (off only to measure its cost)."""
+    admin_key_file: Optional[str] = None
+    """File holding the cluster admin key; notices carrying it are accepted like the run token."""
     verify_replicas: bool = False
     """Workers send a parameter digest with every vote; the controller checks DP replicas are equal."""
 
@@ -139,6 +145,9 @@ class FaultConfig:
     """drain | kill | stop | node_down."""
     rank: int = 0
     """Training rank hit by the fault (its node for drain and node_down)."""
+    when: str = "midstep"
+    """kill/stop only: midstep (between forward and backward of ``step``) or recover (when the rank
+    is told to take part in a recovery at or after ``step``: a second failure during a switch)."""
 
 
 @dataclass(kw_only=True)
@@ -226,8 +235,11 @@ def _validate_train(t: TrainConfig) -> None:
     for name in ("steps", "micro_batches", "micro_batch_size", "threads"):
         _positive(getattr(t, name), f"train.{name}")
     _positive(t.checkpoint_every, "train.checkpoint_every", 0)
+    _one_of(t.optimizer, ("adamw", "sgd"), "train.optimizer")
     if t.lr <= 0:
         raise ConfigError(f"train.lr={t.lr} must be > 0. Fix: pass train.lr=<positive float>.")
+    if t.resume_from is not None and not Path(t.resume_from, "checkpoints").is_dir():
+        raise ConfigError(f"train.resume_from={t.resume_from!r} holds no checkpoints/ directory. Fix: point it at a run directory that saved checkpoints (train.checkpoint_every>0).")
     if t.data_path is not None and not Path(t.data_path).is_file():
         raise ConfigError(f"train.data_path={t.data_path!r} is not a readable file. Fix: point train.data_path at a text file or leave it unset.")
 
@@ -240,6 +252,7 @@ def _validate_faults(cfg: RunConfig) -> None:
             raise ConfigError(f"faults[{i}].rank={f.rank} is not a training rank; valid: 0..{world - 1}. Fix: change faults[{i}].rank.")
         if not 0 <= f.step < cfg.train.steps:
             raise ConfigError(f"faults[{i}].step={f.step} is outside the run; valid: 0..{cfg.train.steps - 1}. Fix: change faults[{i}].step.")
+        _one_of(f.when, ("midstep", "recover"), f"faults[{i}].when")
         if f.kind == "node_down" and cfg.cluster != "slurm":
             raise ConfigError(f"faults[{i}].kind=node_down needs cluster=slurm. Fix: use kind=kill with cluster=local.")
 

@@ -37,8 +37,24 @@ def prepare_run_dir(cfg: RunConfig) -> Path:
         raise TmslurmError(f"run directory {run_dir} already holds a finished run; pass run_dir=<new dir>")
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg.run_dir = str(run_dir)
+    if cfg.train.resume_from:
+        copy_latest_checkpoint(Path(cfg.train.resume_from), run_dir, cfg.parallel.pp)
     (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
     return run_dir
+
+
+def copy_latest_checkpoint(src: Path, run_dir: Path, pp: int) -> int:
+    """Copy the newest complete checkpoint of ``src`` into ``run_dir``; returns its step."""
+    import shutil
+
+    from tmslurm.train.checkpoint import checkpoint_dir, latest_complete
+
+    step = latest_complete(src, pp)
+    if step is None:
+        raise TmslurmError(f"train.resume_from={src}: no complete checkpoint there (every stage needs meta.json)")
+    if src.resolve() != run_dir.resolve():
+        shutil.copytree(checkpoint_dir(src, step), checkpoint_dir(run_dir, step), dirs_exist_ok=True)
+    return step
 
 
 def run_local(cfg: RunConfig) -> dict[str, Any]:

@@ -193,6 +193,8 @@ class Fabric:
             raise CommError(f"{op} on group {name} failed to start: {_short(exc)}") from None
 
     def _wait(self, name: str, work: Any, op: str) -> None:
+        if op in ("send", "recv"):
+            return self._wait_p2p(name, work, op)
         deadline = time.monotonic() + self.s.timeout_s
         while True:
             try:
@@ -206,6 +208,36 @@ class Fabric:
                 raise CommAborted(f"{op} on group {name} abandoned: the step is being aborted")
             if time.monotonic() > deadline:
                 raise CommError(f"{op} on group {name} timed out after {self.s.timeout_s:.0f}s (runtime.collective_timeout_s)")
+
+
+    def _wait_p2p(self, name: str, work: Any, op: str) -> None:
+        """Wait for a send/recv in a helper thread.
+
+        gloo closes the pair when a point-to-point wait times out ("Application timeout caused pair
+        closure"), so p2p work cannot be waited on in slices like collectives; a daemon thread waits
+        with the group's own timeout while this thread watches the abort flag. An abandoned waiter
+        ends when the group (kept in the graveyard) fails or times out.
+        """
+        done = threading.Event()
+        box: list[BaseException] = []
+
+        def waiter() -> None:
+            try:
+                work.wait()
+            except BaseException as exc:  # handed to the waiting thread
+                box.append(exc)
+            done.set()
+
+        threading.Thread(target=waiter, name=f"wait-{op}", daemon=True).start()
+        deadline = time.monotonic() + self.s.timeout_s
+        while not done.wait(self.s.wait_slice_s):
+            if self.abort_event.is_set():
+                raise CommAborted(f"{op} on group {name} abandoned: the step is being aborted")
+            if time.monotonic() > deadline:
+                raise CommError(f"{op} on group {name} timed out after {self.s.timeout_s:.0f}s (runtime.collective_timeout_s)")
+        if box:
+            raise CommError(f"{op} on group {name} failed: {_short(box[0])}") from None
+        self.counts[name].pending -= 1
 
 
 def _short(exc: BaseException) -> str:

@@ -56,6 +56,16 @@ class Agent:
     busy: bool = False
 
 
+def _read_admin_key(path: str | None) -> str | None:
+    if not path:
+        return None
+    try:
+        return Path(path).read_text().strip() or None
+    except OSError as exc:
+        log.error("cannot read runtime.admin_key_file %s: %s (admin notices will be refused)", path, exc)
+        return None
+
+
 class Controller(RecoveryMixin):
     def __init__(self, cfg: RunConfig, run_dir: Path, token: str, spawner_factory: Callable[["Controller"], Spawner],
                  host: str = "127.0.0.1") -> None:
@@ -87,6 +97,11 @@ class Controller(RecoveryMixin):
         self.comm_error_since: float | None = None
         self.on_step: list[Callable[[int], None]] = []
         self.stop_event = threading.Event()
+        self.admin_key = _read_admin_key(cfg.runtime.admin_key_file)
+        if cfg.train.resume_from:
+            from tmslurm.train.checkpoint import latest_complete
+
+            self.step = self.resume_step = latest_complete(self.run_dir, self.layout.pp) or 0
         self.spawner = spawner_factory(self)
 
     # ---- servers ------------------------------------------------------------------------------
@@ -118,7 +133,7 @@ class Controller(RecoveryMixin):
         if first is None:
             ch.close()
             return
-        if not token_ok(first.get("token"), self.token):
+        if not (token_ok(first.get("token"), self.token) or (self.admin_key and token_ok(first.get("token"), self.admin_key))):
             log.warning("refused a %r request without a valid token", first.get("type"))
             self.journal.write("auth_refused", request=first.get("type"))
             ch.try_send({"type": "error", "error": "refused: missing or wrong token (use the run's token file or the admin key)"})
@@ -197,7 +212,7 @@ class Controller(RecoveryMixin):
         self.journal.write("agent_up", agent=aid, node=agent.node, pid=agent.pid)
 
     def _faults(self) -> list[tuple[int, dict[str, Any]]]:
-        return [(i, {"step": f.step, "kind": f.kind, "rank": f.rank}) for i, f in enumerate(self.cfg.faults) if i not in self.fired]
+        return [(i, {"step": f.step, "kind": f.kind, "rank": f.rank, "when": f.when}) for i, f in enumerate(self.cfg.faults) if i not in self.fired]
 
     def broadcast(self, msg: dict[str, Any]) -> None:
         for rank in range(self.world):
@@ -223,6 +238,9 @@ class Controller(RecoveryMixin):
         self.votes[msg["rank"]] = msg
         if len(self.votes) == self.world:
             self._commit()
+
+    def _on_groups(self, agent: Agent, msg: dict[str, Any]) -> None:
+        self.journal.write("groups", **{k: v for k, v in msg.items() if k != "type"})
 
     def _on_progress(self, agent: Agent, msg: dict[str, Any]) -> None:
         if msg.get("step") == self.step:
@@ -263,7 +281,8 @@ class Controller(RecoveryMixin):
             self.replica_mismatch.append(self.step)
             log.error("data-parallel replicas differ before step %d", self.step)
         entry = {"step": self.step, "t_end": now, "dt": max(v.get("dt", 0.0) for v in self.votes.values()),
-                 "loss": sum(losses) / len(losses) if losses else None, "epoch": self.epoch}
+                 "loss": sum(losses) / len(losses) if losses else None, "epoch": self.epoch,
+                 "peak_rss_mb": {r: v.get("peak_rss_mb") for r, v in sorted(self.votes.items())}}
         self.step_log.append(entry)
         self.events.on_commit(self.step, now, self.median_step())
         if self.step % 10 == 0 or self.step == self.cfg.train.steps - 1:
@@ -466,4 +485,4 @@ class Controller(RecoveryMixin):
         if requeue and plan.kind == "planned":
             alive = [r for r in plan.ranks if self.slots.get(r) in self.agents and self.agents[self.slots[r]].alive]
             if alive:
-                self.pending_notices.append({"kind": "maintenance", "rank": alive[0], "source": "requeued", "reason": plan.info.get("reason", "")})
+                self.pending_notices.append({"kind": "maintenance", "rank": alive[0], "source": "controller", "reason": plan.info.get("reason", "")})

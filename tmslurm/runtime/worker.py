@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import signal
 import time
 from pathlib import Path
@@ -37,6 +38,11 @@ from tmslurm.train.schedule import StageRunner
 from tmslurm.train.task import StageSpec
 
 log = logging.getLogger(__name__)
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process in MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def layout_of(cfg: RunConfig) -> Layout:
@@ -95,6 +101,7 @@ class Worker:
         self.prepared: dict[int, BackgroundBuild] = {}
         self.seen_abort = epoch
         self.recording = self._should_record()
+        self.report_groups()
         self.comm = FabricStageComm(fabric, self.layout, rank, runner.task.activation_shape(cfg.train.micro_batch_size), runner.device)
         LOG_CONTEXT["who"] = f"rank{rank}"
 
@@ -119,6 +126,12 @@ class Worker:
         if self.layout.representative_stage(role) != self.coord.stage:
             return False
         return not recording_path(self.run_dir, role).exists()
+
+    def report_groups(self) -> None:
+        """Tell the controller which ProcessGroup object serves each group (tests check identity)."""
+        self.link.send({"type": "groups", "rank": self.rank, "step": self.step, "epoch": self.epoch,
+                        "ids": {n: id(h.pg) for n, h in self.fabric.handles.items()},
+                        "gens": self.fabric.generations(), "peak_rss_mb": peak_rss_mb()})
 
     # ---- the step loop ------------------------------------------------------------------------
     def run(self) -> None:
@@ -151,7 +164,7 @@ class Worker:
             comm.save()
             self.recording = False
         vote: dict[str, Any] = {"type": "vote", "step": self.step, "epoch": self.epoch, "rank": self.rank,
-                                "loss": loss, "dt": time.perf_counter() - t0}
+                                "loss": loss, "dt": time.perf_counter() - t0, "peak_rss_mb": peak_rss_mb()}
         if self.cfg.runtime.verify_replicas:
             vote["digest"] = self.runner.digest()
         if not self.cfg.runtime.commit_vote:
@@ -195,6 +208,7 @@ class Worker:
             self._leave(handles[f"xfer/r{self.rank}"], t0)
         self.fabric.install(handles)
         self.link.send({"type": "switched", "epoch": epoch, "rank": self.rank, "phase2_s": time.monotonic() - t0})
+        self.report_groups()
 
     def _leave(self, xfer: GroupHandle, t0: float) -> None:
         t1 = time.monotonic()
@@ -260,6 +274,9 @@ class Worker:
                 self._dispatch(msg)
 
     def _apply_recover(self, msg: dict[str, Any]) -> bool:
+        due = [f for f in self.faults if f.get("when") == "recover" and f["step"] <= self.step]
+        if due:
+            self._fire(due[0])()
         epoch = int(msg["epoch"])
         gens = {k: int(v) for k, v in msg["groups"].items()}
         pairs = {k: (int(v[0]), int(v[1])) for k, v in msg.get("pairs", {}).items()}
@@ -287,15 +304,15 @@ class Worker:
         self.link.clear_abort(epoch)
         self.link.send({"type": "recovered", "epoch": epoch, "rank": self.rank, "build_s": build_s,
                         "transfer_s": time.monotonic() - t1 if xfers else None})
+        self.report_groups()
         return True
 
     # ---- faults and the end -------------------------------------------------------------------
     def _fault_hook(self) -> Any:
-        due = [f for f in self.faults if f["step"] == self.step and f["kind"] in ("kill", "stop")]
-        if not due:
-            return None
-        fault = due[0]
+        due = [f for f in self.faults if f["step"] == self.step and f["kind"] in ("kill", "stop") and f.get("when", "midstep") == "midstep"]
+        return self._fire(due[0]) if due else None
 
+    def _fire(self, fault: dict[str, Any]) -> Any:
         def fire() -> None:
             self.faults.remove(fault)
             self.link.send({"type": "fault", "index": fault["index"], "rank": self.rank, "step": self.step, "kind": fault["kind"]})

@@ -11,6 +11,7 @@ directory, an unreadable/corrupt DCP file or a digest mismatch raises
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from tmslurm.errors import CheckpointError
 from tmslurm.train.schedule import StageRunner
@@ -36,10 +38,19 @@ def _flat_state(runner: StageRunner) -> dict[str, torch.Tensor]:
     opt = runner.optimizer.state_dict()["state"]
     for i, p in enumerate(runner.params):
         st = opt.get(i, {})
-        out[f"optim/{i}/exp_avg"] = st.get("exp_avg", torch.zeros_like(p))
-        out[f"optim/{i}/exp_avg_sq"] = st.get("exp_avg_sq", torch.zeros_like(p))
-        out[f"optim/{i}/step"] = torch.as_tensor(st.get("step", torch.tensor(0.0)), dtype=torch.float32).reshape(())
+        for key in _optim_keys(runner):
+            if key == "step":
+                out[f"optim/{i}/step"] = torch.as_tensor(st.get("step", torch.tensor(0.0)), dtype=torch.float32).reshape(())
+            else:
+                out[f"optim/{i}/{key}"] = st.get(key, torch.zeros_like(p))
     return out
+
+
+def _optim_keys(runner: StageRunner) -> tuple[str, ...]:
+    """Per-parameter optimizer state kept in checkpoints (AdamW moments or SGD momentum)."""
+    if isinstance(runner.optimizer, torch.optim.SGD):
+        return ("momentum_buffer",)
+    return ("step", "exp_avg", "exp_avg_sq")
 
 
 def save_stage(run_dir: str | Path, step: int, stage: int, runner: StageRunner) -> Path:
@@ -48,13 +59,22 @@ def save_stage(run_dir: str | Path, step: int, stage: int, runner: StageRunner) 
     path.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().clone() for k, v in _flat_state(runner).items()}
     dcp.save(state, checkpoint_id=str(path), no_dist=True)
-    meta = {"step": step, "stage": stage, "data_step": step, "digest": runner.digest(),
+    meta = {"step": step, "stage": stage, "data_step": step, "digest": runner.digest(), "state_digest": state_digest(state),
             "has_optim_state": bool(runner.optimizer.state_dict()["state"])}
     tmp = path / "meta.json.tmp"
     tmp.write_text(json.dumps(meta))
     os.replace(tmp, path / "meta.json")
     log.info("checkpoint step=%d stage=%d saved to %s", step, stage, path)
     return path
+
+
+def state_digest(state: dict[str, torch.Tensor]) -> str:
+    """sha256 over every tensor of a flat state dict, in key order."""
+    h = hashlib.sha256()
+    for key in sorted(state):
+        h.update(key.encode())
+        h.update(state[key].detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
 
 
 def latest_complete(run_dir: str | Path, num_stages: int) -> int | None:
@@ -80,12 +100,12 @@ def load_stage(run_dir: str | Path, step: int, stage: int, runner: StageRunner) 
     state = {k: torch.empty_like(v) for k, v in _flat_state(runner).items()}
     try:
         dcp.load(state, checkpoint_id=str(path), no_dist=True)
-    except Exception as exc:
+    except (Exception, CheckpointException) as exc:  # CheckpointException derives from BaseException
         files = ", ".join(sorted(p.name for p in path.iterdir()))
         raise CheckpointError(f"checkpoint {path} cannot be loaded ({files}): {type(exc).__name__}: {str(exc)[:300]}") from None
+    if state_digest(state) != meta.get("state_digest"):
+        raise CheckpointError(f"checkpoint {path}: the loaded tensors do not match the digest in {meta_file} (corrupt data file)")
     _restore(runner, state, bool(meta.get("has_optim_state", True)))
-    if runner.digest() != meta.get("digest"):
-        raise CheckpointError(f"checkpoint {path}: parameters do not match the digest in {meta_file} (corrupt data file)")
     log.info("checkpoint step=%d stage=%d loaded from %s", step, stage, path)
 
 
@@ -94,7 +114,5 @@ def _restore(runner: StageRunner, state: dict[str, torch.Tensor], has_optim: boo
     if not has_optim:
         return
     sd: dict[str, Any] = runner.optimizer.state_dict()
-    sd["state"] = {i: {"step": state[f"optim/{i}/step"].clone(),
-                       "exp_avg": state[f"optim/{i}/exp_avg"],
-                       "exp_avg_sq": state[f"optim/{i}/exp_avg_sq"]} for i in range(len(runner.params))}
+    sd["state"] = {i: {k: state[f"optim/{i}/{k}"].clone() for k in _optim_keys(runner)} for i in range(len(runner.params))}
     runner.optimizer.load_state_dict(sd)

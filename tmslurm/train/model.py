@@ -107,6 +107,8 @@ class ReferenceTask:
         return stage
 
     def build_optimizer(self, module: nn.Module) -> torch.optim.Optimizer:
+        if self.t.optimizer == "sgd":
+            return torch.optim.SGD(module.parameters(), lr=self.t.lr * 30, momentum=0.9, foreach=False)
         return torch.optim.AdamW(module.parameters(), lr=self.t.lr, weight_decay=self.t.weight_decay, foreach=False)
 
     def batch(self, step: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:

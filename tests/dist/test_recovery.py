@@ -1,0 +1,125 @@
+"""The TrainMover core end to end: real processes, real signals, exact final models.
+
+Every run here ends with the same ``final_params_sha256`` as the uninterrupted run of its layout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from tmslurm.runtime.protocol import request
+
+from conftest import events_of
+
+pytestmark = pytest.mark.dist
+
+STEPS = 24
+# Pace steps a little so standbys (which import torch and warm up) are ready by the faults' steps.
+BASE = [f"train.steps={STEPS}", "train.step_delay_s=0.05", "runtime.heartbeat_timeout_s=2.0"]
+
+
+def _run(launch, baseline, *extra, layout=("parallel.dp=2", "parallel.pp=2")):
+    ref = baseline(*layout, f"train.steps={STEPS}")
+    s = launch(*layout, *BASE, *extra).wait()
+    assert s["final_params_sha256"] == ref["final_params_sha256"], s["events"]
+    assert s["steps"] == STEPS
+    return s
+
+
+@pytest.mark.parametrize("rank", [0, 1], ids=["first-stage", "last-stage"])
+def test_planned_migration_is_exact(launch, baseline, rank):
+    s = _run(launch, baseline, "standby.count=1", f"faults=[{{step:12,kind:drain,rank:{rank}}}]")
+    (ev,) = events_of(s, "planned")
+    assert ev["ranks"] == [rank] and ev["standby"]
+    for part in ("phase1_s", "phase2_s", "transfer_s", "first_step_s", "downtime_s"):
+        assert isinstance(ev[part], float), part
+    assert not events_of(s, "restart")
+
+
+def test_planned_middle_stage_with_pp3(launch, baseline):
+    s = _run(launch, baseline, "standby.count=1", "faults=[{step:12,kind:drain,rank:4}]",
+             layout=("parallel.dp=2", "parallel.pp=3"))
+    (ev,) = events_of(s, "planned")
+    assert ev["ranks"] == [4]
+
+
+@pytest.mark.parametrize("kind,cause", [("kill", "process exit"), ("stop", "heartbeat timeout")])
+def test_unexpected_failure_is_exact(launch, baseline, kind, cause):
+    s = _run(launch, baseline, "standby.count=1", f"faults=[{{step:12,kind:{kind},rank:2}}]")
+    (ev,) = events_of(s, "unexpected")
+    assert ev["ranks"] == [2] and ev["cause"] == cause
+    assert ev["detect_s"] < (0.5 if kind == "kill" else 4.0)
+    assert not events_of(s, "restart")
+
+
+def test_second_rank_killed_during_the_switch(launch, baseline):
+    s = _run(launch, baseline, "standby.count=2",
+             "faults=[{step:12,kind:kill,rank:1},{step:12,kind:kill,rank:2,when:recover}]")
+    evs = events_of(s, "unexpected")
+    assert sorted(r for ev in evs for r in ev["ranks"]) == [1, 2], evs
+    assert not events_of(s, "restart")
+
+
+def test_only_standby_killed_in_warmup_then_failure_falls_back_to_checkpoint(launch, baseline):
+    run = launch(*("parallel.dp=2", "parallel.pp=2"), *BASE, "standby.count=1", "train.checkpoint_every=5",
+                 "faults=[{step:16,kind:kill,rank:3}]")
+    up = run.wait_for(lambda e: e["type"] == "agent_up" and e["agent"].startswith("standby"))
+    os.kill(up["pid"], signal.SIGKILL)
+    s = run.wait()
+    ref = baseline("parallel.dp=2", "parallel.pp=2", f"train.steps={STEPS}")
+    assert s["final_params_sha256"] == ref["final_params_sha256"]
+    (ev,) = events_of(s, "restart")
+    assert ev["from_checkpoint_step"] == 15 and ev["lost_steps"] == 1
+    journal = run.journal()
+    assert not any(e["type"] == "standby_ready" for e in journal)
+    assert any(e["type"] == "standby_lost" for e in journal)
+
+
+def test_two_planned_migrations_and_a_failure_in_one_run(launch, baseline):
+    s = _run(launch, baseline, "standby.count=3",
+             "faults=[{step:6,kind:drain,rank:0},{step:12,kind:drain,rank:3},{step:18,kind:kill,rank:1}]")
+    assert len(events_of(s, "planned")) == 2 and len(events_of(s, "unexpected")) == 1, s["events"]
+    assert not events_of(s, "restart")
+
+
+def test_untouched_groups_keep_their_objects_and_stayers_memory_is_flat(launch, baseline):
+    run = launch("parallel.dp=2", "parallel.pp=2", *BASE, "standby.count=1", "faults=[{step:12,kind:drain,rank:0}]")
+    s = run.wait()
+    journal = run.journal()
+    ids = {}
+    for e in journal:
+        if e["type"] == "groups":
+            ids.setdefault(e["rank"], []).append(e)
+    # rank 3 (stage 1, replica 1) is in no group with rank 0: it never rebuilt anything
+    assert len(ids[3]) == 1
+    # rank 1 rebuilt pp/replica0/0-1 only; its dp group is the very same object
+    first, last = ids[1][0], ids[1][-1]
+    assert first["ids"]["dp/stage1"] == last["ids"]["dp/stage1"]
+    assert first["ids"]["pp/replica0/0-1"] != last["ids"]["pp/replica0/0-1"]
+    assert last["gens"]["pp/replica0/0-1"] > first["gens"]["pp/replica0/0-1"]
+    # rank 2 rebuilt dp/stage0 only
+    assert ids[2][0]["ids"]["pp/replica1/0-1"] == ids[2][-1]["ids"]["pp/replica1/0-1"]
+    assert ids[2][0]["ids"]["dp/stage0"] != ids[2][-1]["ids"]["dp/stage0"]
+    (ev,) = events_of(s, "planned")
+    switch_step = max(e["step"] for e in s["step_log"] if e["t_end"] <= ev["switched_t"])
+    for rank in (1, 2, 3):
+        before = max(e["peak_rss_mb"][str(rank)] for e in s["step_log"] if e["step"] <= switch_step)
+        after = max(e["peak_rss_mb"][str(rank)] for e in s["step_log"])
+        assert after - before < 8.0, (rank, before, after)
+
+
+def test_wrong_token_is_refused_and_the_run_is_unaffected(launch, baseline):
+    run = launch("parallel.dp=2", "parallel.pp=2", *BASE)
+    run.wait_for(lambda e: e["type"] == "agent_up")
+    reply = request(run.run_dir, {"type": "notice", "event": "maintenance", "rank": 1}, token="not-the-token")
+    assert reply["type"] == "error" and "refused" in reply["error"]
+    bad = request(run.run_dir, {"type": "notice", "event": "explode", "rank": 1})
+    assert "invalid" in bad["error"]
+    s = run.wait()
+    assert s["final_params_sha256"] == baseline("parallel.dp=2", "parallel.pp=2", f"train.steps={STEPS}")["final_params_sha256"]
+    assert s["events"] == []
+    assert any(e["type"] == "auth_refused" for e in run.journal())
