@@ -13,13 +13,16 @@ import pytest
 
 from tmslurm.runtime.protocol import request
 
-from conftest import events_of
 
 pytestmark = pytest.mark.dist
 
 STEPS = 24
 # Pace steps a little so standbys (which import torch and warm up) are ready by the faults' steps.
 BASE = [f"train.steps={STEPS}", "train.step_delay_s=0.05", "runtime.heartbeat_timeout_s=2.0"]
+
+
+def events_of(summary, kind):
+    return [e for e in summary["events"] if e["kind"] == kind]
 
 
 def _run(launch, baseline, *extra, layout=("parallel.dp=2", "parallel.pp=2")):

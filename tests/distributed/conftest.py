@@ -87,8 +87,4 @@ def baseline(tmp_path_factory):
     return get
 
 
-def events_of(summary: dict[str, Any], kind: str) -> list[dict[str, Any]]:
-    return [e for e in summary["events"] if e["kind"] == kind]
-
-
 os.environ.setdefault("TMSLURM_TEST", "1")
