@@ -67,6 +67,8 @@ class TrainConfig:
     """Sequences per micro-batch."""
     lr: float = 3e-3
     """AdamW learning rate."""
+    task: str = "tmslurm.train.model:ReferenceTask"
+    """The Task to train, as module:Class; it is built as Class(model_config, train_config)."""
     optimizer: str = "adamw"
     """adamw | sgd (sgd makes layouts comparable parameter by parameter in tests)."""
     weight_decay: float = 0.01
@@ -236,12 +238,24 @@ def _validate_train(t: TrainConfig) -> None:
         _positive(getattr(t, name), f"train.{name}")
     _positive(t.checkpoint_every, "train.checkpoint_every", 0)
     _one_of(t.optimizer, ("adamw", "sgd"), "train.optimizer")
+    _check_task(t.task)
     if t.lr <= 0:
         raise ConfigError(f"train.lr={t.lr} must be > 0. Fix: pass train.lr=<positive float>.")
     if t.resume_from is not None and not Path(t.resume_from, "checkpoints").is_dir():
         raise ConfigError(f"train.resume_from={t.resume_from!r} holds no checkpoints/ directory. Fix: point it at a run directory that saved checkpoints (train.checkpoint_every>0).")
     if t.data_path is not None and not Path(t.data_path).is_file():
         raise ConfigError(f"train.data_path={t.data_path!r} is not a readable file. Fix: point train.data_path at a text file or leave it unset.")
+
+
+def _check_task(spec: str) -> None:
+    import importlib
+
+    module_name, _, cls_name = spec.partition(":")
+    try:
+        if not cls_name or not hasattr(importlib.import_module(module_name), cls_name):
+            raise ImportError(f"no class {cls_name or '(missing)'!r} in {module_name}")
+    except ImportError as exc:
+        raise ConfigError(f"train.task={spec!r} cannot be imported ({exc}). Fix: pass train.task=package.module:ClassName") from None
 
 
 def _validate_faults(cfg: RunConfig) -> None:

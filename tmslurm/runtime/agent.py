@@ -102,7 +102,8 @@ class Link:
 def hello(run_dir: Path, kind: str, ident: int, node: str) -> tuple[Link, dict[str, Any]]:
     addr = controller_address(run_dir)
     ch = connect(addr["host"], addr["port"], timeout_s=30.0)
-    ch.send({"type": "hello", "token": read_token(run_dir), "kind": kind, "id": ident, "pid": os.getpid(), "node": node})
+    ch.send({"type": "hello", "token": read_token(run_dir), "kind": kind, "id": ident, "pid": os.getpid(), "node": node,
+             "host": socket.gethostname()})
     welcome = ch.recv()
     if welcome is None or welcome.get("type") != "welcome":
         raise TmslurmError(f"controller refused {kind} {ident}: {welcome}")

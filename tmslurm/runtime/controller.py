@@ -54,6 +54,7 @@ class Agent:
     expected_exit: bool = False
     roles: dict[str, dict[str, Any]] = field(default_factory=dict)
     busy: bool = False
+    host: str | None = None
 
 
 def _read_admin_key(path: str | None) -> str | None:
@@ -96,6 +97,10 @@ class Controller(RecoveryMixin):
         self.standbys_started = 0
         self.comm_error_since: float | None = None
         self.on_step: list[Callable[[int], None]] = []
+        self.on_switched: list[Callable[[sw.Plan], None]] = []
+        self.inject_fault: Callable[[dict[str, Any]], None] | None = None
+        self.standby_target = cfg.standby.count * cfg.parallel.ranks_per_node
+        self.replenish = cfg.standby.replenish or cfg.cluster == "slurm"
         self.stop_event = threading.Event()
         self.admin_key = _read_admin_key(cfg.runtime.admin_key_file)
         if cfg.train.resume_from:
@@ -166,7 +171,7 @@ class Controller(RecoveryMixin):
     def run(self) -> dict[str, Any]:
         for rank in range(self.world):
             self.spawner.spawn_worker(rank, 0)
-        for i in range(self.cfg.standby.count):
+        for i in range(self.standby_target):
             self._spawn_standby()
         self.mode = "running"
         while self.mode != "finished" and not self.stop_event.is_set():
@@ -201,7 +206,7 @@ class Controller(RecoveryMixin):
             ch.try_send({"type": "error", "error": "hello needs kind worker|standby and an integer id"})
             return
         aid = f"{kind}{ident}.{msg.get('pid')}"
-        agent = Agent(aid, kind, ident, int(msg.get("pid", 0)), str(msg.get("node", "?")), ch, time.monotonic())
+        agent = Agent(aid, kind, ident, int(msg.get("pid", 0)), str(msg.get("node", "?")), ch, time.monotonic(), host=msg.get("host"))
         self.agents[aid] = agent
         if kind == "worker":
             agent.rank = ident
@@ -297,9 +302,12 @@ class Controller(RecoveryMixin):
             self.mode = "draining"
             return
         for i, f in self._faults():
-            if f["kind"] == "drain" and f["step"] == self.step:
+            if f["kind"] in ("drain", "node_down") and f["step"] == self.step:
                 self.fired.add(i)
-                self.submit_notice({"kind": "maintenance", "rank": f["rank"], "source": "fault", "reason": "injected drain"})
+                if self.inject_fault is not None:
+                    self.inject_fault(f)  # through the cluster manager (scontrol), seen by the watcher
+                else:
+                    self.submit_notice({"kind": "maintenance", "rank": f["rank"], "source": "fault", "reason": "injected drain"})
 
     def median_step(self) -> float:
         gaps = [b["t_end"] - a["t_end"] for a, b in zip(self.step_log, self.step_log[1:]) if b["step"] == a["step"] + 1]
@@ -379,13 +387,16 @@ class Controller(RecoveryMixin):
         return {a.aid: set(a.roles) for a in self.agents.values()
                 if a.kind == "standby" and a.alive and a.rank is None and not a.busy and a.roles}
 
+    def standby_nodes(self) -> dict[str, str]:
+        return {a.aid: a.node for a in self.agents.values() if a.kind == "standby"}
+
     def _start_planned(self, ranks: list[int], notice: dict[str, Any]) -> None:
         t0 = time.time()
         if self.cfg.runtime.restart_mode != "tmslurm":
             self.restart(f"planned {notice.get('reason', '')} ({self.cfg.runtime.restart_mode})", ranks, "planned", t0)
             return
         try:
-            moves = sw.pick_joiners(self.layout, ranks, self.warm_pool())
+            moves = sw.pick_joiners(self.layout, ranks, self.warm_pool(), self.standby_nodes())
         except sw.PlanError as exc:
             if any(a.kind == "standby" and a.alive and a.rank is None and not a.busy for a in self.agents.values()):
                 log.info("planned migration of ranks %s waits for a standby to finish warming up", ranks)
@@ -468,6 +479,8 @@ class Controller(RecoveryMixin):
         plan.times["switched"] = time.time()
         self.events.switched(plan)
         self.plan = None
+        for hook in self.on_switched:
+            hook(plan)
         self.mode = "running"
         if self.pending_notices:
             self._notice(self.pending_notices.pop(0))

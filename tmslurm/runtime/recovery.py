@@ -85,7 +85,7 @@ class RecoveryMixin:
 
     def _kill_agent(self, agent: Any) -> None:
         agent.alive = False
-        self.spawner.fence(agent.pid, agent.node)
+        self.spawner.fence(agent.pid, agent.node, agent.host)
         agent.channel.close()
 
     def _on_aborted(self, agent: Any, msg: dict[str, Any]) -> None:
@@ -101,7 +101,7 @@ class RecoveryMixin:
         plan = self.plan
         dead = sorted(plan.info["dead"])
         try:
-            moves = sw.pick_joiners(self.layout, dead, self.warm_pool())
+            moves = sw.pick_joiners(self.layout, dead, self.warm_pool(), self.standby_nodes())
             for m in moves:
                 m.source = sw.dp_source(self.layout, m.rank, set(dead))
         except sw.PlanError as exc:
@@ -224,11 +224,11 @@ class RecoveryMixin:
         self.standbys_started += 1
 
     def _maybe_replenish(self) -> None:
-        if not self.cfg.standby.replenish or self.mode in ("draining", "finished"):
+        if not self.replenish or self.mode in ("draining", "finished"):
             return
         pool = [a for a in self.agents.values() if a.kind == "standby" and a.alive and a.rank is None]
         starting = self.standbys_started - sum(1 for a in self.agents.values() if a.kind == "standby")
-        for _ in range(self.cfg.standby.count - len(pool) - max(0, starting)):
+        for _ in range(self.standby_target - len(pool) - max(0, starting)):
             self._spawn_standby()
 
     def _on_ready(self, agent: Any, msg: dict[str, Any]) -> None:

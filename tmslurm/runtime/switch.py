@@ -85,9 +85,23 @@ def dp_source(layout: Layout, rank: int, dead: set[int]) -> int:
     raise PlanError(f"rank {rank} has no alive data-parallel peer (dp={layout.dp}): its stage state exists nowhere else")
 
 
-def pick_joiners(layout: Layout, ranks: list[int], pool: dict[str, set[str]]) -> list[Move]:
-    """One warm standby per rank; ``pool`` maps standby id -> roles it has warmed."""
-    free = dict(pool)
+def pick_joiners(layout: Layout, ranks: list[int], pool: dict[str, set[str]], nodes: dict[str, str] | None = None) -> list[Move]:
+    """One warm standby per rank; ``pool`` maps standby id -> roles it has warmed.
+
+    With ``nodes`` (standby id -> node), ranks that leave together are placed on one spare node
+    when one node's standbys can take them all (a drained node moves to a spare node in one switch).
+    """
+    nodes = nodes or {}
+    for node in sorted(set(nodes.values())):
+        try:
+            return _greedy(layout, ranks, {k: v for k, v in pool.items() if nodes.get(k) == node}, pool)
+        except PlanError:
+            continue
+    return _greedy(layout, ranks, pool, pool)
+
+
+def _greedy(layout: Layout, ranks: list[int], candidates: dict[str, set[str]], pool: dict[str, set[str]]) -> list[Move]:
+    free = dict(candidates)
     moves = []
     for rank in ranks:
         role = layout.role(rank)

@@ -33,7 +33,7 @@ from tmslurm.errors import CommAborted, CommError
 from tmslurm.runtime.agent import LOG_CONTEXT, Link
 from tmslurm.topology import Layout, split_layers
 from tmslurm.train import checkpoint
-from tmslurm.train.model import ReferenceTask
+from tmslurm.train.task import load_task
 from tmslurm.train.schedule import StageRunner
 from tmslurm.train.task import StageSpec
 
@@ -62,7 +62,7 @@ def build_runner(cfg: RunConfig, rank: int, stage: int | None = None) -> StageRu
     c = layout.coord(rank) if stage is None else None
     stage = c.stage if c is not None else stage
     spec = StageSpec(stage, layout.pp, layout.role_of_stage(stage), split_layers(cfg.model.n_layer, layout.pp)[stage])
-    task = ReferenceTask(cfg.model, cfg.train)
+    task = load_task(cfg)
     return StageRunner(task, spec, c.dp if c is not None else 0, layout.dp, cfg.train.micro_batches, device_of(cfg))
 
 

@@ -10,10 +10,13 @@ would have. A Task raising an exception makes the rank fail like any crash (the 
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
+
+from tmslurm.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -49,3 +52,14 @@ class Task(Protocol):
 
     def activation_shape(self, micro_batch_size: int) -> tuple[int, ...]:
         """Shape of the activations passed between stages (float32)."""
+
+
+def load_task(cfg: Any) -> Task:
+    """Build the Task named by ``train.task`` (``module:Class``) from the model and train configs."""
+    spec = cfg.train.task
+    module_name, _, cls_name = spec.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), cls_name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError(f"train.task={spec!r} cannot be imported ({exc}). Fix: pass train.task=package.module:ClassName") from None
+    return cls(cfg.model, cfg.train)

@@ -1,0 +1,177 @@
+"""The Slurm spawner: ranks as ``srun`` steps of the main job, standbys in one-node spare jobs.
+
+Contract (same interface as :class:`~tmslurm.runtime.spawner.LocalSpawner`):
+- a rank runs as its own step of the main job: ``srun --jobid=J -N1 -n1 -w NODE --no-kill
+  --kill-on-bad-exit=0 --overlap python -m tmslurm.runtime.agent --rank R``, so it can end (after a
+  migration) or die without touching any other step, and its node can then be cut out of the job;
+- spares are separate one-node jobs submitted with submitit (``--no-requeue``: a lost spare just
+  ends and is replaced), each running ``ranks_per_node`` standby agents; new spares exclude nodes
+  known to be bad;
+- a rank restarted after its node left the job (checkpoint-restart fallback) runs as a step of a
+  spare job instead;
+- :meth:`fence` kills a process: directly when it runs on this host, else through
+  ``srun --overlap`` on its node; :meth:`stop_all` ends every step and cancels every spare job.
+Slurm command failures are logged and never raised into the controller's loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tmslurm.config import RunConfig
+from tmslurm.errors import SlurmError
+from tmslurm.runtime.spawner import agent_env
+from tmslurm.slurm.client import SlurmClient
+from tmslurm.slurm.hostlist import expand_hostlist
+
+log = logging.getLogger(__name__)
+
+
+class SlurmSpawner:
+    def __init__(self, run_dir: Path, cfg: RunConfig, client: SlurmClient, job_id: str, nodes: list[str]) -> None:
+        self.run_dir = Path(run_dir)
+        self.cfg = cfg
+        self.client = client
+        self.job_id = job_id
+        self.rpn = cfg.parallel.ranks_per_node
+        self.rank_node = {r: nodes[r // self.rpn] for r in range(cfg.parallel.dp * cfg.parallel.pp * cfg.parallel.tp)}
+        self.main_nodes = list(nodes)
+        self.steps: list[subprocess.Popen] = []
+        self.spares: dict[str, dict[str, Any]] = {}
+        self.bad_nodes: set[str] = set()
+        self.spare_counter = 0
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+
+    def node_of_rank(self, rank: int) -> str:
+        return self.rank_node[rank]
+
+    # ---- ranks --------------------------------------------------------------------------------
+    def _srun(self, job_id: str, node: str, who: str, args: list[str]) -> None:
+        log_path = self.run_dir / "logs" / f"{who}.log"
+        cmd = ["srun", f"--jobid={job_id}", "-N1", "-n1", f"-w{node}", "--no-kill", "--kill-on-bad-exit=0", "--overlap",
+               f"--job-name=tmslurm-{who}", "--output", str(log_path), sys.executable, "-m", "tmslurm.runtime.agent",
+               "--run-dir", str(self.run_dir), *args]
+        env = {k: v for k, v in agent_env(self.cfg).items() if not k.startswith(("SLURM_STEP", "SLURM_NTASKS", "SLURM_NPROCS",
+                                                                                  "SLURM_NNODES", "SLURM_TASKS_PER", "SLURM_CPU"))}
+        self.steps.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log_path.with_suffix(".srun"), "ab"),
+                                           env=env, start_new_session=True))
+
+    def spawn_worker(self, rank: int, incarnation: int) -> None:
+        node = self.rank_node[rank]
+        if node in self.main_nodes and node not in self.bad_nodes:
+            self._srun(self.job_id, node, f"rank{rank}.{incarnation}", ["--rank", str(rank)])
+            return
+        spare = next((s for s in self.spares.values() if s.get("node") and not s.get("used_for_restart")), None)
+        if spare is None:
+            log.error("rank %d has no node to restart on (node %s left the job; no spare allocation)", rank, node)
+            return
+        spare["used_for_restart"] = True
+        self.rank_node[rank] = spare["node"]
+        self._srun(spare["job_id"], spare["node"], f"rank{rank}.{incarnation}", ["--rank", str(rank)])
+
+    # ---- spares -------------------------------------------------------------------------------
+    def spawn_standby(self, index: int) -> None:
+        """Standby ``index`` lives in spare job ``index // ranks_per_node``; submit it when first needed."""
+        job_index = index // self.rpn
+        if index % self.rpn:
+            return
+        try:
+            job_id = submit_spare(self.run_dir, self.cfg, job_index, first_standby=index, exclude=sorted(self.bad_nodes))
+        except SlurmError as exc:
+            log.error("cannot submit spare job %d: %s", job_index, exc)
+            return
+        self.spares[job_id] = {"job_id": job_id, "index": job_index, "node": None}
+        log.info("spare job %s submitted (standbys %d..%d)", job_id, index, index + self.rpn - 1)
+
+    def spare_job_ids(self) -> list[str]:
+        return list(self.spares)
+
+    def note_spare_node(self, node: str) -> None:
+        for info in self.spares.values():
+            if info["node"] is None:
+                job = self._job(info["job_id"])
+                if job is not None and job.nodes:
+                    info["node"] = job.nodes[0]
+
+    def _job(self, job_id: str) -> Any:
+        try:
+            return self.client.job(job_id)
+        except SlurmError as exc:
+            log.warning("cannot read job %s: %s", job_id, exc)
+            return None
+
+    # ---- fencing and the end ------------------------------------------------------------------
+    def fence(self, pid: int, node: str, host: str | None = None) -> None:
+        if host is None or host == socket.gethostname():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            return
+        job = self.job_id if node in self.main_nodes else next((j for j, s in self.spares.items() if s.get("node") == node), self.job_id)
+        subprocess.run(["srun", f"--jobid={job}", "--overlap", "-N1", "-n1", f"-w{node}", "kill", "-9", str(pid)],
+                       capture_output=True, timeout=15)
+
+    def release_node(self, node: str) -> bool:
+        """Cut ``node`` out of the main job (it becomes DRAINED if it was draining)."""
+        if node not in self.main_nodes:
+            return False
+        rest = [n for n in self.main_nodes if n != node]
+        try:
+            self.client.update_job_nodelist(self.job_id, rest)
+        except SlurmError as exc:
+            log.error("cannot release node %s from job %s: %s", node, self.job_id, exc)
+            return False
+        self.main_nodes = rest
+        return True
+
+    def stop_all(self) -> None:
+        for job_id in list(self.spares):
+            try:
+                self.client.cancel(job_id)
+            except SlurmError as exc:
+                log.warning("cannot cancel spare job %s: %s", job_id, exc)
+        for p in self.steps:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.steps:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        self.steps.clear()
+
+    def reap(self) -> None:
+        self.steps = [p for p in self.steps if p.poll() is None]
+
+
+def job_nodes() -> list[str]:
+    """The nodes of the allocation we run in (SLURM_JOB_NODELIST), in order."""
+    text = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
+    if not text:
+        raise SlurmError("SLURM_JOB_NODELIST is not set: the main job entry must run inside a Slurm allocation")
+    return expand_hostlist(text)
+
+
+def submit_spare(run_dir: Path, cfg: RunConfig, job_index: int, first_standby: int, exclude: list[str]) -> str:
+    from tmslurm.slurm.submit import executor
+
+    ex = executor(run_dir, cfg, name=f"tmslurm-spare{job_index}", nodes=1, extra={"no_requeue": True},
+                  exclude=",".join(exclude) if exclude else None)
+    job = ex.submit(spare_main, str(run_dir), first_standby, cfg.parallel.ranks_per_node)
+    return str(job.job_id)
+
+
+def spare_main(run_dir: str, first_standby: int, count: int) -> int:
+    """Body of a spare job: run ``count`` standby agents on this node until they end."""
+    env = dict(os.environ)
+    procs = [subprocess.Popen([sys.executable, "-m", "tmslurm.runtime.agent", "--run-dir", run_dir,
+                               "--standby", str(first_standby + i)], env=env) for i in range(count)]
+    return max(p.wait() for p in procs)
