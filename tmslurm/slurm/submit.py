@@ -53,7 +53,7 @@ def executor(run_dir: Path, cfg: RunConfig, *, name: str, nodes: int, extra: dic
     import submitit
 
     ex = submitit.AutoExecutor(folder=str(Path(run_dir) / "submitit"), cluster="slurm")
-    params: dict[str, Any] = {"no_kill": True, **_extra_args(cfg), **(extra or {})}
+    params: dict[str, Any] = {"no_kill": True, "exclusive": True, **_extra_args(cfg), **(extra or {})}
     if cfg.slurm.account:
         params["account"] = cfg.slurm.account
     kwargs: dict[str, Any] = dict(name=name, timeout_min=time_minutes(cfg.slurm.time), slurm_partition=cfg.slurm.partition,
