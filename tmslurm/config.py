@@ -111,6 +111,8 @@ class SlurmConfig:
     """How often the watcher polls node states and reservations."""
     backend: str = "auto"
     """Slurm client backend: auto | cli | pyslurm."""
+    watch: bool = True
+    """Poll node states and reservations (off only to measure the watcher's cost)."""
 
 
 @dataclass(kw_only=True)
@@ -131,6 +133,11 @@ class RuntimeConfig:
     """How long agents wait for the controller and groups for their members."""
     restart_mode: str = "tmslurm"
     """Recovery strategy: tmslurm (standby switch) | injob_restart | requeue_restart (baselines)."""
+    switch_mode: str = "delta"
+    """delta (rebuild only affected groups, in the background) | full (rebuild every group inside
+    the pause, what a naive re-initialisation does; for the scaling benchmark)."""
+    heartbeats: bool = True
+    """Agents send heartbeats (off only to measure their cost; hangs are then not detected)."""
     commit_vote: bool = True
     """Vote on every step commit (off only to measure its cost)."""
     admin_key_file: Optional[str] = None
@@ -282,6 +289,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     _one_of(cfg.runtime.backend, BACKENDS, "runtime.backend")
     _one_of(cfg.runtime.device, DEVICES, "runtime.device")
     _one_of(cfg.runtime.restart_mode, RESTART_MODES, "runtime.restart_mode")
+    _one_of(cfg.runtime.switch_mode, ("delta", "full"), "runtime.switch_mode")
     _one_of(cfg.slurm.backend, ("auto", "cli", "pyslurm"), "slurm.backend")
     if cfg.runtime.backend == "nccl" and cfg.runtime.device != "cuda":
         raise ConfigError("runtime.backend=nccl needs runtime.device=cuda. Fix: pass runtime.device=cuda or runtime.backend=gloo.")

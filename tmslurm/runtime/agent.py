@@ -82,6 +82,8 @@ class Link:
             self.inbox.put(msg)
 
     def _beat(self) -> None:
+        if self.heartbeat_s <= 0:
+            return
         while not self.lost.is_set():
             self.send({"type": "hb"})
             time.sleep(self.heartbeat_s)
@@ -108,7 +110,7 @@ def hello(run_dir: Path, kind: str, ident: int, node: str) -> tuple[Link, dict[s
     if welcome is None or welcome.get("type") != "welcome":
         raise TmslurmError(f"controller refused {kind} {ident}: {welcome}")
     cfg = welcome["config"]
-    link = Link(ch, float(cfg["runtime"]["heartbeat_interval_s"]))
+    link = Link(ch, float(cfg["runtime"]["heartbeat_interval_s"]) if cfg["runtime"].get("heartbeats", True) else 0.0)
     link.start()
     return link, welcome
 

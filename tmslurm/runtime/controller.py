@@ -34,6 +34,7 @@ from tmslurm.runtime.events import EventLog
 from tmslurm.runtime.journal import Journal
 from tmslurm.runtime.protocol import Channel, token_ok
 from tmslurm.runtime.recovery import RecoveryMixin
+from tmslurm.runtime.restart import RestartMixin
 from tmslurm.runtime.spawner import Spawner
 from tmslurm.topology import Layout
 
@@ -67,7 +68,7 @@ def _read_admin_key(path: str | None) -> str | None:
         return None
 
 
-class Controller(RecoveryMixin):
+class Controller(RecoveryMixin, RestartMixin):
     def __init__(self, cfg: RunConfig, run_dir: Path, token: str, spawner_factory: Callable[["Controller"], Spawner],
                  host: str = "127.0.0.1") -> None:
         self.cfg = cfg
@@ -107,7 +108,9 @@ class Controller(RecoveryMixin):
             from tmslurm.train.checkpoint import latest_complete
 
             self.step = self.resume_step = latest_complete(self.run_dir, self.layout.pp) or 0
+        self.requeued = False
         self.spawner = spawner_factory(self)
+        self.resume_after_requeue()
 
     # ---- servers ------------------------------------------------------------------------------
     def start_servers(self) -> dict[str, Any]:
@@ -268,13 +271,23 @@ class Controller(RecoveryMixin):
             decision["switch"] = {"epoch": plan.epoch, "moves": [{"rank": m.rank, "joiner": m.joiner} for m in plan.moves]}
             decision["epoch"] = plan.epoch
             plan.waiting = {m.joiner for m in plan.moves} | {f"r{m.rank}" for m in plan.moves}
+            for key, msg in plan.info.pop("deferred", {}).items():
+                self.send_to(key, msg)
+        final = getattr(self, "stop_requested", False) and not attach
+        if final:
+            decision["final"] = True
+        pending = getattr(self, "batch_host_pending", None)
+        if pending and pending.get("checkpoint_step") is None:
+            decision["checkpoint"] = True
+            pending["checkpoint_step"] = self.step + 1
+            self.mode = "checkpointing"
         self.broadcast(decision)
         if attach:
             for m in plan.moves:
                 self.send_to(m.joiner, {"type": "activate", "epoch": plan.epoch})
             self.epoch = plan.epoch
         self._record_step(now)
-        self._advance()
+        self._advance(final)
 
     def _record_step(self, now: float) -> None:
         losses = [v["loss"] for v in self.votes.values() if v.get("loss") is not None]
@@ -293,12 +306,12 @@ class Controller(RecoveryMixin):
         if self.step % 10 == 0 or self.step == self.cfg.train.steps - 1:
             log.info("step %d loss %.4f step time %.3fs", self.step, entry["loss"] or float("nan"), entry["dt"])
 
-    def _advance(self) -> None:
+    def _advance(self, final: bool = False) -> None:
         self.votes = {}
         self.step += 1
         for cb in self.on_step:
             cb(self.step)
-        if self.step >= self.cfg.train.steps:
+        if self.step >= self.cfg.train.steps or final:
             self.mode = "draining"
             return
         for i, f in self._faults():
@@ -356,8 +369,12 @@ class Controller(RecoveryMixin):
                 self._request_notice(msg, ch)
             elif msg["type"] == "status":
                 ch.try_send({"type": "status", "ok": True, "status": self.status()})
+            elif msg["type"] == "stop":
+                self.stop_requested = True
+                self.journal.write("stop_requested")
+                ch.try_send({"type": "ok", "ok": True, "stopping_after_step": self.step})
             else:
-                ch.try_send({"type": "error", "error": f"unknown request {msg['type']!r}; valid: notice, status"})
+                ch.try_send({"type": "error", "error": f"unknown request {msg['type']!r}; valid: notice, status, stop"})
         finally:
             ch.close()
 
@@ -405,16 +422,22 @@ class Controller(RecoveryMixin):
             log.warning("planned migration of ranks %s impossible (%s); falling back to a checkpoint restart", ranks, exc)
             self.restart(str(exc), ranks, "planned", t0)
             return
-        plan = sw.Plan("planned", self._new_epoch(), moves, sw.multi(self.layout, self.layout.affected_groups(ranks)))
+        full = self.cfg.runtime.switch_mode == "full"
+        groups = self.layout.groups if full else self.layout.affected_groups(ranks)
+        plan = sw.Plan("planned", self._new_epoch(), moves, sw.multi(self.layout, groups))
         plan.times.update(notice=notice.get("t", t0), detect=t0, pick=time.time())
         plan.info.update(reason=notice.get("reason", ""), source=notice.get("source", ""), node=notice.get("node"))
         for m in moves:
             self.agents[m.joiner].busy = True
         msgs = sw.planned_messages(self.layout, plan)
-        plan.waiting = {k if isinstance(k, str) else f"r{k}" for k in msgs}
         self.plan = plan
-        for key, msg in msgs.items():
-            self.send_to(key, msg)
+        if full:  # no phase 1: everything is built inside the pause, after the next commit
+            plan.info["deferred"] = msgs
+            plan.ready = True
+        else:
+            plan.waiting = {k if isinstance(k, str) else f"r{k}" for k in msgs}
+            for key, msg in msgs.items():
+                self.send_to(key, msg)
         self.events.begin(plan, self.agents, self.slots)
         log.info("planned switch epoch %d: ranks %s -> %s (rebuilding %s)", plan.epoch, ranks, [m.joiner for m in moves], plan.groups)
 
@@ -423,7 +446,10 @@ class Controller(RecoveryMixin):
 
     def _on_prepared(self, agent: Agent, msg: dict[str, Any]) -> None:
         plan = self.plan
-        if plan is None or msg.get("epoch") != plan.epoch or plan.applied:
+        if plan is None or msg.get("epoch") != plan.epoch:
+            return
+        if plan.applied:  # switch_mode=full: built inside the pause
+            plan.parts["phase1_s"] = max(plan.parts.get("phase1_s", 0.0), float(msg.get("phase1_s") or 0.0))
             return
         if msg.get("error"):
             log.warning("phase 1 failed on %s: %s", agent.aid, msg["error"])

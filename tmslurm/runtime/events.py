@@ -18,7 +18,7 @@ from tmslurm.runtime.journal import Journal
 
 log = logging.getLogger(__name__)
 PARTS = ("detect_s", "pick_s", "phase1_s", "phase2_s", "transfer_s", "first_step_s")
-RESTART_PARTS = ("detect_s", "stop_s", "startup_s", "group_setup_s", "ckpt_load_s", "redo_s", "first_step_s")
+RESTART_PARTS = ("detect_s", "stop_s", "reschedule_s", "startup_s", "group_setup_s", "ckpt_load_s", "redo_s")
 
 
 class EventLog:
@@ -69,6 +69,9 @@ class EventLog:
             if rec["status"] == "switched" and rec.get("target_step") == step:
                 rec["first_step_s"] = t - rec.get("switched_t", t)
                 rec["first_step_t"] = t
+                if rec.get("all_started_t") is not None:
+                    rec["redo_s"] = t - rec["all_started_t"]
+                    rec["first_step_s"] = None
                 if rec.get("last_commit_t") is not None:
                     rec["gap_s"] = t - rec["last_commit_t"]
                     rec["downtime_s"] = max(0.0, rec["gap_s"] - median)

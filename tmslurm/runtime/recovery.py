@@ -6,8 +6,7 @@ Contract (methods mixed into :class:`~tmslurm.runtime.controller.Controller`, ru
   on every alive rank, collect each rank's per-group op counts, then rebuild only the affected and
   dirty groups, switch in warm standbys, and have each joiner pull its state from a data-parallel peer.
   A failure during a recovery merges into it and replans under a new epoch.
-- :meth:`restart` is the fallback (no warm standby, no data-parallel peer, or a restart baseline
-  mode): kill every rank, restart all of them from the latest complete checkpoint (or step 0).
+- When no switch is possible it falls back to :meth:`~tmslurm.runtime.restart.RestartMixin.restart`.
 - :meth:`_tick` enforces deadlines: missed heartbeats, ranks silent during an abort, a comm error
   nobody explains, and a phase 1 that does not finish.
 """
@@ -21,7 +20,6 @@ from typing import Any
 
 from tmslurm.runtime import switch as sw
 from tmslurm.runtime.events import describe
-from tmslurm.train.checkpoint import latest_complete
 from tmslurm.train.schedule import combine_digests
 
 log = logging.getLogger(__name__)
@@ -177,47 +175,6 @@ class RecoveryMixin:
                 self.fail(set(), f"joiner {agent.aid} lost", time.time())
         self._maybe_replenish()
 
-    # ---- restart fallback ---------------------------------------------------------------------
-    def restart(self, cause: str, ranks: list[int], kind: str, detect_t: float, failure_t: float | None = None) -> None:
-        t0 = time.time()
-        target = self.step
-        if self.plan is not None:
-            self._cancel_plan(requeue=False)
-        for r in range(self.world):
-            agent = self.agents.get(self.slots.get(r, ""))
-            if agent is not None and agent.alive:
-                agent.expected_exit = True
-                self._kill_agent(agent)
-        epoch = self._new_epoch()
-        self.epoch = epoch
-        k = latest_complete(self.run_dir, self.layout.pp) or 0
-        rec = {"kind": "restart" if self.cfg.runtime.restart_mode == "tmslurm" else self.cfg.runtime.restart_mode,
-               "trigger": kind, "cause": cause, "epoch": epoch, "ranks": ranks, "node": "", "standby": "",
-               "notice_t": failure_t or detect_t, "last_commit_t": self.events.last_commit_t, "status": "open",
-               "from_checkpoint_step": k, "lost_steps": target - k}
-        self.events.items.append(rec)
-        self.events.restart(rec, {"detect_s": max(0.0, detect_t - (failure_t or detect_t)), "stop_s": time.time() - t0}, target)
-        rec["switched_t"] = time.time()
-        self.journal.write("restart", epoch=epoch, cause=cause, from_step=k, lost_steps=target - k)
-        log.warning("restarting every rank from checkpoint step %d (%s)", k, cause)
-        self.step = self.resume_step = k
-        self.votes = {}
-        self.incarnation += 1
-        self.restart_t = time.time()
-        self.started: dict[int, dict[str, Any]] = {}
-        for r in range(self.world):
-            self.spawner.spawn_worker(r, self.incarnation)
-        self.mode = "running"
-
-    def _on_started(self, agent: Any, msg: dict[str, Any]) -> None:
-        rec = next((r for r in reversed(self.events.items) if r.get("from_checkpoint_step") is not None and r["status"] == "switched"), None)
-        if rec is None or msg.get("step") != rec["from_checkpoint_step"]:
-            return
-        rec["group_setup_s"] = max(rec.get("group_setup_s", 0.0), float(msg.get("groups_s", 0.0)))
-        self.started[msg["rank"]] = msg
-        if len(self.started) == self.world:
-            rec["startup_s"] = time.time() - self.restart_t - rec["group_setup_s"]
-
     # ---- standbys -----------------------------------------------------------------------------
     def _spawn_standby(self) -> None:
         self.spawner.spawn_standby(self.standbys_started)
@@ -241,7 +198,7 @@ class RecoveryMixin:
     def _tick(self) -> None:
         now_m, now = time.monotonic(), time.time()
         for agent in list(self.agents.values()):
-            if agent.alive and not agent.expected_exit and now_m - agent.last_seen > self.cfg.runtime.heartbeat_timeout_s:
+            if self.cfg.runtime.heartbeats and agent.alive and not agent.expected_exit and now_m - agent.last_seen > self.cfg.runtime.heartbeat_timeout_s:
                 log.warning("%s missed heartbeats for %.1fs: fencing it", agent.aid, now_m - agent.last_seen)
                 self.journal.write("hung", agent=agent.aid, node=agent.node, silent_s=now_m - agent.last_seen)
                 self._kill_agent(agent)
@@ -260,6 +217,7 @@ class RecoveryMixin:
             self.fail(set(), "unexplained communication error", now)
         if self.mode == "draining" and len(self.done) >= self.world:
             self.mode = "finished"
+        self._tick_batch_host()
 
     def _on_done(self, agent: Any, msg: dict[str, Any]) -> None:
         self.done[int(msg["rank"])] = msg
@@ -283,6 +241,11 @@ class RecoveryMixin:
                 "main_job_id": getattr(self, "main_job_id", None), "spare_job_ids": getattr(self, "spare_job_ids", [])}
 
     def finish(self) -> dict[str, Any]:
+        if self.requeued:
+            self.stop_event.set()
+            self.spawner.stop_all()
+            self.server.close()
+            return {"requeued": True, "final_params_sha256": None}
         for agent in self.agents.values():
             if agent.alive:
                 agent.channel.try_send({"type": "finish"})

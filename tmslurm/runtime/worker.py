@@ -111,12 +111,13 @@ class Worker:
         runner = build_runner(cfg, rank)
         fabric = make_fabric(cfg, rank, link, welcome["address"])
         step = int(welcome.get("resume_step") or 0)
+        t0 = time.monotonic()
         if step:
             checkpoint.load_stage(run_dir, step, layout_of(cfg).coord(rank).stage, runner)
+        t1 = time.monotonic()
         gens = {g.name: int(welcome["generation"]) for g in fabric.my_groups()}
-        t0 = time.monotonic()
         fabric.install(fabric.build(gens))
-        link.send({"type": "started", "rank": rank, "step": step, "groups_s": time.monotonic() - t0})
+        link.send({"type": "started", "rank": rank, "step": step, "groups_s": time.monotonic() - t1, "ckpt_load_s": t1 - t0})
         return cls(run_dir, link, cfg, rank, runner, fabric, int(welcome["epoch"]), step, welcome.get("faults", []), welcome["address"])
 
     def _should_record(self) -> bool:
@@ -135,7 +136,8 @@ class Worker:
 
     # ---- the step loop ------------------------------------------------------------------------
     def run(self) -> None:
-        while self.step < self.cfg.train.steps:
+        self.final = False
+        while self.step < self.cfg.train.steps and not self.final:
             self._poll_inbox()
             LOG_CONTEXT["step"] = self.step
             try:
@@ -186,8 +188,9 @@ class Worker:
     def _after_commit(self, decision: dict[str, Any]) -> None:
         self.step += 1
         every = self.cfg.train.checkpoint_every
-        if every and self.step % every == 0 and self.coord.dp == 0:
+        if ((every and self.step % every == 0) or decision.get("checkpoint")) and self.coord.dp == 0:
             checkpoint.save_stage(self.run_dir, self.step, self.coord.stage, self.runner)
+        self.final = bool(decision.get("final"))
         switch = decision.get("switch")
         if switch:
             self._switch(switch)

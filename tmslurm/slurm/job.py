@@ -72,11 +72,14 @@ def run_in_allocation(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
     ctl.on_step.append(lambda step: _refresh(ctl, watch))
     ctl.on_switched.append(lambda plan: _release_nodes(ctl, plan))
     ctl.inject_fault = lambda fault: _inject(ctl, client, fault)
-    watcher.start()
+    ctl.requeue_hook = lambda exclude: _requeue(job_id, exclude)
+    if cfg.slurm.watch:
+        watcher.start()
     try:
         return ctl.run()
     finally:
-        watcher.stop(timeout=5)
+        if cfg.slurm.watch:
+            watcher.stop(timeout=5)
 
 
 def _refresh(ctl: Any, watch: Any) -> None:
@@ -85,18 +88,32 @@ def _refresh(ctl: Any, watch: Any) -> None:
     watch.set_nodes(ctl.nodes())
 
 
+def _requeue(job_id: str, exclude: list[str]) -> None:
+    """Requeue our own job (Slurm kills this batch task), then keep it off ``exclude``."""
+    import subprocess
+
+    for cmd in (["scontrol", "requeue", job_id],
+                *([["scontrol", "update", f"jobid={job_id}", f"ExcNodeList={','.join(exclude)}"]] if exclude else [])):
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        if r.returncode != 0:
+            log.error("%s failed: %s", " ".join(cmd), r.stderr.strip())
+
+
 def _on_slurm_notice(ctl: Any, notice: Any) -> None:
     if notice.node:
         ctl.spawner.bad_nodes.add(notice.node)
+    if notice.node == ctl.batch_host and notice.kind == "maintenance":
+        reason = f"{notice.slurm_state} {notice.reason}".strip()
+        ctl.q.put(("call", lambda: ctl.checkpoint_and_requeue(notice.node, reason), None))
+        return
     ctl.submit_notice({"kind": notice.kind, "node": notice.node, "source": "slurm", "deadline": notice.deadline,
                        "reason": f"{notice.slurm_state} {notice.reason}".strip(), "t": notice.time})
 
 
 def _release_nodes(ctl: Any, plan: Any) -> None:
-    if plan.kind != "planned":
-        return
+    """After a switch, give back every node of the job left without ranks (never the batch host)."""
     for node in {n for n in str(plan.info.get("event", {}).get("node", "")).split(",") if n}:
-        if ctl.ranks_of_node(node):
+        if ctl.ranks_of_node(node) or node == ctl.batch_host:
             continue
         if ctl.spawner.release_node(node):
             ctl.journal.write("node_released", node=node, job=ctl.main_job_id)
