@@ -30,21 +30,26 @@ def main(argv: list[str] | None = None) -> int:
     from tmslurm.runtime.agent import setup_logging
 
     ap = argparse.ArgumentParser(prog="tmslurm-demo")
-    ap.add_argument("--cluster", choices=["local", "slurm"], default="local")
+    ap.add_argument("--cluster", choices=["local", "slurm"], default="slurm")
     ap.add_argument("--out", default=f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
     ap.add_argument("--steps", type=int, default=60)
     args = ap.parse_args(argv)
     setup_logging()
     out = Path(args.out).resolve()
-    common = ["+experiment=demo", f"train.steps={args.steps}", "train.step_delay_s=0.05", f"cluster={args.cluster}"]
+    common = ["+experiment=demo", f"train.steps={args.steps}", "train.step_delay_s=0.1", f"cluster={args.cluster}"]
     drain, kill = args.steps // 3, 2 * args.steps // 3
     faults = f"faults=[{{step:{drain},kind:drain,rank:1}},{{step:{kill},kind:{'kill' if args.cluster == 'local' else 'node_down'},rank:2}}]"
     print(f"== 1/3 reference run (uninterrupted) -> {out}/reference")
-    ref = _run([*common, f"run_dir={out}/reference"])
+    ref = _run([*[c for c in common if not c.startswith("cluster=")], "cluster=local", f"run_dir={out}/reference"])
     print(f"== 2/3 tmslurm run: drain rank 1's node at step {drain}, lose rank 2's node at step {kill} -> {out}/tmslurm")
-    tm = _run([*common, f"run_dir={out}/tmslurm", faults])
-    print(f"== 3/3 the same failures with an in-job restart (torchrun-style) -> {out}/restart")
-    rs = _run([*common, f"run_dir={out}/restart", faults, "runtime.restart_mode=injob_restart", "standby.count=0"])
+    if args.cluster == "slurm":
+        tm = _run_slurm(out / "tmslurm", [c for c in common if not c.startswith("cluster=")], drain, kill)
+    else:
+        tm = _run([*common, f"run_dir={out}/tmslurm", faults])
+    print(f"== 3/3 the same failures with an in-job restart (torchrun-style, local processes) -> {out}/restart")
+    local = [c for c in common if not c.startswith("cluster=")] + ["cluster=local"]
+    local_faults = faults.replace("node_down", "kill")
+    rs = _run([*local, f"run_dir={out}/restart", local_faults, "runtime.restart_mode=injob_restart", "standby.count=0"])
     print(_compare(tm, rs))
     try:
         from tmslurm.report import write_report
@@ -59,6 +64,32 @@ def main(argv: list[str] | None = None) -> int:
     (out / "verdict.json").write_text(json.dumps({"exact": same, "reference": ref["final_params_sha256"],
                                                   "tmslurm": tm["final_params_sha256"]}))
     return 0 if same else 1
+
+
+def _run_slurm(run_dir: Path, common: list[str], drain: int, kill: int) -> dict[str, Any]:
+    """Through Slurm: submit, drain rank 1's node (scontrol), kill rank 2's node (local-slurm), finish."""
+    from tmslurm.bench.common import SlurmJob, local_slurm, resume_node, sh
+
+    job = SlurmJob(run_dir, [*common, "slurm.partition=debug", "slurm.time=00:20:00", "slurm.poll_interval_s=0.5"])
+    job.wait(lambda st: st.get("step", 0) >= drain, 600, f"step {drain}")
+    node1, _ = job.node_of_rank(1)
+    print(f"   scontrol update nodename={node1} state=drain reason=demo-maintenance")
+    sh("scontrol", "update", f"nodename={node1}", "state=drain", "reason=demo-maintenance")
+    job.wait(lambda st: st.get("step", 0) >= kill, 600, f"step {kill}")
+    node2, _ = job.node_of_rank(2)
+    print(f"   scripts/local-slurm kill-node {node2}")
+    local_slurm("kill-node", node2)
+    summary_path = run_dir / "summary.json"
+    deadline = time.monotonic() + 900
+    while not summary_path.exists() and time.monotonic() < deadline:
+        time.sleep(1)
+    print(f"   main job {job.job_id}: "
+          + " ".join(w for w in sh("scontrol", "show", "job", job.job_id).split() if w.startswith(("JobState=", "Restarts=", "NodeList="))))
+    print("   " + sh("sinfo", "-N", "-h", "-n", f"{node1},{node2}", "-o", "%N %T %E").strip().replace("\n", "\n   "))
+    local_slurm("revive-node", node2)
+    for node in (node1, node2):
+        resume_node(node)
+    return json.loads(summary_path.read_text())
 
 
 def _compare(tm: dict[str, Any], rs: dict[str, Any]) -> str:

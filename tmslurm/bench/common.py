@@ -40,6 +40,40 @@ def run_local(run_dir: Path, overrides: list[str], timeout: float = 900) -> dict
     return json.loads((run_dir / "summary.json").read_text())
 
 
+class LocalJob:
+    """A ``cluster=local`` run in the background, driven through its control port."""
+
+    def __init__(self, run_dir: Path, overrides: list[str]) -> None:
+        self.run_dir = run_dir
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        self.log = open(run_dir.parent / f"{run_dir.name}.log", "wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "tmslurm.launch", "cluster=local", f"run_dir={run_dir}", *overrides],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+
+    def journal(self) -> list[dict[str, Any]]:
+        p = self.run_dir / "events.jsonl"
+        return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
+
+    def wait_journal(self, pred: Callable[[dict[str, Any]], bool], timeout: float, what: str) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for e in self.journal():
+                if pred(e):
+                    return e
+            if self.proc.poll() is not None:
+                raise TmslurmError(f"run {self.run_dir} ended while waiting for {what}")
+            time.sleep(0.2)
+        raise TmslurmError(f"timed out after {timeout:.0f}s waiting for {what} ({self.run_dir})")
+
+    def request(self, msg: dict[str, Any]) -> dict[str, Any]:
+        return request(self.run_dir, msg, timeout_s=10)
+
+    def finish(self, timeout: float = 600) -> dict[str, Any]:
+        self.request({"type": "stop"})
+        self.proc.wait(timeout)
+        return json.loads((self.run_dir / "summary.json").read_text())
+
+
 def sh(*cmd: str, check: bool = True, timeout: float = 120) -> str:
     r = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout)
     if check and r.returncode != 0:

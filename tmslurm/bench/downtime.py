@@ -36,8 +36,11 @@ def base_overrides(args: Any) -> list[str]:
     return out
 
 
-def _row(event: str, strategy: str, repeat: int, ev: dict[str, Any]) -> dict[str, Any]:
+def _row(event: str, strategy: str, repeat: int, ev: dict[str, Any], t_inject: float) -> dict[str, Any]:
     parts = {k: ev.get(k) for k in (TM_PARTS if strategy == "tmslurm" else RS_PARTS) if ev.get(k) is not None}
+    if isinstance(ev.get("notice_t"), (int, float)):
+        # detection measured from the moment the benchmark injected the event (the run cannot know it)
+        parts["detect_s"] = max(0.0, ev["notice_t"] - t_inject) + (ev.get("detect_s") or 0.0 if ev["notice_t"] < t_inject else 0.0)
     row = {"event": event, "strategy": strategy, "repeat": repeat, "downtime_s": ev.get("downtime_s"),
            "gap_s": ev.get("gap_s"), "parts": parts, "ranks": ev.get("ranks"), "node": ev.get("node"),
            "lost_steps": ev.get("lost_steps")}
@@ -56,6 +59,7 @@ def run_tmslurm(out: Path, args: Any) -> list[dict[str, Any]]:
             rank = 1 + n % 3  # rank 0 runs on the batch host
             node, pid = job.node_of_rank(rank)
             say(f"tmslurm {event} #{rep}: rank {rank} on {node}")
+            t_inject = time.time()
             if event == "planned":
                 sh("scontrol", "update", f"nodename={node}", "state=drain", "reason=bench-maintenance")
             elif event == "unexpected":
@@ -63,7 +67,7 @@ def run_tmslurm(out: Path, args: Any) -> list[dict[str, Any]]:
             else:
                 os.kill(pid, signal.SIGSTOP)
             n += 1
-            rows.append(_row(event, "tmslurm", rep, job.wait_event(n)))
+            rows.append(_row(event, "tmslurm", rep, job.wait_event(n), t_inject))
             _bring_back(event, node)
             job.warm_pool(1, timeout=1800)
     summary = job.stop()
@@ -95,13 +99,14 @@ def run_restart(out: Path, args: Any, mode: str) -> list[dict[str, Any]]:
             rank = 1 + n % 3
             node, pid = job.node_of_rank(rank)
             say(f"{mode} {event} #{rep}: rank {rank} on {node} at step {st['step']}")
+            t_inject = time.time()
             if event == "planned":
                 sh("scontrol", "update", f"nodename={node}", "state=drain", "reason=bench-maintenance")
             else:
                 os.kill(pid, signal.SIGKILL)
             n += 1
             ev = job.wait_event(n, timeout=3600)
-            rows.append(_row(event, mode, rep, ev))
+            rows.append(_row(event, mode, rep, ev, t_inject))
             if event == "planned":
                 resume_node(node)
     summary = job.stop()

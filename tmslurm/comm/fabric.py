@@ -211,33 +211,47 @@ class Fabric:
 
 
     def _wait_p2p(self, name: str, work: Any, op: str) -> None:
-        """Wait for a send/recv in a helper thread.
-
-        gloo closes the pair when a point-to-point wait times out ("Application timeout caused pair
-        closure"), so p2p work cannot be waited on in slices like collectives; a daemon thread waits
-        with the group's own timeout while this thread watches the abort flag. An abandoned waiter
-        ends when the group (kept in the graveyard) fails or times out.
-        """
-        done = threading.Event()
-        box: list[BaseException] = []
-
-        def waiter() -> None:
-            try:
-                work.wait()
-            except BaseException as exc:  # handed to the waiting thread
-                box.append(exc)
-            done.set()
-
-        threading.Thread(target=waiter, name=f"wait-{op}", daemon=True).start()
-        deadline = time.monotonic() + self.s.timeout_s
-        while not done.wait(self.s.wait_slice_s):
+        def stop() -> bool:
             if self.abort_event.is_set():
                 raise CommAborted(f"{op} on group {name} abandoned: the step is being aborted")
-            if time.monotonic() > deadline:
-                raise CommError(f"{op} on group {name} timed out after {self.s.timeout_s:.0f}s (runtime.collective_timeout_s)")
-        if box:
-            raise CommError(f"{op} on group {name} failed: {_short(box[0])}") from None
+            return False
+
+        try:
+            wait_p2p(work, self.s.timeout_s, self.s.wait_slice_s, stop)
+        except CommAborted:
+            raise
+        except CommError as exc:
+            raise CommError(f"{op} on group {name} {exc}") from None
         self.counts[name].pending -= 1
+
+
+def wait_p2p(work: Any, timeout_s: float, slice_s: float, should_stop: Callable[[], bool]) -> None:
+    """Wait for a send/recv in a helper thread; raise CommError on failure, timeout or stop.
+
+    gloo closes the pair when a point-to-point wait times out ("Application timeout caused pair
+    closure"), so p2p work cannot be waited on in slices like collectives; a daemon thread waits
+    with the group's own timeout while the caller's thread checks ``should_stop`` every slice. An
+    abandoned waiter ends when its group (kept in a graveyard) fails or times out.
+    """
+    done = threading.Event()
+    box: list[BaseException] = []
+
+    def waiter() -> None:
+        try:
+            work.wait()
+        except BaseException as exc:  # handed to the waiting thread
+            box.append(exc)
+        done.set()
+
+    threading.Thread(target=waiter, name="wait-p2p", daemon=True).start()
+    deadline = time.monotonic() + timeout_s
+    while not done.wait(slice_s):
+        if should_stop():
+            raise CommError("abandoned: the switch was cancelled")
+        if time.monotonic() > deadline:
+            raise CommError(f"timed out after {timeout_s:.0f}s (runtime.collective_timeout_s)")
+    if box:
+        raise CommError(f"failed: {_short(box[0])}")
 
 
 def _short(exc: BaseException) -> str:

@@ -7,30 +7,20 @@ so the receiver's state is bit-identical. Failures (peer died, timeout) raise Co
 
 from __future__ import annotations
 
-import datetime
 import io
-import time
 from typing import Any, Callable
 
 import torch
 
+from tmslurm.comm.fabric import wait_p2p
 from tmslurm.errors import CommError
 
 
 def _wait(work: Any, timeout_s: float, what: str, should_stop: Callable[[], bool] | None = None) -> None:
-    deadline = time.monotonic() + timeout_s
-    slice_ = datetime.timedelta(seconds=0.05)
-    while True:
-        try:
-            work.wait(slice_)
-            return
-        except RuntimeError as exc:
-            if "timed out" not in str(exc).lower():
-                raise CommError(f"state transfer ({what}) failed: {str(exc).splitlines()[0][:200]}") from None
-        if should_stop is not None and should_stop():
-            raise CommError(f"state transfer ({what}) abandoned: the switch was cancelled")
-        if time.monotonic() > deadline:
-            raise CommError(f"state transfer ({what}) timed out after {timeout_s:.0f}s")
+    try:
+        wait_p2p(work, timeout_s, 0.05, should_stop or (lambda: False))
+    except CommError as exc:
+        raise CommError(f"state transfer ({what}) {exc}") from None
 
 
 def send_state(pg: Any, peer: int, state: dict[str, Any], timeout_s: float) -> int:

@@ -54,6 +54,7 @@ class Standby:
         self.layout = layout_of(self.cfg)
         self.ident = ident
         self.warm: dict[str, StageRunner] = {}
+        self.stash: list[dict[str, Any]] = []
 
     def run(self) -> None:
         base = rss_mb()
@@ -61,7 +62,7 @@ class Standby:
             if not self._warm_role(role, base):
                 return
         while True:
-            msg = self.link.get()
+            msg = self._next()
             if msg["type"] == "join":
                 worker = self._join(msg)
                 if worker is not None:
@@ -141,7 +142,11 @@ class Standby:
         log.info("now rank %d at step %d (state %d bytes in %.3fs)", rank, step, nbytes, time.monotonic() - t1)
         return Worker(self.run_dir, self.link, self.cfg, rank, runner, fabric, epoch, step, [], self.welcome["address"])
 
+    def _next(self) -> dict[str, Any]:
+        return self.stash.pop(0) if self.stash else self.link.get()
+
     def _cancelled(self, epoch: int) -> bool:
+        """Check for a cancel without losing other messages (an early ``activate`` is kept)."""
         while not self.link.inbox.empty():
             msg = self.link.get()
             if msg["type"] == "cancel" and int(msg["epoch"]) == epoch:
@@ -149,11 +154,12 @@ class Standby:
                 return True
             if msg["type"] == "finish":
                 os._exit(0)
+            self.stash.append(msg)
         return False
 
     def _await_activate(self, epoch: int) -> bool:
         while True:
-            msg = self.link.get()
+            msg = self._next()
             if msg["type"] == "activate" and int(msg["epoch"]) == epoch:
                 return True
             if msg["type"] == "cancel" and int(msg["epoch"]) == epoch:

@@ -1,0 +1,56 @@
+"""``python -m tmslurm.bench {downtime,scaling,overhead,memory,project}`` (also ``scripts/bench``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="tmslurm-bench", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    d = sub.add_parser("downtime", help="downtime: tmslurm vs in-job restart vs requeue restart (local Slurm)")
+    d.add_argument("--model", default="small")
+    d.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
+    d.add_argument("--repeats", type=int, default=3)
+    d.add_argument("--repeats-restart", type=int, default=3)
+    d.add_argument("--checkpoint-every", type=int, default=20)
+    d.add_argument("--heartbeat-timeout", type=float, default=3.0)
+    d.add_argument("--strategies", default="tmslurm,injob_restart,requeue_restart")
+    d.add_argument("--json", default="docs/bench/downtime.json")
+    s = sub.add_parser("scaling", help="phase 2 and downtime at 4, 8, 16 ranks: delta vs full rebuild (local)")
+    s.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 16])
+    s.add_argument("--repeats", type=int, default=1)
+    s.add_argument("--steps", type=int, default=30)
+    s.add_argument("--json", default="docs/bench/scaling.json")
+    o = sub.add_parser("overhead", help="steady-state cost of vote, heartbeats, watcher (local Slurm)")
+    o.add_argument("--model", default="small")
+    o.add_argument("--steps", type=int, default=150)
+    o.add_argument("--repeats", type=int, default=2)
+    o.add_argument("--json", default="docs/bench/overhead.json")
+    m = sub.add_parser("memory", help="stayer peak RSS around switches, standby RSS per role (local)")
+    m.add_argument("--model", default="small")
+    m.add_argument("--steps", type=int, default=60)
+    m.add_argument("--json", default="docs/bench/memory.json")
+    p = sub.add_parser("project", help="wasted GPU-hours per week at scale (uses docs/bench/downtime.json)")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    for sp in (d, s, o, m):
+        sp.add_argument("--out", default=f"runs/bench-{stamp}")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.cmd == "project":
+        from tmslurm.sim.projection import main as project
+
+        return project(args.rest or ["--out", "docs/bench/projection.json"])
+    module = __import__(f"tmslurm.bench.{args.cmd}", fromlist=["main"])
+    module.main(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
