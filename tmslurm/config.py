@@ -93,6 +93,9 @@ class StandbyConfig:
     """Warm standby processes (cluster=local) or spare allocations (cluster=slurm)."""
     warmup_iters: int = 2
     """Shadow iterations a standby runs per role in its sandbox."""
+    start_when_warm: bool = False
+    """Hold the commit of the first step until every standby is warm for every role (at most
+    runtime.connect_timeout_s), so faults early in short runs always find a warm standby."""
     replenish: bool = False
     """Start a new standby (a new spare job on Slurm) for each one consumed or lost."""
 

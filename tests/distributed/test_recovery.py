@@ -18,7 +18,7 @@ pytestmark = pytest.mark.dist
 
 STEPS = 24
 # Pace steps a little so standbys (which import torch and warm up) are ready by the faults' steps.
-BASE = [f"train.steps={STEPS}", "train.step_delay_s=0.05", "runtime.heartbeat_timeout_s=2.0"]
+BASE = [f"train.steps={STEPS}", "train.step_delay_s=0.05", "runtime.heartbeat_timeout_s=2.0", "standby.start_when_warm=true"]
 
 
 def events_of(summary, kind):

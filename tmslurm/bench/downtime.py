@@ -40,7 +40,7 @@ def _row(event: str, strategy: str, repeat: int, ev: dict[str, Any], t_inject: f
     parts = {k: ev.get(k) for k in (TM_PARTS if strategy == "tmslurm" else RS_PARTS) if ev.get(k) is not None}
     if isinstance(ev.get("notice_t"), (int, float)):
         # detection measured from the moment the benchmark injected the event (the run cannot know it)
-        parts["detect_s"] = max(0.0, ev["notice_t"] - t_inject) + (ev.get("detect_s") or 0.0 if ev["notice_t"] < t_inject else 0.0)
+        parts["detect_s"] = max(0.0, ev["notice_t"] - t_inject)
     row = {"event": event, "strategy": strategy, "repeat": repeat, "downtime_s": ev.get("downtime_s"),
            "gap_s": ev.get("gap_s"), "parts": parts, "ranks": ev.get("ranks"), "node": ev.get("node"),
            "lost_steps": ev.get("lost_steps")}

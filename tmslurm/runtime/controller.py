@@ -244,7 +244,19 @@ class Controller(RecoveryMixin, RestartMixin):
         if self.slots.get(msg.get("rank")) != agent.aid:
             return  # a fenced or replaced process: its vote does not count
         self.votes[msg["rank"]] = msg
-        if len(self.votes) == self.world:
+        if len(self.votes) == self.world and not self._hold_first_commit():
+            self._commit()
+
+    def _hold_first_commit(self) -> bool:
+        """standby.start_when_warm: the first step commits once every standby is warm (or timed out)."""
+        if not self.cfg.standby.start_when_warm or self.step_log or self.standby_target == 0:
+            return False
+        self.hold_since = getattr(self, "hold_since", None) or time.monotonic()
+        warm = sum(1 for a in self.agents.values() if a.kind == "standby" and a.alive and set(a.roles) >= set(self.layout.roles))
+        return warm < self.standby_target and time.monotonic() - self.hold_since < self.cfg.runtime.connect_timeout_s
+
+    def release_held_commit(self) -> None:
+        if self.mode == "running" and len(self.votes) == self.world and not self._hold_first_commit():
             self._commit()
 
     def _on_groups(self, agent: Agent, msg: dict[str, Any]) -> None:

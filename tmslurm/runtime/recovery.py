@@ -191,6 +191,7 @@ class RecoveryMixin:
     def _on_ready(self, agent: Any, msg: dict[str, Any]) -> None:
         agent.roles[msg["role"]] = {k: v for k, v in msg.items() if k != "type"}
         self.journal.write("standby_ready", agent=agent.aid, node=agent.node, **agent.roles[msg["role"]])
+        self.release_held_commit()
         if self.pending_notices and self.plan is None and self.mode == "running":
             self._notice(self.pending_notices.pop(0))
 
@@ -218,6 +219,8 @@ class RecoveryMixin:
         if self.mode == "draining" and len(self.done) >= self.world:
             self.mode = "finished"
         self._tick_batch_host()
+        if getattr(self, "hold_since", None) is not None and not self.step_log:
+            self.release_held_commit()
 
     def _on_done(self, agent: Any, msg: dict[str, Any]) -> None:
         self.done[int(msg["rank"])] = msg

@@ -161,10 +161,9 @@ def job_nodes() -> list[str]:
 
 
 def submit_spare(run_dir: Path, cfg: RunConfig, job_index: int, first_standby: int, exclude: list[str]) -> str:
-    from tmslurm.slurm.submit import executor
+    from tmslurm.slurm.submit import spare_executor
 
-    ex = executor(run_dir, cfg, name=f"tmslurm-spare{job_index}", nodes=1, extra={"no_requeue": True},
-                  exclude=",".join(exclude) if exclude else None)
+    ex = spare_executor(run_dir, cfg, job_index, exclude)
     job = ex.submit(spare_main, str(run_dir), first_standby, cfg.parallel.ranks_per_node)
     return str(job.job_id)
 

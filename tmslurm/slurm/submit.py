@@ -12,6 +12,7 @@ id and the ``tmslurm status`` command. A submission failure raises SlurmError (s
 from __future__ import annotations
 
 import json
+import math
 import logging
 import time
 from pathlib import Path
@@ -37,7 +38,7 @@ def time_minutes(text: str) -> int:
         minutes += int(days) * 1440 if days else 0
     except ValueError:
         raise ConfigError(f"slurm.time={text!r} is not a Slurm time (D-HH:MM:SS, HH:MM:SS, MM:SS or MM). Fix: pass slurm.time=00:30:00") from None
-    return max(1, int(round(minutes)))
+    return max(1, math.ceil(minutes))  # never shorter than asked
 
 
 def _extra_args(cfg: RunConfig) -> dict[str, Any]:
@@ -66,11 +67,35 @@ def executor(run_dir: Path, cfg: RunConfig, *, name: str, nodes: int, extra: dic
     return ex
 
 
+def main_executor(run_dir: Path, cfg: RunConfig) -> Any:
+    """The main job: all training nodes, --no-kill, --requeue, one batch task on the batch host."""
+    return executor(run_dir, cfg, name="tmslurm-main", nodes=num_nodes(cfg.parallel), extra={"requeue": True},
+                    srun_args=["--nodes=1", "--ntasks=1"])
+
+
+def main_sbatch_text(run_dir: Path, cfg: RunConfig) -> str:
+    """The sbatch script submitit generates for the main job (run directory shown as RUN_DIR)."""
+    ex = main_executor(run_dir, cfg)
+    text = ex._executor._make_submission_file_text("python -u -m submitit.core._submit RUN_DIR/submitit", "UID")
+    return text.replace(str(Path(run_dir)), "RUN_DIR")
+
+
+def spare_executor(run_dir: Path, cfg: RunConfig, job_index: int, exclude: list[str]) -> Any:
+    """A spare: one node, --no-requeue (a lost spare just ends and is replaced), bad nodes excluded."""
+    return executor(run_dir, cfg, name=f"tmslurm-spare{job_index}", nodes=1, extra={"no_requeue": True},
+                    exclude=",".join(exclude) if exclude else None)
+
+
+def spare_sbatch_text(run_dir: Path, cfg: RunConfig, exclude: list[str]) -> str:
+    ex = spare_executor(run_dir, cfg, 0, exclude)
+    text = ex._executor._make_submission_file_text("python -u -m submitit.core._submit RUN_DIR/submitit", "UID")
+    return text.replace(str(Path(run_dir)), "RUN_DIR")
+
+
 def submit_main(run_dir: Path, cfg: RunConfig) -> str:
     from tmslurm.slurm.job import main_job
 
-    ex = executor(run_dir, cfg, name="tmslurm-main", nodes=num_nodes(cfg.parallel), extra={"requeue": True},
-                  srun_args=["--nodes=1", "--ntasks=1"])
+    ex = main_executor(run_dir, cfg)
     try:
         job = ex.submit(main_job, str(run_dir))
     except Exception as exc:  # submitit raises its own failure types around sbatch

@@ -1,0 +1,141 @@
+"""compose_config: every bad override is a ConfigError whose message names what to change."""
+
+from __future__ import annotations
+
+import pytest
+
+from tmslurm.config import MODEL_PRESETS, FaultConfig, ModelConfig, RunConfig, compose_config, from_dict, to_dict
+from tmslurm.errors import ConfigError
+
+# (overrides, substrings the message must contain: the override or the key to change, and valid values)
+BAD = [
+    pytest.param(["parallel.foo=1"], ["parallel.foo=1", "foo"], id="unknown-key"),
+    pytest.param(["foo=1"], ["foo=1"], id="unknown-top-level-key"),
+    pytest.param(["+foo=1"], ["unknown config key 'foo'", "parallel"], id="appended-unknown-key"),
+    pytest.param(["parallel.dp=abc"], ["parallel.dp=abc"], id="wrong-type-int"),
+    pytest.param(["parallel.dp=1.5"], ["parallel.dp=1.5"], id="wrong-type-float-for-int"),
+    pytest.param(["train.steps=abc"], ["train.steps=abc"], id="wrong-type-steps"),
+    pytest.param(["parallel.dp=-1"], ["parallel.dp=-1", ">= 1"], id="negative-dp"),
+    pytest.param(["parallel.pp=0"], ["parallel.pp=0", ">= 1"], id="zero-pp"),
+    pytest.param(["standby.count=-1"], ["standby.count=-1", ">= 0"], id="negative-standby-count"),
+    pytest.param(["train.steps=0"], ["train.steps=0", ">= 1"], id="zero-steps"),
+    pytest.param(["train.micro_batches=0"], ["train.micro_batches=0"], id="zero-micro-batches"),
+    pytest.param(["train.checkpoint_every=-1"], ["train.checkpoint_every=-1", ">= 0"], id="negative-checkpoint-every"),
+    pytest.param(["standby.warmup_iters=0"], ["standby.warmup_iters=0"], id="zero-warmup-iters"),
+    pytest.param(["parallel.nodes=3"], ["parallel.nodes", "4"], id="nodes-do-not-match-world"),
+    pytest.param(["parallel.nodes=0"], ["parallel.nodes=0"], id="zero-nodes"),
+    pytest.param(["parallel.ranks_per_node=3"], ["parallel.ranks_per_node=3", "divide"], id="ranks-per-node-does-not-divide"),
+    pytest.param(["parallel.tp=2"], ["parallel.tp=2"], id="tp-not-implemented"),
+    pytest.param(["parallel.pp=5"], ["parallel.pp=5", "model.n_layer=4"], id="pp-beyond-layers"),
+    pytest.param(["model.n_head=3"], ["model.n_head=3", "model.d_model"], id="heads-do-not-divide-width"),
+    pytest.param(["train.lr=0"], ["train.lr"], id="zero-lr"),
+    pytest.param(["train.optimizer=lamb"], ["train.optimizer='lamb'", "adamw, sgd"], id="unknown-optimizer"),
+    pytest.param(["faults=[{step:1,kind:explode,rank:0}]"], ["faults[0].kind='explode'", "drain, kill, stop, node_down"],
+                 id="unknown-fault-kind"),
+    pytest.param(["faults=[{step:1,kind:kill,rank:4}]"], ["faults[0].rank=4", "0..3"], id="fault-rank-out-of-range"),
+    pytest.param(["faults=[{step:1,kind:kill,rank:-1}]"], ["faults[0].rank=-1"], id="fault-rank-negative"),
+    pytest.param(["train.steps=20", "faults=[{step:20,kind:kill,rank:0}]"], ["faults[0].step=20", "0..19"],
+                 id="fault-step-out-of-range"),
+    pytest.param(["faults=[{step:-1,kind:kill,rank:0}]"], ["faults[0].step=-1"], id="fault-step-negative"),
+    pytest.param(["faults=[{step:1,kind:drain,rank:0},{step:2,kind:kill,rank:9}]"], ["faults[1].rank=9"],
+                 id="second-fault-is-named"),
+    pytest.param(["faults=[{step:1,kind:node_down,rank:0}]"], ["faults[0].kind=node_down", "cluster=slurm"],
+                 id="node-down-needs-slurm"),
+    pytest.param(["faults=[{step:1,kind:kill,rank:0,when:later}]"], ["faults[0].when='later'", "midstep, recover"],
+                 id="bad-fault-when"),
+    pytest.param(["faults=[{step:1,kind:kill,foo:1}]"], ["faults=", "foo"], id="unknown-fault-field"),
+    pytest.param(["faults={step:1}"], ["faults={step:1}"], id="faults-not-a-list"),
+    pytest.param(["runtime.backend=mpi"], ["runtime.backend='mpi'", "gloo, nccl"], id="bad-backend"),
+    pytest.param(["runtime.device=tpu"], ["runtime.device='tpu'", "cpu, cuda"], id="bad-device"),
+    pytest.param(["cluster=k8s"], ["cluster='k8s'", "local, slurm"], id="bad-cluster"),
+    pytest.param(["runtime.restart_mode=pray"], ["runtime.restart_mode='pray'", "tmslurm, injob_restart, requeue_restart"],
+                 id="bad-restart-mode"),
+    pytest.param(["runtime.switch_mode=half"], ["runtime.switch_mode='half'", "delta, full"], id="bad-switch-mode"),
+    pytest.param(["slurm.backend=rest"], ["slurm.backend='rest'", "auto, cli, pyslurm"], id="bad-slurm-backend"),
+    pytest.param(["runtime.backend=nccl"], ["runtime.backend=nccl", "runtime.device=cuda"], id="nccl-with-cpu"),
+    pytest.param(["runtime.heartbeat_timeout_s=0.3"], ["runtime.heartbeat_timeout_s"], id="heartbeat-timeout-too-short"),
+    pytest.param(["runtime.wait_slice_s=0"], ["runtime.wait_slice_s"], id="zero-wait-slice"),
+    pytest.param(["model=huge"], ["model=huge", "small", "tiny"], id="unknown-model-preset"),
+    pytest.param(["train.task=no_such_module_xyz:Task"], ["train.task='no_such_module_xyz:Task'", "No module named"],
+                 id="task-module-missing"),
+    pytest.param(["train.task=tmslurm.train.model:NoSuchTask"], ["train.task=", "NoSuchTask"], id="task-class-missing"),
+    pytest.param(["train.task=tmslurm.train.model"], ["train.task='tmslurm.train.model'"], id="task-without-class"),
+    pytest.param(["train.resume_from=no/such/run"], ["train.resume_from='no/such/run'", "checkpoints"], id="resume-without-checkpoints"),
+    pytest.param(["train.data_path=no/such/file.txt"], ["train.data_path='no/such/file.txt'"], id="missing-data-file"),
+    pytest.param(["parallel.dp"], ["parallel.dp"], id="override-without-value"),
+]
+
+
+@pytest.mark.parametrize("overrides, named", BAD)
+def test_bad_override_is_a_config_error_naming_it(overrides, named):
+    with pytest.raises(ConfigError) as info:
+        compose_config(overrides)
+    message = str(info.value)
+    for text in named:
+        assert text in message, f"{text!r} not in {message!r}"
+
+
+@pytest.mark.xfail(reason="config.py leaks TypeError/ValueError instead of ConfigError for these (reported); "
+                          "drop this marker once compose_config catches them")
+@pytest.mark.parametrize("overrides", [
+    pytest.param(["faults=[{kind:kill}]"], id="fault-without-step"),
+    pytest.param(["train.task=:Task"], id="task-with-empty-module"),
+])
+def test_malformed_values_are_config_errors_too(overrides):
+    with pytest.raises(ConfigError):
+        compose_config(overrides)
+
+
+def test_defaults_compose():
+    cfg = compose_config([])
+    assert isinstance(cfg, RunConfig)
+    assert (cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp) == (2, 2, 1)
+    assert cfg.cluster == "local" and cfg.runtime.backend == "gloo" and cfg.runtime.device == "cpu"
+    assert cfg.model == MODEL_PRESETS["tiny"]
+    assert cfg.train.task == "tmslurm.train.model:ReferenceTask"
+    assert cfg.faults == [] and cfg.standby.count == 0
+
+
+def test_model_small_gives_the_small_preset():
+    cfg = compose_config(["model=small"])
+    assert isinstance(cfg.model, ModelConfig)
+    assert cfg.model == MODEL_PRESETS["small"]
+    assert (cfg.model.size, cfg.model.n_layer, cfg.model.d_model) == ("small", 6, 128)
+
+
+def test_a_field_overrides_the_preset():
+    cfg = compose_config(["model=small", "model.n_layer=8", "parallel.pp=4", "parallel.dp=1"])
+    assert cfg.model.n_layer == 8 and cfg.model.d_model == 128
+
+
+def test_experiment_demo_preset():
+    cfg = compose_config(["+experiment=demo"])
+    assert (cfg.parallel.dp, cfg.parallel.pp) == (2, 2)
+    assert cfg.standby.count == 2
+    assert cfg.train.steps == 60 and cfg.train.checkpoint_every == 20
+
+
+def test_faults_parse_into_fault_configs():
+    cfg = compose_config(["faults=[{step:10,kind:drain,rank:1},{step:20,kind:kill,rank:2,when:recover},{step:5,kind:stop}]"])
+    assert cfg.faults == [
+        FaultConfig(step=10, kind="drain", rank=1),
+        FaultConfig(step=20, kind="kill", rank=2, when="recover"),
+        FaultConfig(step=5, kind="stop", rank=0, when="midstep"),
+    ]
+    assert all(type(f) is FaultConfig for f in cfg.faults)
+
+
+def test_nodes_and_ranks_per_node_that_match():
+    cfg = compose_config(["parallel.nodes=2", "parallel.ranks_per_node=2"])
+    assert cfg.parallel.nodes == 2
+
+
+def test_dict_round_trip_is_what_workers_receive():
+    cfg = compose_config(["faults=[{step:3,kind:kill,rank:1}]", "standby.count=1"])
+    back = from_dict(to_dict(cfg))
+    assert back == cfg
+
+
+def test_from_dict_rejects_unknown_keys():
+    with pytest.raises(ConfigError, match="unknown config key 'bogus'"):
+        from_dict({"bogus": 1})
