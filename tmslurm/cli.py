@@ -9,3 +9,7 @@ def main(argv: list[str] | None = None) -> int:
     from tmslurm.commands import main as run
 
     return run(sys.argv[1:] if argv is None else argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

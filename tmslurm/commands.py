@@ -30,6 +30,8 @@ def _status(args: argparse.Namespace) -> int:
         status = json.loads(summary.read_text())
         status.setdefault("mode", "finished")
         status["step"] = status.get("steps")
+        status["loss"] = status.get("loss_last")
+        status["step_time_s"] = status.get("median_step_s")
     if args.json:
         print(json.dumps(status, indent=1, default=str))
         return 0

@@ -90,7 +90,7 @@ class TrainConfig:
 @dataclass(kw_only=True)
 class StandbyConfig:
     count: int = 0
-    """Warm standby processes (cluster=local) or spare allocations (cluster=slurm)."""
+    """Spare nodes: each holds parallel.ranks_per_node warm standby processes (a spare allocation on Slurm)."""
     warmup_iters: int = 2
     """Shadow iterations a standby runs per role in its sandbox."""
     start_when_warm: bool = False
@@ -262,9 +262,10 @@ def _check_task(spec: str) -> None:
 
     module_name, _, cls_name = spec.partition(":")
     try:
-        if not cls_name or not hasattr(importlib.import_module(module_name), cls_name):
+        cls = getattr(importlib.import_module(module_name), cls_name, None) if cls_name else None
+        if not isinstance(cls, type):
             raise ImportError(f"no class {cls_name or '(missing)'!r} in {module_name}")
-    except ImportError as exc:
+    except (ImportError, ValueError) as exc:
         raise ConfigError(f"train.task={spec!r} cannot be imported ({exc}). Fix: pass train.task=package.module:ClassName") from None
 
 
@@ -302,6 +303,9 @@ def validate(cfg: RunConfig) -> RunConfig:
     if cfg.runtime.heartbeat_timeout_s <= 2 * cfg.runtime.heartbeat_interval_s:
         raise ConfigError("runtime.heartbeat_timeout_s must exceed 2 x runtime.heartbeat_interval_s. Fix: raise runtime.heartbeat_timeout_s.")
     _validate_faults(cfg)
+    if not cfg.runtime.commit_vote and (cfg.faults or cfg.standby.count):
+        raise ConfigError("runtime.commit_vote=false only measures the vote's cost: it cannot abort or switch. "
+                          "Fix: use it with standby.count=0 and no faults.")
     return cfg
 
 
@@ -309,7 +313,7 @@ def to_dataclass(node: Any) -> RunConfig:
     """Convert a composed OmegaConf node into a plain RunConfig (lists of dicts become FaultConfig)."""
     from omegaconf import OmegaConf
 
-    data = OmegaConf.to_container(node, resolve=True)
+    data = OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
     data.pop("defaults", None)
     return from_dict(data)
 
@@ -360,8 +364,8 @@ def compose_config(overrides: list[str]) -> RunConfig:
         raise ConfigError(_hydra_message(exc, overrides)) from None
     try:
         cfg = to_dataclass(node)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"invalid override: {exc}") from None
+    except Exception as exc:  # OmegaConf's MissingMandatoryValue, TypeError from a dataclass
+        raise ConfigError(f"invalid override ({' '.join(overrides)}): {str(exc).splitlines()[0]}. Fix: faults need step, kind and rank, e.g. faults='[{{step:10,kind:drain,rank:1}}]'") from None
     return validate(cfg)
 
 
@@ -372,5 +376,5 @@ def _hydra_message(exc: Exception, overrides: list[str]) -> str:
         text = f"{text}\n{str(cause).strip()}"
     noise = ("full_key", "reference_type", "object_type", "Config search path", "provider=")
     lines = [ln for ln in text.splitlines() if ln.strip() and not ln.strip().startswith(noise)]
-    body = "\n".join(lines[:8])
+    body = "; ".join(ln.strip() for ln in lines[:8])
     return f"invalid override ({' '.join(overrides) or 'none'}): {body}"

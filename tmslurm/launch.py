@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--cfg" in argv:
         i = argv.index("--cfg")
         show = True
-        del argv[i:i + 2]
+        del argv[i:i + (2 if i + 1 < len(argv) and argv[i + 1] in ("job", "all") else 1)]
     try:
         cfg = compose_config(argv)
         if show:

@@ -75,11 +75,11 @@ def test_bad_override_is_a_config_error_naming_it(overrides, named):
         assert text in message, f"{text!r} not in {message!r}"
 
 
-@pytest.mark.xfail(reason="config.py leaks TypeError/ValueError instead of ConfigError for these (reported); "
-                          "drop this marker once compose_config catches them")
 @pytest.mark.parametrize("overrides", [
     pytest.param(["faults=[{kind:kill}]"], id="fault-without-step"),
     pytest.param(["train.task=:Task"], id="task-with-empty-module"),
+    pytest.param(["train.task=os:path"], id="task-not-a-class"),
+    pytest.param(["runtime.commit_vote=false", "standby.count=1"], id="no-vote-with-standbys"),
 ])
 def test_malformed_values_are_config_errors_too(overrides):
     with pytest.raises(ConfigError):

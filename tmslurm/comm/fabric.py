@@ -19,6 +19,7 @@ Contract:
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import threading
@@ -110,9 +111,9 @@ class Fabric:
         pairs = pairs or {}
         built = {}
         for name in sorted(set(generations) | set(pairs)):
-            if name in pairs:
+            if name in pairs:  # state transfer goes through host memory: always gloo
                 gen, index = pairs[name]
-                pg = make_pg(store, name, gen, index, 2, self.s)
+                pg = make_pg(store, name, gen, index, 2, dataclasses.replace(self.s, backend="gloo"))
                 built[name] = GroupHandle(name, gen, (0, 1), index, pg)
                 continue
             spec = self.layout.groups[name]

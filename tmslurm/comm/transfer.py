@@ -25,7 +25,7 @@ def _wait(work: Any, timeout_s: float, what: str, should_stop: Callable[[], bool
 
 def send_state(pg: Any, peer: int, state: dict[str, Any], timeout_s: float) -> int:
     buf = io.BytesIO()
-    torch.save(state, buf)
+    torch.save(_to_cpu(state), buf)
     payload = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
     _wait(pg.send([torch.tensor([payload.numel()], dtype=torch.int64)], peer, 1), timeout_s, "size")
     _wait(pg.send([payload], peer, 2), timeout_s, "payload")
@@ -39,3 +39,14 @@ def recv_state(pg: Any, peer: int, timeout_s: float, should_stop: Callable[[], b
     _wait(pg.recv([payload], peer, 2), timeout_s, "payload", should_stop)
     state = torch.load(io.BytesIO(payload.numpy().tobytes()), weights_only=False)
     return state, int(size.item())
+
+
+def _to_cpu(obj: Any) -> Any:
+    """State goes through host memory (the transfer group is gloo); the receiver moves it back."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj

@@ -55,6 +55,7 @@ class Link:
     abort_event: threading.Event = field(default_factory=threading.Event)
     abort_epoch: int = -1
     lost: threading.Event = field(default_factory=threading.Event)
+    abort_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self) -> None:
         threading.Thread(target=self._read, name="ctl-reader", daemon=True).start()
@@ -77,8 +78,9 @@ class Link:
                 self.inbox.put({"type": "lost"})
                 return
             if msg["type"] == "abort":
-                self.abort_epoch = max(self.abort_epoch, int(msg.get("epoch", 0)))
-                self.abort_event.set()
+                with self.abort_lock:
+                    self.abort_epoch = max(self.abort_epoch, int(msg.get("epoch", 0)))
+                    self.abort_event.set()
             self.inbox.put(msg)
 
     def _beat(self) -> None:
@@ -97,8 +99,9 @@ class Link:
         return msg
 
     def clear_abort(self, epoch: int) -> None:
-        if self.abort_epoch <= epoch:
-            self.abort_event.clear()
+        with self.abort_lock:
+            if self.abort_epoch <= epoch:
+                self.abort_event.clear()
 
 
 def hello(run_dir: Path, kind: str, ident: int, node: str) -> tuple[Link, dict[str, Any]]:

@@ -100,6 +100,7 @@ class Controller(RecoveryMixin, RestartMixin):
         self.on_step: list[Callable[[int], None]] = []
         self.on_switched: list[Callable[[sw.Plan], None]] = []
         self.inject_fault: Callable[[dict[str, Any]], None] | None = None
+        self.notice_filter: Callable[[dict[str, Any]], bool] | None = None
         self.standby_target = cfg.standby.count * cfg.parallel.ranks_per_node
         self.replenish = cfg.standby.replenish or cfg.cluster == "slurm"
         self.stop_event = threading.Event()
@@ -263,7 +264,7 @@ class Controller(RecoveryMixin, RestartMixin):
         self.journal.write("groups", **{k: v for k, v in msg.items() if k != "type"})
 
     def _on_progress(self, agent: Agent, msg: dict[str, Any]) -> None:
-        if msg.get("step") == self.step:
+        if msg.get("step") == self.step and self.slots.get(msg.get("rank")) == agent.aid:
             self.votes[msg["rank"]] = msg
             if len(self.votes) == self.world:
                 self._record_step(time.time())
@@ -356,6 +357,9 @@ class Controller(RecoveryMixin, RestartMixin):
         return out
 
     def _notice(self, notice: dict[str, Any]) -> None:
+        if self.notice_filter is not None and self.notice_filter(notice):
+            self.journal.write("notice", notice=notice, handled="batch host")
+            return
         ranks = [notice["rank"]] if notice.get("rank") is not None else self.ranks_of_node(notice.get("node", ""))
         if not ranks:
             self._standby_notice(notice)
@@ -507,8 +511,12 @@ class Controller(RecoveryMixin, RestartMixin):
     def _on_join_failed(self, agent: Agent, msg: dict[str, Any]) -> None:
         log.warning("standby %s failed to join: %s", agent.aid, msg.get("error"))
         agent.busy = False
-        if self.plan is not None and msg.get("epoch") == self.plan.epoch:
-            self.fail(set(), f"joiner {agent.aid} failed", detect_t=time.time())
+        plan = self.plan
+        if plan is not None and msg.get("epoch") == plan.epoch:
+            if plan.kind == "planned" and not plan.applied:
+                self._cancel_plan(requeue=True)
+            else:
+                self.fail(set(), f"joiner {agent.aid} failed", detect_t=time.time())
 
     def _maybe_finish_plan(self) -> None:
         plan = self.plan

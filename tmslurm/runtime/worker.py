@@ -211,6 +211,7 @@ class Worker:
             self._leave(handles[f"xfer/r{self.rank}"], t0)
         self.fabric.install(handles)
         self.link.send({"type": "switched", "epoch": epoch, "rank": self.rank, "phase2_s": time.monotonic() - t0})
+        self.epoch = epoch
         self.report_groups()
 
     def _leave(self, xfer: GroupHandle, t0: float) -> None:

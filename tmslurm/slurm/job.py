@@ -72,6 +72,7 @@ def run_in_allocation(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
     ctl.on_step.append(lambda step: _refresh(ctl, watch))
     ctl.on_switched.append(lambda plan: _release_nodes(ctl, plan))
     ctl.inject_fault = lambda fault: _inject(ctl, client, fault)
+    ctl.notice_filter = lambda notice: _notice_filter(ctl, notice)
     ctl.requeue_hook = lambda exclude: _requeue(job_id, exclude)
     if cfg.slurm.watch:
         watcher.start()
@@ -84,7 +85,8 @@ def run_in_allocation(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
 
 def _refresh(ctl: Any, watch: Any) -> None:
     ctl.spare_job_ids = ctl.spawner.spare_job_ids()
-    ctl.spawner.note_spare_node("")
+    if ctl.step % 20 == 0:  # a blocking scontrol per unknown spare: not on every step
+        ctl.spawner.note_spare_node("")
     watch.set_nodes(ctl.nodes())
 
 
@@ -94,18 +96,28 @@ def _requeue(job_id: str, exclude: list[str]) -> None:
 
     for cmd in (["scontrol", "requeue", job_id],
                 *([["scontrol", "update", f"jobid={job_id}", f"ExcNodeList={','.join(exclude)}"]] if exclude else [])):
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        except (subprocess.TimeoutExpired, OSError) as exc:
+            log.error("%s failed: %s", " ".join(cmd), exc)
+            continue
         if r.returncode != 0:
             log.error("%s failed: %s", " ".join(cmd), r.stderr.strip())
 
 
+def _notice_filter(ctl: Any, notice: dict[str, Any]) -> bool:
+    """Runs on the controller thread for every notice (watcher, admin, strigger): remember bad nodes
+    so new spares avoid them; divert a maintenance of the batch host to checkpoint + requeue."""
+    node = notice.get("node")
+    if node:
+        ctl.spawner.bad_nodes.add(node)
+    if node and node == ctl.batch_host and notice["kind"] == "maintenance":
+        ctl.checkpoint_and_requeue(node, notice.get("reason", ""))
+        return True
+    return False
+
+
 def _on_slurm_notice(ctl: Any, notice: Any) -> None:
-    if notice.node:
-        ctl.spawner.bad_nodes.add(notice.node)
-    if notice.node == ctl.batch_host and notice.kind == "maintenance":
-        reason = f"{notice.slurm_state} {notice.reason}".strip()
-        ctl.q.put(("call", lambda: ctl.checkpoint_and_requeue(notice.node, reason), None))
-        return
     ctl.submit_notice({"kind": notice.kind, "node": notice.node, "source": "slurm", "deadline": notice.deadline,
                        "reason": f"{notice.slurm_state} {notice.reason}".strip(), "t": notice.time})
 

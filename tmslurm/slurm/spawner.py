@@ -60,8 +60,8 @@ class SlurmSpawner:
                "--run-dir", str(self.run_dir), *args]
         env = {k: v for k, v in agent_env(self.cfg).items() if not k.startswith(("SLURM_STEP", "SLURM_NTASKS", "SLURM_NPROCS",
                                                                                   "SLURM_NNODES", "SLURM_TASKS_PER", "SLURM_CPU"))}
-        self.steps.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log_path.with_suffix(".srun"), "ab"),
-                                           env=env, start_new_session=True))
+        with open(log_path.with_suffix(".srun"), "ab") as err:
+            self.steps.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env, start_new_session=True))
 
     def spawn_worker(self, rank: int, incarnation: int) -> None:
         node = self.rank_node[rank]
@@ -116,8 +116,11 @@ class SlurmSpawner:
                 pass
             return
         job = self.job_id if node in self.main_nodes else next((j for j, s in self.spares.items() if s.get("node") == node), self.job_id)
-        subprocess.run(["srun", f"--jobid={job}", "--overlap", "-N1", "-n1", f"-w{node}", "kill", "-9", str(pid)],
-                       capture_output=True, timeout=15)
+        try:
+            subprocess.run(["srun", f"--jobid={job}", "--overlap", "-N1", "-n1", f"-w{node}", "kill", "-9", str(pid)],
+                           capture_output=True, timeout=15)
+        except (subprocess.TimeoutExpired, OSError) as exc:  # a dead node cannot be reached: it is fenced anyway
+            log.warning("fencing pid %d on %s via srun failed: %s", pid, node, exc)
 
     def release_node(self, node: str) -> bool:
         """Cut ``node`` out of the main job (it becomes DRAINED if it was draining)."""
