@@ -56,6 +56,7 @@ def run_tmslurm(out: Path, args: Any) -> list[dict[str, Any]]:
     rows, n = [], 0
     for rep in range(args.repeats):
         for event in ("planned", "unexpected", "hang"):
+            before = job.done_count()
             rank = 1 + n % 3  # rank 0 runs on the batch host
             node, pid = job.node_of_rank(rank)
             say(f"tmslurm {event} #{rep}: rank {rank} on {node}")
@@ -67,7 +68,7 @@ def run_tmslurm(out: Path, args: Any) -> list[dict[str, Any]]:
             else:
                 os.kill(pid, signal.SIGSTOP)
             n += 1
-            rows.append(_row(event, "tmslurm", rep, job.wait_event(n), t_inject))
+            rows.append(_row(event, "tmslurm", rep, job.wait_event(before, t_inject), t_inject))
             _bring_back(event, node)
             job.warm_pool(1, timeout=1800)
     summary = job.stop()
@@ -98,6 +99,7 @@ def run_restart(out: Path, args: Any, mode: str) -> list[dict[str, Any]]:
                           3600, "the middle of a checkpoint interval")
             rank = 1 + n % 3
             node, pid = job.node_of_rank(rank)
+            before = job.done_count()
             say(f"{mode} {event} #{rep}: rank {rank} on {node} at step {st['step']}")
             t_inject = time.time()
             if event == "planned":
@@ -105,7 +107,7 @@ def run_restart(out: Path, args: Any, mode: str) -> list[dict[str, Any]]:
             else:
                 os.kill(pid, signal.SIGKILL)
             n += 1
-            ev = job.wait_event(n, timeout=3600)
+            ev = job.wait_event(before, t_inject, timeout=3600)
             rows.append(_row(event, mode, rep, ev, t_inject))
             if event == "planned":
                 resume_node(node)

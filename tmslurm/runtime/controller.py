@@ -365,12 +365,25 @@ class Controller(RecoveryMixin, RestartMixin):
             self._standby_notice(notice)
             return
         self.journal.write("notice", **notice, ranks=ranks)
+        if notice["kind"] == "failure" and notice.get("source") == "slurm" and self._ranks_heartbeating(ranks):
+            # cross-check: Slurm lost contact with the node's slurmd, but its ranks are alive and
+            # heartbeating. If the node really died, their heartbeats stop and that is detected.
+            log.warning("Slurm reports %s %s but its ranks %s are alive: not a failure of the run",
+                        notice.get("node"), notice.get("reason", ""), ranks)
+            self.journal.write("slurm_failure_not_confirmed", node=notice.get("node"), ranks=ranks)
+            return
         if notice["kind"] == "failure":
             self.fail(set(ranks), f"notice: {notice.get('reason', '')}".strip(), detect_t=time.time())
         elif self.mode == "running" and self.plan is None:
             self._start_planned(ranks, notice)
         else:
             self.pending_notices.append(notice)
+
+    def _ranks_heartbeating(self, ranks: list[int]) -> bool:
+        fresh = 3 * self.cfg.runtime.heartbeat_interval_s if self.cfg.runtime.heartbeats else 0.0
+        now = time.monotonic()
+        agents = [self.agents.get(self.slots.get(r, "")) for r in ranks]
+        return bool(agents) and all(a is not None and a.alive and now - a.last_seen < fresh for a in agents)
 
     def _standby_notice(self, notice: dict[str, Any]) -> None:
         for a in self.agents.values():

@@ -216,11 +216,20 @@ class RecoveryMixin:
             self._cancel_plan(requeue=True)
         if self.comm_error_since is not None and self.mode == "running" and now - self.comm_error_since > self.cfg.runtime.heartbeat_timeout_s:
             self.fail(set(), "unexplained communication error", now)
-        if self.mode == "draining" and len(self.done) >= self.world:
+        if self.mode == "draining" and self._drained():
             self.mode = "finished"
         self._tick_batch_host()
         if getattr(self, "hold_since", None) is not None and not self.step_log:
             self.release_held_commit()
+
+    def _drained(self) -> bool:
+        """Every rank reported its final digest, or the ones still missing died after the final
+        commit and a data-parallel replica reported their stage (replicas are identical)."""
+        if len(self.done) >= self.world:
+            return True
+        missing = [r for r in range(self.world) if r not in self.done]
+        stages = {int(m["stage"]) for m in self.done.values()}
+        return all(not self._rank_alive(r) for r in missing) and stages >= set(range(self.layout.pp))
 
     def _on_done(self, agent: Any, msg: dict[str, Any]) -> None:
         self.done[int(msg["rank"])] = msg
@@ -267,7 +276,7 @@ class RecoveryMixin:
             "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
             "median_step_s": median, "step_log": self.step_log, "events": self.events.finalize(median),
             "standbys": [{"id": a.aid, "node": a.node, "roles": a.roles} for a in self.agents.values() if a.kind == "standby"],
-            "restart_mode": self.cfg.runtime.restart_mode,
+            "restart_mode": self.cfg.runtime.restart_mode, "failed": getattr(self, "failed_reason", None),
             "main_job_id": getattr(self, "main_job_id", None), "spare_job_ids": getattr(self, "spare_job_ids", []),
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))

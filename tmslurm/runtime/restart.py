@@ -72,9 +72,14 @@ class RestartMixin:
         self.incarnation += 1
         self.restart_t = time.time()
         self.started: dict[int, dict[str, Any]] = {}
-        for r in range(self.world):
-            self.spawner.spawn_worker(r, self.incarnation)
+        failed = [r for r in range(self.world) if self.spawner.spawn_worker(r, self.incarnation) is False]
         self.mode = "running"
+        if failed:  # never hang: end the run with what it has, the checkpoint stays for a resume
+            log.error("ranks %s cannot be restarted anywhere; ending the run (resume with train.resume_from)", failed)
+            self.journal.write("run_failed", reason=f"no node to restart ranks {failed}")
+            self.failed_reason = f"no node to restart ranks {failed}"
+            self._stop_all_ranks()
+            self.mode = "finished"
 
     def _on_started(self, agent: Any, msg: dict[str, Any]) -> None:
         rec = next((r for r in reversed(self.events.items) if r.get("from_checkpoint_step") is not None and r["status"] == "switched"), None)

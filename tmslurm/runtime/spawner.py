@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 
 class Spawner(Protocol):
-    def spawn_worker(self, rank: int, incarnation: int) -> None: ...
+    def spawn_worker(self, rank: int, incarnation: int) -> bool: ...
     def spawn_standby(self, index: int) -> None: ...
     def fence(self, pid: int, node: str, host: str | None = None) -> None: ...
     def stop_all(self) -> None: ...
@@ -55,8 +55,9 @@ class LocalSpawner:
         logf.close()
         self.procs.append(proc)
 
-    def spawn_worker(self, rank: int, incarnation: int) -> None:
+    def spawn_worker(self, rank: int, incarnation: int) -> bool:
         self._start(f"rank{rank}.{incarnation}", ["--rank", str(rank)], self.node_of_rank(rank))
+        return True
 
     def spawn_standby(self, index: int) -> None:
         self._start(f"standby{index}", ["--standby", str(index)], f"spare{index}")

@@ -63,18 +63,25 @@ class SlurmSpawner:
         with open(log_path.with_suffix(".srun"), "ab") as err:
             self.steps.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env, start_new_session=True))
 
-    def spawn_worker(self, rank: int, incarnation: int) -> None:
+    def spawn_worker(self, rank: int, incarnation: int) -> bool:
+        """Start rank's step on its node; off a bad node onto a spare when one is there; False when
+        the rank has nowhere to run (its node left the job and no spare allocation is up)."""
         node = self.rank_node[rank]
         if node in self.main_nodes and node not in self.bad_nodes:
             self._srun(self.job_id, node, f"rank{rank}.{incarnation}", ["--rank", str(rank)])
-            return
+            return True
         spare = next((s for s in self.spares.values() if s.get("node") and not s.get("used_for_restart")), None)
         if spare is None:
+            if node in self.main_nodes:  # a draining node still belongs to the job: restart there
+                log.warning("rank %d restarts on %s (leaving, but no spare allocation is up)", rank, node)
+                self._srun(self.job_id, node, f"rank{rank}.{incarnation}", ["--rank", str(rank)])
+                return True
             log.error("rank %d has no node to restart on (node %s left the job; no spare allocation)", rank, node)
-            return
+            return False
         spare["used_for_restart"] = True
         self.rank_node[rank] = spare["node"]
         self._srun(spare["job_id"], spare["node"], f"rank{rank}.{incarnation}", ["--rank", str(rank)])
+        return True
 
     # ---- spares -------------------------------------------------------------------------------
     def spawn_standby(self, index: int) -> None:
