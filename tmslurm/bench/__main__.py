@@ -34,6 +34,8 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--model", default="small")
     m.add_argument("--steps", type=int, default=60)
     m.add_argument("--json", default="docs/bench/memory.json")
+    t = sub.add_parser("tables", help="render docs/bench/*.json as markdown")
+    t.add_argument("--dir", default="docs/bench")
     p = sub.add_parser("project", help="wasted GPU-hours per week at scale (uses docs/bench/downtime.json)")
     p.add_argument("rest", nargs=argparse.REMAINDER)
     for sp in (d, s, o, m):

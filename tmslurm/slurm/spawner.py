@@ -30,6 +30,7 @@ from tmslurm.errors import SlurmError
 from tmslurm.runtime.spawner import agent_env
 from tmslurm.slurm.client import SlurmClient
 from tmslurm.slurm.hostlist import expand_hostlist
+from tmslurm.slurm.parse import OK, classify
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class SlurmSpawner:
         """Start rank's step on its node; off a bad node onto a spare when one is there; False when
         the rank has nowhere to run (its node left the job and no spare allocation is up)."""
         node = self.rank_node[rank]
-        if node in self.main_nodes and node not in self.bad_nodes:
+        if node in self.main_nodes and node not in self.still_bad():
             self._srun(self.job_id, node, f"rank{rank}.{incarnation}", ["--rank", str(rank)])
             return True
         spare = next((s for s in self.spares.values() if s.get("node") and not s.get("used_for_restart")), None)
@@ -90,12 +91,25 @@ class SlurmSpawner:
         if index % self.rpn:
             return
         try:
-            job_id = submit_spare(self.run_dir, self.cfg, job_index, first_standby=index, exclude=sorted(self.bad_nodes))
+            job_id = submit_spare(self.run_dir, self.cfg, job_index, first_standby=index, exclude=self.still_bad())
         except SlurmError as exc:
             log.error("cannot submit spare job %d: %s", job_index, exc)
             return
         self.spares[job_id] = {"job_id": job_id, "index": job_index, "node": None}
         log.info("spare job %s submitted (standbys %d..%d)", job_id, index, index + self.rpn - 1)
+
+    def still_bad(self) -> list[str]:
+        """Nodes that had a notice and are still not healthy now (a repaired node is usable again)."""
+        if not self.bad_nodes:
+            return []
+        try:
+            infos = {n.name: n for n in self.client.nodes(sorted(self.bad_nodes))}
+        except SlurmError as exc:
+            log.warning("cannot read node states (%s); excluding every node that had a notice", exc)
+            return sorted(self.bad_nodes)
+        healed = {name for name, info in infos.items() if classify(info) == OK}
+        self.bad_nodes -= healed
+        return sorted(self.bad_nodes)
 
     def spare_job_ids(self) -> list[str]:
         return list(self.spares)
