@@ -36,19 +36,21 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--json", default="docs/bench/memory.json")
     t = sub.add_parser("tables", help="render docs/bench/*.json as markdown")
     t.add_argument("--dir", default="docs/bench")
-    p = sub.add_parser("project", help="wasted GPU-hours per week at scale (uses docs/bench/downtime.json)")
-    p.add_argument("rest", nargs=argparse.REMAINDER)
+    sub.add_parser("project", help="wasted GPU-hours per week at scale (uses docs/bench/downtime.json); "
+                                   "options are tmslurm.sim.projection's")
     for sp in (d, s, o, m):
         sp.add_argument("--out", default=f"runs/bench-{stamp}")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args, rest = parser().parse_known_args(argv)
     if args.cmd == "project":
         from tmslurm.sim.projection import main as project
 
-        return project(args.rest or ["--out", "docs/bench/projection.json"])
+        return project(rest or ["--out", "docs/bench/projection.json"])
+    if rest:
+        parser().error(f"unrecognized arguments: {' '.join(rest)}")
     module = __import__(f"tmslurm.bench.{args.cmd}", fromlist=["main"])
     module.main(args)
     return 0
