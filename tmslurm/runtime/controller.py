@@ -253,8 +253,10 @@ class Controller(RecoveryMixin, RestartMixin):
         if not self.cfg.standby.start_when_warm or self.step_log or self.standby_target == 0:
             return False
         self.hold_since = getattr(self, "hold_since", None) or time.monotonic()
-        warm = sum(1 for a in self.agents.values() if a.kind == "standby" and a.alive and set(a.roles) >= set(self.layout.roles))
-        return warm < self.standby_target and time.monotonic() - self.hold_since < self.cfg.runtime.connect_timeout_s
+        seen = [a for a in self.agents.values() if a.kind == "standby"]
+        warming = sum(1 for a in seen if a.alive and not set(a.roles) >= set(self.layout.roles))
+        not_connected = self.standbys_started - len(seen)  # a standby that died is not waited for
+        return warming + not_connected > 0 and time.monotonic() - self.hold_since < self.cfg.runtime.connect_timeout_s
 
     def release_held_commit(self) -> None:
         if self.mode == "running" and len(self.votes) == self.world and not self._hold_first_commit():
