@@ -92,6 +92,7 @@ class Controller(RecoveryMixin, RestartMixin):
         self.plan: sw.Plan | None = None
         self.pending_notices: list[dict[str, Any]] = []
         self.fired: set[int] = set()
+        self.fault_t: dict[int, float] = {}  # rank -> when its injected fault fired
         self.done: dict[int, dict[str, Any]] = {}
         self.replica_mismatch: list[int] = []
         self.incarnation = 0
@@ -473,7 +474,9 @@ class Controller(RecoveryMixin, RestartMixin):
         log.info("planned switch epoch %d: ranks %s -> %s (rebuilding %s)", plan.epoch, ranks, [m.joiner for m in moves], plan.groups)
 
     def _who(self, agent: Agent) -> str:
-        return agent.aid if agent.rank is None or agent.kind == "standby" and self.slots.get(agent.rank) != agent.aid else f"r{agent.rank}"
+        """How a plan's waiting set names an agent: r<rank> for a slot owner, else its agent id."""
+        owns_slot = agent.rank is not None and self.slots.get(agent.rank) == agent.aid
+        return f"r{agent.rank}" if owns_slot else agent.aid
 
     def _on_prepared(self, agent: Agent, msg: dict[str, Any]) -> None:
         plan = self.plan

@@ -144,12 +144,11 @@ class RecoveryMixin:
 
     def _on_fault(self, agent: Any, msg: dict[str, Any]) -> None:
         self.fired.add(int(msg["index"]))
-        self.fault_t = getattr(self, "fault_t", {})
         self.fault_t[int(msg["rank"])] = time.time()
         self.journal.write("fault", **{k: v for k, v in msg.items() if k != "type"})
 
     def _failure_time(self, rank: int) -> float | None:
-        return getattr(self, "fault_t", {}).pop(rank, None)
+        return self.fault_t.pop(rank, None)
 
     def _disconnect(self, aid: str) -> None:
         agent = self.agents.get(aid)
