@@ -1,0 +1,236 @@
+# local-slurm-lab.sh: the failure lab of scripts/local-slurm (sourced, not run).
+#
+# Every node nodeI of the local cluster is a separate "host":
+#   - its own network namespace  $LAB_NAME-nodeI  (/run/netns), with one interface eth0
+#     joined to the host bridge ${LAB_NAME}br0 by a veth pair (host end ${LAB_NAME}vI),
+#     address $LAB_NET.(10+I)/24; the bridge holds $LAB_NET.1 (slurmctld, slurmdbd,
+#     MariaDB listen there). No default route: a node reaches the lab /24 and nothing else.
+#   - its own UTS namespace (hostname nodeI), entered by every process started on it;
+#   - its own freezer cgroup ($LAB_NAME-lab/nodeI; cgroup v1 freezer, or v2 cgroup.freeze),
+#     which its slurmd and therefore every slurmstepd and task inherit.
+# Faults:
+#   power-off  freeze the cgroup, then take the link down: peers see silence, no FIN/RST;
+#   power-on   SIGKILL what was frozen, thaw, fresh namespace (a rebooted kernel), start slurmd;
+#   partition  link down, every process keeps running; heal: link up;
+#   kill-node  SIGKILL every process of the node: sockets close (a software crash).
+# Failure behaviour: each function dies with a clear message (die) when a kernel facility is
+# missing or a command fails; nothing here touches any address outside $LAB_NET.0/24.
+
+LAB_NAME=${TMSLURM_LAB_NAME:-tms}
+LAB_NET=${TMSLURM_LAB_NET:-10.213.0}          # the lab's private /24 (first three octets)
+LAB_CGROUP=${TMSLURM_LAB_CGROUP:-auto}        # auto | v1 | v2
+SLURMD_PORT=${TMSLURM_SLURMD_PORT:-6818}      # every slurmd listens in its own namespace
+
+lab_bridge() { echo "${LAB_NAME}br0"; }
+lab_bridge_ip() { echo "$LAB_NET.1"; }
+node_index() { echo "${1#node}"; }
+node_addr() { echo "$LAB_NET.$((10 + $(node_index "$1")))"; }
+node_netns() { echo "$LAB_NAME-$1"; }
+node_netns_path() { echo "/run/netns/$(node_netns "$1")"; }
+node_veth() { echo "${LAB_NAME}v$(node_index "$1")"; }
+node_power_file() { echo "$RUN/power-$1"; }
+
+lab_check_names() {
+    [[ $LAB_NAME =~ ^[a-z][a-z0-9]{0,5}$ ]] ||
+        die "TMSLURM_LAB_NAME='$LAB_NAME' must be 1-6 lower-case letters/digits starting with a letter (interface names are limited to 15 characters)"
+    local o
+    [[ $LAB_NET =~ ^([0-9]+)\.([0-9]+)\.([0-9]+)$ ]] ||
+        die "TMSLURM_LAB_NET='$LAB_NET' must be the first three octets of a /24, e.g. 10.213.0"
+    for o in "${BASH_REMATCH[@]:1}"; do (( o <= 255 )) || die "TMSLURM_LAB_NET='$LAB_NET': octet $o > 255"; done
+    case $LAB_NET in
+        10.* | 192.168.* | 172.1[6-9].* | 172.2[0-9].* | 172.3[01].*) ;;
+        *) die "TMSLURM_LAB_NET='$LAB_NET' is not in a private range (10/8, 172.16/12, 192.168/16)" ;;
+    esac
+    (( NODES <= 240 )) || die "the lab /24 holds at most 240 nodes (asked for $NODES)"
+}
+
+# Refuse a /24 that any existing route (other than our own bridge) already covers.
+lab_check_route() {
+    local br net line
+    br=$(lab_bridge); net="$LAB_NET.0/24"
+    while read -r line; do
+        [[ -z $line ]] && continue
+        [[ $line == *" dev $br "* || $line == *" dev $br" ]] && continue
+        die "the lab network $net collides with an existing route: '$line'
+  choose another /24 with TMSLURM_LAB_NET (e.g. TMSLURM_LAB_NET=10.214.0)"
+    done < <(ip -4 route show match "$LAB_NET.1" 2>/dev/null | grep -v '^default'; ip -4 route show root "$net" 2>/dev/null)
+}
+
+# ------------------------------------------------------------------------------- cgroups
+lab_cgroup_kind() {
+    case $LAB_CGROUP in
+        v1) [[ -e /sys/fs/cgroup/freezer/cgroup.procs ]] || die "TMSLURM_LAB_CGROUP=v1 but no cgroup v1 freezer is mounted at /sys/fs/cgroup/freezer"; echo v1 ;;
+        v2) [[ -n $(lab_v2_root) ]] || die "TMSLURM_LAB_CGROUP=v2 but no cgroup2 hierarchy is mounted"; echo v2 ;;
+        auto)
+            if [[ -e /sys/fs/cgroup/freezer/cgroup.procs ]]; then echo v1
+            elif [[ -n $(lab_v2_root) ]]; then echo v2
+            else die "no freezer: neither cgroup v1 freezer (/sys/fs/cgroup/freezer) nor cgroup v2 is mounted"; fi ;;
+        *) die "TMSLURM_LAB_CGROUP='$LAB_CGROUP' must be auto, v1 or v2" ;;
+    esac
+}
+
+lab_v2_root() { # the cgroup2 mount (pure v2: /sys/fs/cgroup; hybrid: /sys/fs/cgroup/unified)
+    awk '$3 == "cgroup2" { print $2; exit }' /proc/mounts
+}
+
+lab_cgroup_root() {
+    if [[ $(lab_cgroup_kind) == v1 ]]; then echo "/sys/fs/cgroup/freezer/$LAB_NAME-lab"
+    else echo "$(lab_v2_root)/$LAB_NAME-lab"; fi
+}
+node_cgroup() { echo "$(lab_cgroup_root)/$1"; }
+
+node_cgroup_procs() { # pids in NODE's cgroup
+    local f; f="$(node_cgroup "$1")/cgroup.procs"
+    [[ -r $f ]] && cat "$f"
+    return 0
+}
+
+cgroup_set_frozen() { # NODE 1|0 ; waits until the kernel reports the state
+    local cg kind i want
+    cg=$(node_cgroup "$1"); kind=$(lab_cgroup_kind)
+    [[ -d $cg ]] || die "no cgroup $cg for $1 (is the lab up?)"
+    if [[ $kind == v1 ]]; then
+        want=$([[ $2 == 1 ]] && echo FROZEN || echo THAWED)
+        echo "$want" >"$cg/freezer.state"
+        for ((i = 0; i < 100; i++)); do
+            [[ $(cat "$cg/freezer.state") == "$want" ]] && return 0
+            sleep 0.05
+        done
+    else
+        echo "$2" >"$cg/cgroup.freeze"
+        for ((i = 0; i < 100; i++)); do
+            grep -qx "frozen $2" "$cg/cgroup.events" && return 0
+            sleep 0.05
+        done
+    fi
+    die "$1: cgroup did not become $([[ $2 == 1 ]] && echo frozen || echo thawed) within 5 s"
+}
+
+node_frozen() { # NODE -> 0 when frozen
+    local cg; cg=$(node_cgroup "$1")
+    if [[ $(lab_cgroup_kind) == v1 ]]; then [[ $(cat "$cg/freezer.state" 2>/dev/null) == FROZEN ]]
+    else grep -qx "frozen 1" "$cg/cgroup.events" 2>/dev/null; fi
+}
+
+lab_cgroups_up() {
+    local root n
+    root=$(lab_cgroup_root)
+    mkdir -p "$root" || die "cannot create cgroup $root"
+    for n in $(node_names); do mkdir -p "$root/$n" || die "cannot create cgroup $root/$n"; done
+}
+
+lab_cgroups_down() {
+    local root n
+    root=$(lab_cgroup_root)
+    [[ -d $root ]] || return 0
+    for n in "$root"/*/; do
+        [[ -d $n ]] && rmdir "$n" 2>/dev/null
+    done
+    rmdir "$root" 2>/dev/null || warn "cannot remove cgroup $root (processes left in it?)"
+}
+
+# -------------------------------------------------------------------------------- network
+lab_bridge_up() {
+    local br ip
+    br=$(lab_bridge); ip=$(lab_bridge_ip)
+    if ! ip link show "$br" >/dev/null 2>&1; then
+        lab_check_route
+        ip link add "$br" type bridge || die "cannot create bridge $br"
+        ip addr add "$ip/24" dev "$br" || die "cannot give $br the address $ip/24"
+    fi
+    ip link set "$br" up || die "cannot bring $br up"
+}
+
+# node_net_up NODE: namespace, veth pair on the bridge, addresses, links up
+node_net_up() {
+    local node=$1 ns veth addr
+    ns=$(node_netns "$node"); veth=$(node_veth "$node"); addr=$(node_addr "$node")
+    if [[ ! -e /run/netns/$ns ]]; then
+        ip netns add "$ns" || die "cannot create network namespace $ns"
+    fi
+    if ! ip link show "$veth" >/dev/null 2>&1; then
+        ip link add "$veth" type veth peer name eth0 netns "$ns" || die "cannot create veth $veth for $node"
+        ip link set "$veth" master "$(lab_bridge)" || die "cannot attach $veth to $(lab_bridge)"
+        nsenter --net="/run/netns/$ns" ip addr add "$addr/24" dev eth0 || die "cannot address eth0 of $node"
+    fi
+    nsenter --net="/run/netns/$ns" ip link set lo up
+    nsenter --net="/run/netns/$ns" ip link set eth0 up
+    ip link set "$veth" up || die "cannot bring $veth up"
+}
+
+node_net_down() { # remove NODE's veth and namespace
+    local ns veth
+    ns=$(node_netns "$1"); veth=$(node_veth "$1")
+    ip link del "$veth" 2>/dev/null || true
+    [[ -e /run/netns/$ns ]] && { ip netns del "$ns" 2>/dev/null || warn "cannot delete namespace $ns"; }
+    return 0
+}
+
+node_link() { # NODE up|down (the host end of its veth: the node's only link)
+    ip link set "$(node_veth "$1")" "$2" || die "cannot set the link of $1 $2"
+}
+
+node_link_state() { # NODE -> up | down | missing
+    local out
+    out=$(ip -o link show "$(node_veth "$1")" 2>/dev/null) || { echo missing; return 0; }
+    [[ $out == *"<"*",UP"* || $out == *"<UP"* ]] && echo up || echo down
+}
+
+lab_net_down() {
+    local n
+    for n in $(node_names); do node_net_down "$n"; done
+    ip link del "$(lab_bridge)" 2>/dev/null || true
+}
+
+lab_up() {
+    lab_check_names
+    lab_cgroup_kind >/dev/null
+    lab_bridge_up
+    local n
+    for n in $(node_names); do node_net_up "$n"; done
+    lab_cgroups_up
+}
+
+lab_down() {
+    local n
+    for n in $(node_names); do
+        # a powered-off node's processes are frozen: thaw so that they can die
+        [[ -d $(node_cgroup "$n") ]] && { kill_cgroup "$n" >/dev/null; rm -f "$(node_power_file "$n")"; }
+    done
+    lab_net_down
+    lab_cgroups_down
+}
+
+# ------------------------------------------------------------------------------ processes
+# in_node NODE CMD...: exec CMD on NODE (its cgroup, network and UTS namespaces, hostname).
+in_node() {
+    local node=$1; shift
+    echo "$BASHPID" >"$(node_cgroup "$node")/cgroup.procs" || die "cannot enter the cgroup of $node"
+    exec nsenter --net="$(node_netns_path "$node")" -- unshare --uts -- \
+        /bin/sh -c 'hostname "$0" && exec "$@"' "$node" "$@"
+}
+
+# kill_cgroup NODE: SIGKILL every process of NODE; prints how many there were.
+kill_cgroup() {
+    local node=$1 pids=() was_frozen=0 i
+    node_frozen "$node" && was_frozen=1
+    (( was_frozen )) || cgroup_set_frozen "$node" 1   # nothing forks away while we kill
+    mapfile -t pids < <(node_cgroup_procs "$node")
+    (( ${#pids[@]} )) && kill -KILL "${pids[@]}" 2>/dev/null
+    cgroup_set_frozen "$node" 0                       # a frozen task dies only once thawed
+    for ((i = 0; i < 100; i++)); do
+        [[ -z $(node_cgroup_procs "$node") ]] && break
+        sleep 0.05
+    done
+    [[ -z $(node_cgroup_procs "$node") ]] || warn "$node: processes survive SIGKILL: $(node_cgroup_procs "$node" | tr '\n' ' ')"
+    echo "${#pids[@]}"
+}
+
+node_power() { # NODE -> on | off | partitioned
+    local f; f=$(node_power_file "$1")
+    [[ -r $f ]] && cat "$f" || echo on
+}
+
+node_link_state_bridge() {
+    ip link show "$(lab_bridge)" >/dev/null 2>&1 && echo present || echo missing
+}
