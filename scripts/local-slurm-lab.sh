@@ -28,6 +28,11 @@ node_addr() { echo "$LAB_NET.$((10 + $(node_index "$1")))"; }
 node_netns() { echo "$LAB_NAME-$1"; }
 node_netns_path() { echo "/run/netns/$(node_netns "$1")"; }
 node_veth() { echo "${LAB_NAME}v$(node_index "$1")"; }
+node_mac() { # locally administered, unique per lab address
+    local a b c
+    IFS=. read -r a b c <<<"$LAB_NET"
+    printf '02:%02x:%02x:%02x:%02x:01\n' "$a" "$b" "$c" "$((10 + $(node_index "$1")))"
+}
 node_power_file() { echo "$RUN/power-$1"; }
 
 lab_check_names() {
@@ -149,7 +154,9 @@ node_net_up() {
         ip netns add "$ns" || die "cannot create network namespace $ns"
     fi
     if ! ip link show "$veth" >/dev/null 2>&1; then
-        ip link add "$veth" type veth peer name eth0 netns "$ns" || die "cannot create veth $veth for $node"
+        # a fixed MAC per node: a rebooted node keeps its NIC, so peers' ARP entries stay valid
+        ip link add "$veth" type veth peer name eth0 address "$(node_mac "$node")" netns "$ns" ||
+            die "cannot create veth $veth for $node"
         ip link set "$veth" master "$(lab_bridge)" || die "cannot attach $veth to $(lab_bridge)"
         nsenter --net="/run/netns/$ns" ip addr add "$addr/24" dev eth0 || die "cannot address eth0 of $node"
     fi
@@ -182,9 +189,34 @@ lab_net_down() {
     ip link del "$(lab_bridge)" 2>/dev/null || true
 }
 
+# Handles on the host's own namespaces (bind mounts, like ip netns does), so that a fault
+# command started on a node can act from the host (/proc/1/ns may not be readable).
+lab_host_ns() { echo "$RUN/host-$1.ns"; }
+
+lab_host_ns_up() {
+    local kind f
+    for kind in net uts; do
+        f=$(lab_host_ns "$kind")
+        mountpoint -q "$f" 2>/dev/null && continue
+        touch "$f" && mount --bind "/proc/$BASHPID/ns/$kind" "$f" || die "cannot keep a handle on the host's $kind namespace"
+    done
+}
+
+lab_host_ns_down() {
+    local kind f
+    for kind in net uts; do
+        f=$(lab_host_ns "$kind")
+        mountpoint -q "$f" 2>/dev/null && umount "$f"
+        rm -f "$f"
+    done
+    return 0
+}
+
 lab_up() {
     lab_check_names
     lab_cgroup_kind >/dev/null
+    mkdir -p "$RUN"
+    lab_host_ns_up
     lab_bridge_up
     local n
     for n in $(node_names); do node_net_up "$n"; done
@@ -199,6 +231,7 @@ lab_down() {
     done
     lab_net_down
     lab_cgroups_down
+    lab_host_ns_down
 }
 
 # ------------------------------------------------------------------------------ processes

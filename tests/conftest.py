@@ -4,8 +4,8 @@
 ``scripts/local-slurm`` (see docs/local-cluster.md). A running cluster is reused;
 otherwise one is started and, at the end of the session, stopped again.
 ``slurm`` (function): the same cluster, plus a clean-up after the test that cancels
-the test's jobs, revives killed nodes and resumes DOWN/DRAINED ones, so tests do not
-depend on each other.
+the test's jobs, powers on / heals / revives nodes a fault took out and resumes
+DOWN/DRAINED ones, so tests do not depend on each other.
 
 Every test that uses either fixture gets the ``slurm`` marker (``-m "not slurm"``
 deselects them). ``TMSLURM_SKIP_SLURM=1`` skips them; by default they run for real.
@@ -81,6 +81,22 @@ class SlurmCluster:
         out = self.run("squeue", "-h", "-o", "%i").stdout
         return {line.strip() for line in out.splitlines() if line.strip()}
 
+    def node_power(self) -> dict[str, str]:
+        """{node: on | off | partitioned}, from the lab lines of ``local-slurm status``."""
+        out = self.local_slurm("status", check=False).stdout
+        return {m.group(1): m.group(2) for m in re.finditer(r"^\s+(node\d+)\s+addr \S+\s+power (\S+)", out, re.M)}
+
+    def node_addr(self, node: str) -> str:
+        """The node's own address in the lab (its NodeAddr)."""
+        out = self.local_slurm("status", check=False).stdout
+        m = re.search(rf"^\s+{node}\s+addr (\S+)", out, re.M)
+        assert m, f"no lab line for {node} in local-slurm status:\n{out}"
+        return m.group(1)
+
+    def fault(self, kind: str, node: str) -> str:
+        """Run a lab fault command (power-off, power-on, partition, heal, kill-node)."""
+        return self.local_slurm(kind, node).stdout
+
     def slurmd_running(self) -> dict[str, bool]:
         """{node: whether its slurmd process is alive}, from ``local-slurm status``."""
         out = self.local_slurm("status", check=False).stdout
@@ -109,6 +125,11 @@ class SlurmCluster:
         new_jobs = sorted(self.job_ids() - set(keep_jobs))
         if new_jobs:
             self.run("scancel", *new_jobs, check=False)
+        for node, power in self.node_power().items():
+            if power == "off":
+                self.local_slurm("power-on", node)
+            elif power == "partitioned":
+                self.local_slurm("heal", node)
         for node, alive in self.slurmd_running().items():
             if not alive:
                 self.local_slurm("revive-node", node)

@@ -17,7 +17,8 @@ from typing import Any, Optional
 
 from tmslurm.errors import ConfigError
 
-FAULT_KINDS = ("drain", "kill", "stop", "node_down")
+FAULT_KINDS = ("drain", "kill", "stop", "node_down", "power_off", "partition")
+CLUSTER_FAULTS = ("node_down", "power_off", "partition")  # driven through Slurm / the failure lab
 BACKENDS = ("gloo", "nccl")
 DEVICES = ("cpu", "cuda")
 CLUSTERS = ("local", "slurm")
@@ -116,6 +117,9 @@ class SlurmConfig:
     """Slurm client backend: auto | cli | pyslurm."""
     watch: bool = True
     """Poll node states and reservations (off only to measure the watcher's cost)."""
+    lab_command: str = ""
+    """Command that injects the failure lab's faults (power_off, partition): run as
+    ``<lab_command> power-off NODE``; empty = scripts/local-slurm of this checkout."""
 
 
 @dataclass(kw_only=True)
@@ -278,8 +282,9 @@ def _validate_faults(cfg: RunConfig) -> None:
         if not 0 <= f.step < cfg.train.steps:
             raise ConfigError(f"faults[{i}].step={f.step} is outside the run; valid: 0..{cfg.train.steps - 1}. Fix: change faults[{i}].step.")
         _one_of(f.when, ("midstep", "recover"), f"faults[{i}].when")
-        if f.kind == "node_down" and cfg.cluster != "slurm":
-            raise ConfigError(f"faults[{i}].kind=node_down needs cluster=slurm. Fix: use kind=kill with cluster=local.")
+        if f.kind in CLUSTER_FAULTS and cfg.cluster != "slurm":
+            raise ConfigError(f"faults[{i}].kind={f.kind} needs cluster=slurm (the failure lab of scripts/local-slurm). "
+                              "Fix: use kind=kill or kind=stop with cluster=local.")
 
 
 def validate(cfg: RunConfig) -> RunConfig:

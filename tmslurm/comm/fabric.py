@@ -65,6 +65,38 @@ class FabricSettings:
     timeout_s: float = 60.0
     wait_slice_s: float = 0.05
     connect_timeout_s: float = 120.0
+    bind_addr: str | None = None
+    """Local address gloo binds to and advertises (None: gloo's default, this host's name)."""
+
+
+def local_address_towards(host: str) -> str:
+    """The local address this host uses to reach ``host`` (the rendezvous store's address).
+
+    On a real cluster a node's name may resolve to an address of another network (or not resolve
+    at all, as in the failure lab): gloo would then advertise an address its peers cannot reach,
+    or fall back to loopback. The address of the interface that routes to the store is reachable
+    by every peer that reaches the store. A UDP ``connect`` only consults the routing table; it
+    sends nothing. ``GLOO_SOCKET_IFNAME``, when set, still wins (torch's own convention)."""
+    import socket
+
+    probe = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((host, 9))
+        return probe.getsockname()[0]
+    except OSError as exc:
+        raise CommError(f"no route from this host to the rendezvous store at {host}: {exc}") from exc
+    finally:
+        probe.close()
+
+
+def gloo_device(s: FabricSettings) -> Any:
+    import os
+
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return dist.ProcessGroupGloo.create_device(interface=os.environ["GLOO_SOCKET_IFNAME"].split(",")[0])
+    if s.bind_addr:
+        return dist.ProcessGroupGloo.create_device(hostname=s.bind_addr)
+    return dist.ProcessGroupGloo.create_default_device()
 
 
 StoreFactory = Callable[[], Any]
@@ -78,7 +110,10 @@ def make_pg(store: Any, name: str, generation: int, group_rank: int, size: int, 
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = timeout
         return dist.ProcessGroupNCCL(prefixed, group_rank, size, opts)
-    return dist.ProcessGroupGloo(prefixed, group_rank, size, timeout)
+    opts = dist.ProcessGroupGloo._Options()
+    opts._timeout = timeout
+    opts._devices = [gloo_device(s)]
+    return dist.ProcessGroupGloo(prefixed, group_rank, size, opts)
 
 
 class Fabric:

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
-from tmslurm.config import RunConfig, to_dict
+from tmslurm.config import CLUSTER_FAULTS, RunConfig, to_dict
 from tmslurm.errors import NoticeError, ProtocolError
 from tmslurm.runtime import switch as sw
 from tmslurm.runtime.events import EventLog
@@ -331,7 +331,7 @@ class Controller(RecoveryMixin, RestartMixin):
             self.mode = "draining"
             return
         for i, f in self._faults():
-            if f["kind"] in ("drain", "node_down") and f["step"] == self.step:
+            if f["kind"] in ("drain", *CLUSTER_FAULTS) and f["step"] == self.step:
                 self.fired.add(i)
                 if self.inject_fault is not None:
                     self.inject_fault(f)  # through the cluster manager (scontrol), seen by the watcher

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tmslurm.comm.fabric import BackgroundBuild, Fabric, FabricSettings, GroupHandle
+from tmslurm.comm.fabric import BackgroundBuild, Fabric, FabricSettings, GroupHandle, local_address_towards
 from tmslurm.comm.stage_comm import FabricStageComm, RecordingStageComm, recording_path
 from tmslurm.comm.transfer import send_state
 from tmslurm.config import RunConfig, from_dict
@@ -73,7 +73,8 @@ def make_fabric(cfg: RunConfig, rank: int, link: Link, addr: dict[str, Any]) -> 
         return dist.TCPStore(addr["host"], int(addr["store_port"]), is_master=False,
                              timeout=_td(rt.connect_timeout_s), wait_for_workers=False)
 
-    settings = FabricSettings(rt.backend, rt.collective_timeout_s, rt.wait_slice_s, rt.connect_timeout_s)
+    settings = FabricSettings(rt.backend, rt.collective_timeout_s, rt.wait_slice_s, rt.connect_timeout_s,
+                              bind_addr=local_address_towards(addr["host"]))
     return Fabric(rank, layout_of(cfg), store, settings, link.abort_event)
 
 

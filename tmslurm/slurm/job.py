@@ -17,8 +17,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import shlex
 import socket
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -133,14 +137,52 @@ def _release_nodes(ctl: Any, plan: Any) -> None:
 
 
 def _inject(ctl: Any, client: Any, fault: dict[str, Any]) -> None:
-    """Faults on Slurm go through Slurm: drain -> scontrol drain; node_down -> scontrol down."""
+    """Faults on Slurm go through Slurm or the failure lab: drain -> scontrol drain; node_down ->
+    scontrol down; power_off / partition -> the lab's command, in a thread of its own (the batch
+    host may be the victim: the controller then freezes with it)."""
     node = ctl.spawner.node_of_rank(fault["rank"])
+    if fault["kind"] in LAB_FAULTS:
+        threading.Thread(target=_lab_fault, args=(ctl, fault, node), name="lab-fault", daemon=True).start()
+        return
     state = "drain" if fault["kind"] == "drain" else "down"
     try:
         client.update_node(node, state, reason=f"tmslurm-fault-{fault['kind']}")
         ctl.journal.write("fault", kind=fault["kind"], rank=fault["rank"], node=node, via="scontrol")
     except SlurmError as exc:
         log.error("cannot inject %s on %s: %s", fault["kind"], node, exc)
+
+
+LAB_FAULTS = {"power_off": "power-off", "partition": "partition"}
+
+
+def lab_command(cfg: RunConfig) -> list[str]:
+    """The failure lab's command (``slurm.lab_command``, else scripts/local-slurm of this checkout)."""
+    if cfg.slurm.lab_command:
+        return shlex.split(cfg.slurm.lab_command)
+    script = Path(__file__).resolve().parents[2] / "scripts" / "local-slurm"
+    if not script.exists():
+        raise SlurmError(f"no failure lab here ({script} is missing). Fix: set slurm.lab_command")
+    return [str(script)]
+
+
+def _lab_fault(ctl: Any, fault: dict[str, Any], node: str) -> None:
+    """Run the lab command; its ``at=<epoch>`` line is the moment the fault happened (detection is
+    measured from it). Every rank on the node counts as hit at that moment."""
+    ranks = ctl.ranks_of_node(node)
+    try:
+        cmd = [*lab_command(ctl.cfg), LAB_FAULTS[fault["kind"]], node]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, start_new_session=True)
+    except (SlurmError, OSError, subprocess.TimeoutExpired) as exc:
+        log.error("cannot inject %s on %s: %s", fault["kind"], node, exc)
+        return
+    m = re.search(r"\bat=([0-9.]+)", r.stdout)
+    if r.returncode != 0 or m is None:
+        log.error("%s failed (rc %d): %s", " ".join(cmd), r.returncode, (r.stderr or r.stdout).strip()[-500:])
+        return
+    t = float(m.group(1))
+    for rank in ranks:
+        ctl.fault_t[rank] = t
+    ctl.journal.write("fault", kind=fault["kind"], rank=fault["rank"], node=node, ranks=ranks, via="lab", at=t)
 
 
 def main(argv: list[str] | None = None) -> int:

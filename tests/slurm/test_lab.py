@@ -1,0 +1,162 @@
+"""The failure lab (scripts/local-slurm): nodes are separate hosts, and faults look like real ones.
+
+A node is its own network namespace, hostname and freezer cgroup. These tests check what a peer
+sees of each fault through a real TCP connection to a process on the node (power-off: silence,
+no FIN/RST; partition: silence while the process keeps running, traffic again after heal;
+kill-node: the connection closes at once), and what Slurm sees (NOT_RESPONDING/DOWN, a
+``--no-kill`` job that keeps running on its other nodes).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import time
+
+import pytest
+
+from tests.slurm.test_cluster_smoke import _job, _submit_steps_job
+
+pytestmark = pytest.mark.slurm
+
+# A one-connection echo server; prints its pid and host name once it listens.
+ECHO = r"""
+import os, socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 9100)); s.listen(1)
+print(os.getpid(), socket.gethostname(), flush=True)
+c, _ = s.accept()
+while True:
+    d = c.recv(4096)
+    if not d:
+        break
+    c.sendall(d)
+"""
+
+
+class NodeEcho:
+    """An echo server running on ``node`` (through ``local-slurm exec``) and a host connection to it."""
+
+    def __init__(self, slurm, node: str) -> None:
+        self.proc = subprocess.Popen([str(slurm.script), "exec", node, "python3", "-c", ECHO],
+                                     stdout=subprocess.PIPE, text=True, env=slurm.env)
+        line = self.proc.stdout.readline().split()  # waits until it listens
+        assert len(line) == 2, f"echo server on {node} did not start (rc {self.proc.poll()})"
+        self.pid, self.hostname = int(line[0]), line[1]
+        self.conn = socket.create_connection((slurm.node_addr(node), 9100), timeout=5)
+
+    def echo(self, payload: bytes, timeout: float) -> bytes:
+        self.conn.settimeout(timeout)
+        self.conn.sendall(payload)
+        return self.conn.recv(4096)
+
+    def close(self) -> None:
+        self.conn.close()
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+def _slurm_lost(slurm, node: str) -> bool:
+    s = slurm.node_states()[node]
+    return "*" in s or "down" in s
+
+
+def test_nodes_are_separate_hosts(slurm):
+    out = slurm.run("srun", f"-N{len(slurm.nodes)}", "-l", "hostname", timeout=60).stdout
+    names = sorted(line.split(":", 1)[1].strip() for line in out.splitlines())
+    assert names == sorted(slurm.nodes)
+    addrs = set()
+    for node in slurm.nodes:
+        info = slurm.run("scontrol", "show", "node", node).stdout
+        addr = re.search(r"NodeAddr=(\S+)", info).group(1)
+        assert addr == slurm.node_addr(node) and addr != "127.0.0.1"
+        addrs.add(addr)
+    assert len(addrs) == len(slurm.nodes)
+
+
+def test_exec_runs_in_the_node_and_sees_only_the_lab(slurm):
+    node = slurm.nodes[1]
+    r = slurm.local_slurm("exec", node, "sh", "-c", "hostname; ip -4 -o addr show eth0; ip route")
+    assert r.stdout.splitlines()[0] == node
+    assert slurm.node_addr(node) in r.stdout
+    assert "default" not in r.stdout  # no route out of the lab
+
+
+def test_power_off_is_silent_then_slurm_sees_it_and_power_on_reboots(slurm, tmp_path):
+    nodes = slurm.nodes[-3:-1]
+    job_id = _submit_steps_job(slurm, tmp_path, nodes)
+    victim = nodes[1]
+    echo = NodeEcho(slurm, victim)
+    try:
+        assert echo.hostname == victim
+        assert echo.echo(b"ping", timeout=5) == b"ping"
+        out = slurm.fault("power-off", victim)
+        assert re.search(r"at=[0-9.]+", out)
+        assert slurm.node_power()[victim] == "off"
+        # the process still exists (frozen), the connection stays open, and nothing comes back
+        assert os.path.exists(f"/proc/{echo.pid}")
+        with pytest.raises(TimeoutError):
+            echo.echo(b"anyone?", timeout=2.0)
+        echo.conn.sendall(b"more")  # no RST: the send is only queued
+        t0 = time.monotonic()
+        slurm.wait_for(lambda: _slurm_lost(slurm, victim), timeout=3 * slurm.slurmd_timeout + 10,
+                       what=f"Slurm to see {victim} NOT_RESPONDING/DOWN")
+        assert time.monotonic() - t0 < 3 * slurm.slurmd_timeout + 10
+        slurm.wait_for(lambda: "down" in slurm.node_states()[victim], timeout=4 * slurm.slurmd_timeout + 10,
+                       what=f"{victim} DOWN")
+        state, job_nodes = _job(slurm, job_id)
+        assert state == "RUNNING" and victim not in job_nodes and nodes[0] in job_nodes
+        slurm.fault("power-on", victim)
+        assert slurm.node_power()[victim] == "on"
+        assert echo.proc.wait(timeout=10) == -9  # the old boot's processes are gone (our own child)
+        # the rebooted node has a fresh kernel: the old connection is reset, not answered
+        with pytest.raises((ConnectionResetError, BrokenPipeError)):
+            deadline = time.monotonic() + 60  # until TCP's next retransmission reaches the new kernel
+            while time.monotonic() < deadline:
+                try:
+                    echo.echo(b"hello again", timeout=1.0)
+                except TimeoutError:
+                    continue
+        slurm.wait_for(lambda: slurm.node_states()[victim] == "idle", timeout=30, what=f"{victim} idle")
+    finally:
+        echo.close()
+        slurm.run("scancel", job_id, check=False)
+
+
+def test_partition_keeps_processes_running_and_heal_restores_traffic(slurm):
+    victim = slurm.nodes[-1]
+    echo = NodeEcho(slurm, victim)
+    try:
+        assert echo.echo(b"a", timeout=5) == b"a"
+        slurm.fault("partition", victim)
+        assert slurm.node_power()[victim] == "partitioned"
+        with pytest.raises(TimeoutError):
+            echo.echo(b"b", timeout=1.5)
+        state = open(f"/proc/{echo.pid}/stat").read().split(") ")[1].split()[0]
+        assert state in ("S", "R")  # alive and not frozen
+        slurm.fault("heal", victim)
+        # TCP retransmits what was queued: the echo of b"b" arrives once the link is back
+        assert echo.echo(b"c", timeout=30).startswith(b"b")
+    finally:
+        echo.close()
+
+
+def test_kill_node_closes_connections_at_once(slurm):
+    victim = slurm.nodes[-1]
+    echo = NodeEcho(slurm, victim)
+    try:
+        assert echo.echo(b"x", timeout=5) == b"x"
+        slurm.fault("kill-node", victim)
+        echo.conn.settimeout(5)
+        t0 = time.monotonic()
+        try:
+            got = echo.conn.recv(10)
+        except ConnectionResetError:
+            got = b""
+        assert got == b"" and time.monotonic() - t0 < 1.0
+        assert slurm.slurmd_running()[victim] is False
+    finally:
+        echo.close()
