@@ -2,8 +2,9 @@
 
 Contract: every sub-command prints a readable result (or ``--json``) and exits 0, or prints one
 ``error:`` line and exits non-zero: 2 for bad input (unknown node, bad deadline, wrong token),
-3 when the run's controller cannot be reached. ``notify`` authenticates with the run's token (read
-from ``RUN_DIR/token``, or ``--token``) or with the cluster admin key (``--admin-key-file``).
+3 when the run's controller cannot be reached. ``notify`` signs with the cluster admin's Ed25519
+private key (``--private-key-file``) or authenticates with the run's token (``RUN_DIR/token``, or
+``--token``). ``keygen`` writes a new admin key pair.
 """
 
 from __future__ import annotations
@@ -66,6 +67,17 @@ def _notify(args: argparse.Namespace) -> int:
     return 0
 
 
+def _keygen(args: argparse.Namespace) -> int:
+    from tmslurm.signing import generate_keypair
+
+    try:
+        generate_keypair(Path(args.private), Path(args.public))
+    except OSError as exc:
+        raise TmslurmError(f"cannot write the key pair: {exc}") from None
+    print(f"private key {args.private} (0600), public key {args.public} (0644)")
+    return 0
+
+
 def _report(args: argparse.Namespace) -> int:
     from tmslurm.report import write_report
 
@@ -92,8 +104,13 @@ def parser() -> argparse.ArgumentParser:
     no.add_argument("--run-dir", action="append", default=None, help="run directory (repeatable); default: every run under --runs-root")
     no.add_argument("--runs-root", default="runs", help="where to look for runs using the node")
     no.add_argument("--token", default=None, help="the run token (default: RUN_DIR/token)")
-    no.add_argument("--admin-key-file", default=None, help="cluster admin key file (instead of run tokens)")
+    no.add_argument("--private-key-file", default=None,
+                    help="the cluster admin's Ed25519 private key: sign the notice (instead of run tokens)")
     no.set_defaults(fn=_notify)
+    kg = sub.add_parser("keygen", help="write a new admin key pair for signed notices (private 0600, public 0644)")
+    kg.add_argument("--private", required=True, help="private key file to create (keep it root-only)")
+    kg.add_argument("--public", required=True, help="public key file to create (runs read it: runtime.admin_public_key_file)")
+    kg.set_defaults(fn=_keygen)
     rp = sub.add_parser("report", help="write a markdown report with plots for a run")
     rp.add_argument("run_dir")
     rp.add_argument("--out", default=None)

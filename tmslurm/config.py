@@ -147,8 +147,11 @@ class RuntimeConfig:
     """Agents send heartbeats (off only to measure their cost; hangs are then not detected)."""
     commit_vote: bool = True
     """Vote on every step commit (off only to measure its cost)."""
-    admin_key_file: Optional[str] = None
-    """File holding the cluster admin key; notices carrying it are accepted like the run token."""
+    admin_public_key_file: Optional[str] = None
+    """The cluster admin's Ed25519 public key (PEM): notices signed with its private key are
+    accepted (they can only notify); none: only the run token is accepted."""
+    notice_max_age_s: float = 120.0
+    """A signed notice older (or newer) than this by its timestamp is refused as stale."""
     verify_replicas: bool = False
     """Workers send a parameter digest with every vote; the controller checks DP replicas are equal."""
 

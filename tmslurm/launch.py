@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -35,7 +36,8 @@ def prepare_run_dir(cfg: RunConfig) -> Path:
     run_dir = Path(cfg.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     if (run_dir / "summary.json").exists():
         raise TmslurmError(f"run directory {run_dir} already holds a finished run; pass run_dir=<new dir>")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(run_dir, 0o700)  # the token, checkpoints and logs inside are the owner's alone
     cfg.run_dir = str(run_dir)
     if cfg.train.resume_from:
         copy_latest_checkpoint(Path(cfg.train.resume_from), run_dir, cfg.parallel.pp)

@@ -1,22 +1,31 @@
 """Deliver an admin notice (``tmslurm notify``) to every tmslurm run that uses a node.
 
 Contract: finds the runs (``--run-dir`` given, or every directory under ``--runs-root`` with a live
-``controller.json``), validates the deadline (:func:`tmslurm.notices.parse_deadline`), and sends each
-run an authenticated ``notice`` request: with ``--admin-key-file`` the cluster admin key, else the
-run's own token (or ``--token``). A run answers ``unknown node`` when the node is not one of its
-nodes; that run is skipped. Raises :class:`~tmslurm.errors.NoticeError` when no run uses the node
-(unknown node), :class:`~tmslurm.errors.AuthError` when a run refused the key.
+``controller.json``), keeps only runs it can trust (:func:`trusted_run`: ``controller.json`` is a
+plain file owned by the run directory's owner, and neither is writable by group or others; a run
+whose token is used must also own its token file), validates the deadline
+(:func:`tmslurm.notices.parse_deadline`) and sends each run one notice: signed with the admin's
+Ed25519 private key (``--private-key-file``; one signature per run, naming the run, with a fresh
+timestamp and nonce), or else authenticated by the run's own token (``--token`` or
+``RUN_DIR/token``, which only the run's owner and root can read). Nothing is sent to a run that
+failed the check. A run answers ``unknown node`` when the node is not one of its nodes; that run is
+skipped. Raises :class:`~tmslurm.errors.NoticeError` when no run uses the node (unknown node),
+:class:`~tmslurm.errors.AuthError` when a run refused the signature or the token.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import stat
 import time
 from pathlib import Path
+from typing import Any
 
 from tmslurm.errors import AuthError, NoticeError, TmslurmError
 from tmslurm.notices import parse_deadline
-from tmslurm.runtime.protocol import request
+from tmslurm.runtime.protocol import exchange, read_token
 
 
 def find_runs(args: argparse.Namespace) -> list[Path]:
@@ -26,28 +35,40 @@ def find_runs(args: argparse.Namespace) -> list[Path]:
     return sorted(p.parent for p in root.glob("*/controller.json") if not (p.parent / "summary.json").exists())
 
 
-def _key(args: argparse.Namespace, run_dir: Path) -> str | None:
-    if args.admin_key_file:
-        try:
-            return Path(args.admin_key_file).read_text().strip()
-        except OSError as exc:
-            raise AuthError(f"cannot read the admin key {args.admin_key_file}: {exc}") from None
-    return args.token
+def trusted_run(run_dir: Path, with_token: bool) -> str | None:
+    """None when ``run_dir``'s controller.json can be trusted, else why not."""
+    try:
+        d, c = os.lstat(run_dir), os.lstat(run_dir / "controller.json")
+        t = os.lstat(run_dir / "token") if with_token else None
+    except OSError as exc:
+        return f"cannot inspect the run: {exc.strerror}"
+    if not stat.S_ISREG(c.st_mode) or (t is not None and not stat.S_ISREG(t.st_mode)):
+        return "controller.json or token is not a plain file"
+    if c.st_uid != d.st_uid or (t is not None and t.st_uid != d.st_uid):
+        return "controller.json or token is not owned by the run directory's owner"
+    if (c.st_mode | d.st_mode) & (stat.S_IWGRP | stat.S_IWOTH):
+        return "the run directory or controller.json is writable by others"
+    return None
 
 
 def notify(args: argparse.Namespace) -> list[str]:
     if args.node is None and args.rank is None:
         raise NoticeError("give --node NODE (or --rank R with --run-dir)")
+    if args.private_key_file and args.node is None:
+        raise NoticeError("a signed notice names a node: give --node")
     deadline = parse_deadline(args.deadline, time.time()) if args.deadline else None
+    key = _private_key(args)
     runs = find_runs(args)
     if not runs:
         raise NoticeError(f"no live tmslurm run found (looked under {args.runs_root}); pass --run-dir")
     out, refused, unknown = [], [], []
     for run_dir in runs:
-        msg = {"type": "notice", "event": args.event, "node": args.node, "rank": args.rank,
-               "deadline": deadline, "reason": args.reason, "source": "admin"}
+        why = trusted_run(run_dir, with_token=key is None)
+        if why is not None:
+            out.append(f"{run_dir}: skipped, not trusted ({why})")
+            continue
         try:
-            reply = request(run_dir, msg, token=_key(args, run_dir))
+            reply = exchange(_address(run_dir), _message(args, run_dir, key, deadline))
         except TmslurmError as exc:
             out.append(f"{run_dir}: not reachable ({exc})")
             continue
@@ -62,3 +83,28 @@ def notify(args: argparse.Namespace) -> list[str]:
     if not any("accepted" in o for o in out):
         raise NoticeError("no run accepted the notice: " + ("; ".join(unknown + out) or "none"))
     return out + refused
+
+
+def _private_key(args: argparse.Namespace) -> Any:
+    if not args.private_key_file:
+        return None
+    from tmslurm.signing import load_private_key
+
+    return load_private_key(Path(args.private_key_file))
+
+
+def _address(run_dir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((run_dir / "controller.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise TmslurmError(f"cannot read {run_dir / 'controller.json'}: {exc}") from None
+
+
+def _message(args: argparse.Namespace, run_dir: Path, key: Any, deadline: float | None) -> Any:
+    if key is not None:
+        from tmslurm.signing import signed_notice
+
+        return signed_notice(key, run_dir.resolve().name, args.node, args.event, deadline, args.reason)
+    token = args.token if args.token is not None else read_token(run_dir)
+    return {"type": "notice", "token": token, "event": args.event, "node": args.node, "rank": args.rank,
+            "deadline": deadline, "reason": args.reason, "source": "admin"}

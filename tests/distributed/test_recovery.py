@@ -1,6 +1,7 @@
 """The TrainMover core end to end: real processes, real signals, exact final models.
 
-Every run here ends with the same ``final_params_sha256`` as the uninterrupted run of its layout.
+Every run here ends with the same ``final_params_sha256`` and ``final_state_sha256`` (parameters and
+optimizer state of every stage) as the uninterrupted run of its layout, with ``replicas_equal``.
 """
 
 from __future__ import annotations
@@ -25,10 +26,17 @@ def events_of(summary, kind):
     return [e for e in summary["events"] if e["kind"] == kind]
 
 
+def assert_exact(summary, ref):
+    """Bit-identical to the uninterrupted run: parameters, optimizer state, and equal replicas."""
+    assert summary["replicas_equal"] is True and summary["diverging"] == [], summary["diverging"]
+    assert summary["final_params_sha256"] == ref["final_params_sha256"] is not None, summary["events"]
+    assert summary["final_state_sha256"] == ref["final_state_sha256"] is not None, summary["events"]
+
+
 def _run(launch, baseline, *extra, layout=("parallel.dp=2", "parallel.pp=2")):
     ref = baseline(*layout, f"train.steps={STEPS}")
     s = launch(*layout, *BASE, *extra).wait()
-    assert s["final_params_sha256"] == ref["final_params_sha256"], s["events"]
+    assert_exact(s, ref)
     assert s["steps"] == STEPS
     return s
 
@@ -73,8 +81,7 @@ def test_only_standby_killed_in_warmup_then_failure_falls_back_to_checkpoint(lau
     up = run.wait_for(lambda e: e["type"] == "agent_up" and e["agent"].startswith("standby"))
     os.kill(up["pid"], signal.SIGKILL)
     s = run.wait()
-    ref = baseline("parallel.dp=2", "parallel.pp=2", f"train.steps={STEPS}")
-    assert s["final_params_sha256"] == ref["final_params_sha256"]
+    assert_exact(s, baseline("parallel.dp=2", "parallel.pp=2", f"train.steps={STEPS}"))
     (ev,) = events_of(s, "restart")
     assert ev["from_checkpoint_step"] == 15 and ev["lost_steps"] == 1
     journal = run.journal()
@@ -121,8 +128,10 @@ def test_wrong_token_is_refused_and_the_run_is_unaffected(launch, baseline):
     reply = request(run.run_dir, {"type": "notice", "event": "maintenance", "rank": 1}, token="not-the-token")
     assert reply["type"] == "error" and "refused" in reply["error"]
     bad = request(run.run_dir, {"type": "notice", "event": "explode", "rank": 1})
-    assert "invalid" in bad["error"]
+    assert bad["type"] == "error" and "notice.event" in bad["error"] and "'maintenance' or 'failure'" in bad["error"]
     s = run.wait()
-    assert s["final_params_sha256"] == baseline("parallel.dp=2", "parallel.pp=2", f"train.steps={STEPS}")["final_params_sha256"]
+    assert_exact(s, baseline("parallel.dp=2", "parallel.pp=2", f"train.steps={STEPS}"))
     assert s["events"] == []
-    assert any(e["type"] == "auth_refused" for e in run.journal())
+    journal = run.journal()
+    assert any(e["type"] == "auth_refused" for e in journal)
+    assert any(e["type"] == "bad_message" and "notice.event" in e["error"] for e in journal)

@@ -1,17 +1,21 @@
 """Direct state transfer between two processes over a two-member process group.
 
 Contract: :func:`send_state` sends a small header (the structure of the state dict, with each
-tensor replaced by its shape and dtype, serialised with ``torch.save``) and then every tensor
+tensor replaced by its shape and dtype, as tagged JSON: never pickle, so a peer or anyone who reaches
+the rendezvous store cannot make the receiver run code; dict keys keep their int/str type and tuples
+stay tuples) and then every tensor
 *directly from its own memory* — no serialised copy of the state is made on the sender, so a stayer
 that serves as the state source keeps no extra copy (zero memory overhead). :func:`recv_state`
 allocates each tensor from the header and receives into it. The receiver's tensors are bit-identical
 to the sender's. The group is gloo (host memory); CUDA tensors are staged through the host.
-Failures (peer died, timeout, cancelled switch) raise CommError.
+Failures (peer died, timeout, cancelled switch) raise CommError; so does a header that is not valid
+tagged JSON of the accepted types (str/int/float/bool/None, lists, tuples, dicts, tensors of the
+dtypes in ``DTYPES``), or a state holding another type on the sender.
 """
 
 from __future__ import annotations
 
-import io
+import json
 from typing import Any, Callable
 
 import torch
@@ -20,6 +24,9 @@ from tmslurm.comm.fabric import wait_p2p
 from tmslurm.errors import CommError
 
 SIZE_TAG, HEADER_TAG, TENSOR_TAG = 1, 2, 100
+DTYPES = {name: getattr(torch, name) for name in ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16",
+                                                  "int8", "uint8", "bool", "complex64", "complex128")}
+MAX_HEADER = 64 << 20
 
 
 def _wait(work: Any, timeout_s: float, what: str, should_stop: Callable[[], bool] | None = None) -> None:
@@ -30,44 +37,66 @@ def _wait(work: Any, timeout_s: float, what: str, should_stop: Callable[[], bool
 
 
 def _split(obj: Any, tensors: list[torch.Tensor]) -> Any:
-    """The structure of ``obj`` with every tensor replaced by a placeholder; tensors collected in order."""
+    """Tagged-JSON structure of ``obj``: every tensor a placeholder (collected in order), dicts as
+    key/value pairs (keys keep their type), tuples tagged."""
     if isinstance(obj, torch.Tensor):
         tensors.append(obj)
-        return {"__tensor__": len(tensors) - 1, "shape": list(obj.shape), "dtype": str(obj.dtype).replace("torch.", "")}
+        return {"t": len(tensors) - 1, "shape": list(obj.shape), "dtype": str(obj.dtype).replace("torch.", "")}
     if isinstance(obj, dict):
-        return {k: _split(v, tensors) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_split(v, tensors) for v in obj)
-    return obj
+        return {"d": [[_scalar(k), _split(v, tensors)] for k, v in obj.items()]}
+    if isinstance(obj, tuple):
+        return {"u": [_split(v, tensors) for v in obj]}
+    if isinstance(obj, list):
+        return [_split(v, tensors) for v in obj]
+    return _scalar(obj)
 
 
-def _join(obj: Any, tensors: list[torch.Tensor]) -> Any:
-    if isinstance(obj, dict) and "__tensor__" in obj:
-        return tensors[obj["__tensor__"]]
-    if isinstance(obj, dict):
-        return {k: _join(v, tensors) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_join(v, tensors) for v in obj)
-    return obj
+def _scalar(obj: Any) -> Any:
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise CommError(f"state transfer cannot send a {type(obj).__name__} (only tensors, numbers, strings, lists, dicts)")
 
 
-def _placeholders(obj: Any, out: list[dict[str, Any]]) -> None:
-    if isinstance(obj, dict) and "__tensor__" in obj:
-        out.append(obj)
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            _placeholders(v, out)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            _placeholders(v, out)
+def _join(obj: Any, tensors: list[torch.Tensor | None], depth: int = 0) -> Any:
+    """Rebuild the structure from tagged JSON; placeholders become entries of ``tensors``."""
+    if depth > 64:
+        raise CommError("state transfer header nests too deep")
+    if isinstance(obj, list):
+        return [_join(v, tensors, depth + 1) for v in obj]
+    if not isinstance(obj, dict):
+        return _scalar(obj)
+    if set(obj) == {"d"} and isinstance(obj["d"], list):
+        return {_key(kv): _join(kv[1], tensors, depth + 1) for kv in obj["d"]}
+    if set(obj) == {"u"} and isinstance(obj["u"], list):
+        return tuple(_join(v, tensors, depth + 1) for v in obj["u"])
+    if set(obj) == {"t", "shape", "dtype"}:
+        return _placeholder(obj, tensors)
+    raise CommError(f"state transfer header has an unknown node {sorted(obj)[:5]}")
+
+
+def _key(kv: Any) -> Any:
+    if not (isinstance(kv, list) and len(kv) == 2 and isinstance(kv[0], (int, str)) and not isinstance(kv[0], bool)):
+        raise CommError("state transfer header has a bad dict entry")
+    return kv[0]
+
+
+def _placeholder(obj: dict[str, Any], tensors: list[torch.Tensor | None]) -> torch.Tensor:
+    i, shape, dtype = obj["t"], obj["shape"], obj["dtype"]
+    ok = (isinstance(i, int) and 0 <= i < len(tensors) and tensors[i] is None and dtype in DTYPES and isinstance(shape, list)
+          and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape))
+    if not ok:
+        raise CommError(f"state transfer header has a bad tensor entry {obj!r:.200}")
+    t = torch.empty(shape, dtype=DTYPES[dtype])
+    tensors[i] = t
+    return t
 
 
 def send_state(pg: Any, peer: int, state: dict[str, Any], timeout_s: float) -> int:
     """Send ``state`` to ``peer``; returns the number of tensor bytes sent."""
     tensors: list[torch.Tensor] = []
-    buf = io.BytesIO()
-    torch.save(_split(state, tensors), buf)
-    header = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+    skeleton = {"n": 0, "s": _split(state, tensors)}
+    skeleton["n"] = len(tensors)
+    header = torch.frombuffer(bytearray(json.dumps(skeleton, separators=(",", ":")).encode()), dtype=torch.uint8)
     _wait(pg.send([torch.tensor([header.numel()], dtype=torch.int64)], peer, SIZE_TAG), timeout_s, "size")
     _wait(pg.send([header], peer, HEADER_TAG), timeout_s, "header")
     total = 0
@@ -84,24 +113,28 @@ def send_state(pg: Any, peer: int, state: dict[str, Any], timeout_s: float) -> i
 def recv_state(pg: Any, peer: int, timeout_s: float, should_stop: Callable[[], bool] | None = None) -> tuple[dict[str, Any], int]:
     size = torch.zeros(1, dtype=torch.int64)
     _wait(pg.recv([size], peer, SIZE_TAG), timeout_s, "size", should_stop)
+    if not 0 < int(size.item()) <= MAX_HEADER:
+        raise CommError(f"state transfer header size {int(size.item())} is out of range")
     header = torch.empty(int(size.item()), dtype=torch.uint8)
     _wait(pg.recv([header], peer, HEADER_TAG), timeout_s, "header", should_stop)
-    skeleton = torch.load(io.BytesIO(header.numpy().tobytes()), weights_only=False)
-    places: list[dict[str, Any]] = []
-    _placeholders(skeleton, places)
-    tensors: list[torch.Tensor] = [None] * len(places)  # type: ignore[list-item]
+    state, tensors = _parse_header(header.numpy().tobytes())
     total = 0
-    for p in sorted(places, key=lambda p: p["__tensor__"]):
-        i = p["__tensor__"]
-        t = torch.empty(max(1, _numel(p["shape"])) if not p["shape"] else p["shape"], dtype=getattr(torch, p["dtype"]))
-        _wait(pg.recv([t], peer, TENSOR_TAG + i), timeout_s, f"tensor {i}", should_stop)
-        tensors[i] = t.reshape(()) if not p["shape"] else t
+    for i, t in enumerate(tensors):
+        flat = t.reshape(1) if t.dim() == 0 else t
+        _wait(pg.recv([flat], peer, TENSOR_TAG + i), timeout_s, f"tensor {i}", should_stop)
         total += t.numel() * t.element_size()
-    return _join(skeleton, tensors), total
+    return state, total
 
 
-def _numel(shape: list[int]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
+def _parse_header(data: bytes) -> tuple[Any, list[torch.Tensor]]:
+    try:
+        skeleton = json.loads(data)
+    except (ValueError, RecursionError):
+        raise CommError("state transfer header is not JSON") from None
+    if not (isinstance(skeleton, dict) and set(skeleton) == {"n", "s"} and isinstance(skeleton["n"], int) and 0 <= skeleton["n"] < 1 << 20):
+        raise CommError("state transfer header has a bad envelope")
+    tensors: list[torch.Tensor | None] = [None] * skeleton["n"]
+    state = _join(skeleton["s"], tensors)
+    if any(t is None for t in tensors):
+        raise CommError("state transfer header announces tensors it does not place")
+    return state, tensors  # type: ignore[return-value]

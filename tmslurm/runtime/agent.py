@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tmslurm.errors import ProtocolError, TmslurmError
+from tmslurm.messages import BadMessage, decode_controller
 from tmslurm.runtime.protocol import Channel, connect, controller_address, read_token
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,11 @@ class Link:
                 self.abort_event.set()
                 self.inbox.put({"type": "lost"})
                 return
+            try:
+                msg = decode_controller(msg).model_dump(mode="python")
+            except BadMessage as exc:
+                log.error("ignoring a bad message from the controller: %s", exc)
+                continue
             if msg["type"] == "abort":
                 with self.abort_lock:
                     self.abort_epoch = max(self.abort_epoch, int(msg.get("epoch", 0)))
@@ -109,9 +115,10 @@ def hello(run_dir: Path, kind: str, ident: int, node: str) -> tuple[Link, dict[s
     ch = connect(addr["host"], addr["port"], timeout_s=30.0)
     ch.send({"type": "hello", "token": read_token(run_dir), "kind": kind, "id": ident, "pid": os.getpid(), "node": node,
              "host": socket.gethostname()})
-    welcome = ch.recv()
-    if welcome is None or welcome.get("type") != "welcome":
-        raise TmslurmError(f"controller refused {kind} {ident}: {welcome}")
+    reply = ch.recv()
+    if reply is None or reply.get("type") != "welcome":
+        raise TmslurmError(f"controller refused {kind} {ident}: {reply}")
+    welcome = decode_controller(reply).model_dump(mode="python")
     cfg = welcome["config"]
     link = Link(ch, float(cfg["runtime"]["heartbeat_interval_s"]) if cfg["runtime"].get("heartbeats", True) else 0.0)
     link.start()

@@ -28,14 +28,17 @@ from typing import Any, Callable
 import torch.distributed as dist
 
 from tmslurm.config import CLUSTER_FAULTS, RunConfig, to_dict
-from tmslurm.errors import NoticeError, ProtocolError
+from tmslurm.errors import TmslurmError
+from tmslurm.messages import Hello, NoticeRequest, StatusRequest, StopRequest
 from tmslurm.runtime import switch as sw
 from tmslurm.runtime.events import EventLog
 from tmslurm.runtime.journal import Journal
-from tmslurm.runtime.protocol import Channel, token_ok
+from tmslurm.runtime.gate import Gate, GateLimits
+from tmslurm.runtime.protocol import Channel
 from tmslurm.runtime.recovery import RecoveryMixin
 from tmslurm.runtime.restart import RestartMixin
 from tmslurm.runtime.spawner import Spawner
+from tmslurm.signing import NoticeVerifier, load_public_key
 from tmslurm.topology import Layout
 
 log = logging.getLogger(__name__)
@@ -58,13 +61,14 @@ class Agent:
     host: str | None = None
 
 
-def _read_admin_key(path: str | None) -> str | None:
+def _notice_verifier(cfg: RunConfig, run_dir: Path) -> NoticeVerifier | None:
+    path = cfg.runtime.admin_public_key_file
     if not path:
         return None
     try:
-        return Path(path).read_text().strip() or None
-    except OSError as exc:
-        log.error("cannot read runtime.admin_key_file %s: %s (admin notices will be refused)", path, exc)
+        return NoticeVerifier(load_public_key(Path(path)), run_dir.name, cfg.runtime.notice_max_age_s)
+    except TmslurmError as exc:
+        log.error("%s (signed admin notices will be refused)", exc)
         return None
 
 
@@ -105,7 +109,9 @@ class Controller(RecoveryMixin, RestartMixin):
         self.standby_target = cfg.standby.count * cfg.parallel.ranks_per_node
         self.replenish = cfg.standby.replenish or cfg.cluster == "slurm"
         self.stop_event = threading.Event()
-        self.admin_key = _read_admin_key(cfg.runtime.admin_key_file)
+        self.verifier = _notice_verifier(cfg, self.run_dir)
+        self.conn_agent: dict[int, str] = {}
+        self.expected: set[tuple[str, int]] = set()  # spawned, not yet said hello
         if cfg.train.resume_from:
             from tmslurm.train.checkpoint import latest_complete
 
@@ -118,64 +124,20 @@ class Controller(RecoveryMixin, RestartMixin):
     def start_servers(self) -> dict[str, Any]:
         self.store = dist.TCPStore(self.host, 0, is_master=True, wait_for_workers=False, use_libuv=True)
         self.server = socket.create_server((self.host, 0))
-        port = self.server.getsockname()[1]
-        threading.Thread(target=self._accept, name="ctl-accept", daemon=True).start()
-        self.address = {"host": self.host, "port": port, "store_port": self.store.port}
+        self.gate = Gate(self.server, self.token, self.verifier, self.journal, self.q.put, self._touch, GateLimits())
+        self.gate.start()
+        self.address = {"host": self.host, "port": self.server.getsockname()[1], "store_port": self.store.port}
         return self.address
 
-    def _accept(self) -> None:
-        while not self.stop_event.is_set():
-            try:
-                sock, _ = self.server.accept()
-            except OSError:
-                return
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(target=self._serve, args=(Channel(sock),), daemon=True).start()
-
-    def _serve(self, ch: Channel) -> None:
-        try:
-            first = ch.recv()
-        except ProtocolError as exc:
-            ch.try_send({"type": "error", "error": f"malformed request: {exc}"})
-            self.journal.write("bad_request", error=str(exc))
-            ch.close()
-            return
-        if first is None:
-            ch.close()
-            return
-        if not (token_ok(first.get("token"), self.token) or (self.admin_key and token_ok(first.get("token"), self.admin_key))):
-            log.warning("refused a %r request without a valid token", first.get("type"))
-            self.journal.write("auth_refused", request=first.get("type"))
-            ch.try_send({"type": "error", "error": "refused: missing or wrong token (use the run's token file or the admin key)"})
-            ch.close()
-            return
-        if first["type"] != "hello":
-            self.q.put(("request", first, ch))
-            return
-        aid = f"{first.get('kind')}{first.get('id')}.{first.get('pid')}"
-        self.q.put(("hello", first, ch))
-        self._read_agent(aid, ch)
-
-    def _read_agent(self, aid: str, ch: Channel) -> None:
-        while True:
-            try:
-                msg = ch.recv()
-            except ProtocolError as exc:
-                log.error("agent %s sent a malformed message: %s", aid, exc)
-                continue
-            if msg is None:
-                self.q.put(("disconnect", aid, None))
-                return
-            agent = self.agents.get(aid)
-            if agent is not None:
-                agent.last_seen = time.monotonic()
-            if msg["type"] != "hb":
-                self.q.put(("msg", aid, msg))
+    def _touch(self, conn: int) -> None:
+        agent = self.agents.get(self.conn_agent.get(conn, ""))
+        if agent is not None:
+            agent.last_seen = time.monotonic()
 
     # ---- main loop ----------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         for rank in range(self.world):
-            self.spawner.spawn_worker(rank, 0)
+            self.spawn_worker(rank, 0)
         for i in range(self.standby_target):
             self._spawn_standby()
         self.mode = "running"
@@ -189,30 +151,46 @@ class Controller(RecoveryMixin, RestartMixin):
         return self.finish()
 
     def _handle(self, kind: str, a: Any, b: Any) -> None:
+        try:
+            self._dispatch(kind, a, b)
+        except Exception as exc:  # a bug must not end the run: journal it loudly and go on
+            log.exception("controller handler for %s failed", kind)
+            self.journal.write("handler_error", item=kind, error=repr(exc)[:300])
+            if kind == "request":
+                b.try_send({"type": "error", "error": f"internal error: {exc!r}"[:300]})
+                b.close()
+
+    def _dispatch(self, kind: str, a: Any, b: Any) -> None:
         if kind == "hello":
-            self._hello(a, b)
+            self._hello(a, *b)
         elif kind == "disconnect":
-            self._disconnect(a)
+            self._disconnect(self.conn_agent.get(a, ""))
         elif kind == "request":
             self._request(a, b)
         elif kind == "msg":
-            handler = getattr(self, f"_on_{a and b['type']}", None)
-            agent = self.agents.get(a)
+            handler = getattr(self, f"_on_{b.type}", None)
+            agent = self.agents.get(self.conn_agent.get(a, ""))
             if handler is None or agent is None:
-                log.warning("ignoring message %s from %s", b.get("type"), a)
+                log.warning("ignoring message %s from connection %s", b.type, a)
             elif agent.alive:
-                handler(agent, b)
+                handler(agent, b.model_dump())
         elif kind == "call":
             a()
 
-    def _hello(self, msg: dict[str, Any], ch: Channel) -> None:
-        kind, ident = msg.get("kind"), msg.get("id")
-        if kind not in ("worker", "standby") or not isinstance(ident, int):
-            ch.try_send({"type": "error", "error": "hello needs kind worker|standby and an integer id"})
+    def _hello(self, msg: Hello, conn: int, ch: Channel) -> None:
+        kind, ident = msg.kind, msg.id
+        if (kind, ident) not in self.expected:
+            # not a process this controller started and still waits for: an impostor or a late
+            # duplicate. It gets no slot, and since it was never ours it is never signalled.
+            self.journal.write("hello_refused", kind=kind, id=ident, node=msg.node, reported_pid=msg.pid)
+            ch.try_send({"type": "error", "error": f"refused: no {kind} {ident} is expected by this run"})
+            ch.close()
             return
-        aid = f"{kind}{ident}.{msg.get('pid')}"
-        agent = Agent(aid, kind, ident, int(msg.get("pid", 0)), str(msg.get("node", "?")), ch, time.monotonic(), host=msg.get("host"))
+        self.expected.discard((kind, ident))
+        aid = f"{kind}{ident}.{msg.pid}#{conn}"
+        agent = Agent(aid, kind, ident, msg.pid, msg.node, ch, time.monotonic(), host=msg.host)
         self.agents[aid] = agent
+        self.conn_agent[conn] = aid
         if kind == "worker":
             agent.rank = ident
             self.slots[ident] = aid
@@ -220,6 +198,10 @@ class Controller(RecoveryMixin, RestartMixin):
         ch.try_send({"type": "welcome", "config": to_dict(self.cfg), "epoch": self.epoch, "generation": self.epoch,
                      "resume_step": self.resume_step, "faults": faults, "address": self.address})
         self.journal.write("agent_up", agent=aid, node=agent.node, pid=agent.pid)
+
+    def spawn_worker(self, rank: int, incarnation: int) -> bool:
+        self.expected.add(("worker", rank))
+        return self.spawner.spawn_worker(rank, incarnation)
 
     def _faults(self) -> list[tuple[int, dict[str, Any]]]:
         return [(i, {"step": f.step, "kind": f.kind, "rank": f.rank, "when": f.when}) for i, f in enumerate(self.cfg.faults) if i not in self.fired]
@@ -395,35 +377,28 @@ class Controller(RecoveryMixin, RestartMixin):
                 self._kill_agent(a)
                 self._maybe_replenish()
 
-    def _request(self, msg: dict[str, Any], ch: Channel) -> None:
+    def _request(self, msg: NoticeRequest | StatusRequest | StopRequest, ch: Channel) -> None:
         try:
-            if msg["type"] == "notice":
+            if isinstance(msg, NoticeRequest):
                 self._request_notice(msg, ch)
-            elif msg["type"] == "status":
+            elif isinstance(msg, StatusRequest):
                 ch.try_send({"type": "status", "ok": True, "status": self.status()})
-            elif msg["type"] == "stop":
+            elif isinstance(msg, StopRequest):
                 self.stop_requested = True
                 self.journal.write("stop_requested")
                 ch.try_send({"type": "ok", "ok": True, "stopping_after_step": self.step})
-            else:
-                ch.try_send({"type": "error", "error": f"unknown request {msg['type']!r}; valid: notice, status, stop"})
         finally:
             ch.close()
 
-    def _request_notice(self, msg: dict[str, Any], ch: Channel) -> None:
-        event = msg.get("event")
-        if event not in ("maintenance", "failure"):
-            ch.try_send({"type": "error", "error": f"event {event!r} is invalid; valid: maintenance, failure"})
-            return
-        node, rank = msg.get("node"), msg.get("rank")
+    def _request_notice(self, msg: NoticeRequest, ch: Channel) -> None:
+        node, rank = msg.node, msg.rank
         if rank is None and node not in self.nodes():
             ch.try_send({"type": "error", "error": f"unknown node {node!r}; this run uses: {', '.join(sorted(self.nodes()))}"})
             return
-        if rank is not None and (not isinstance(rank, int) or not 0 <= rank < self.world):
+        if rank is not None and not 0 <= rank < self.world:
             ch.try_send({"type": "error", "error": f"unknown rank {rank!r}; valid: 0..{self.world - 1}"})
             return
-        notice = {"kind": event, "node": node, "rank": rank, "source": msg.get("source", "admin"),
-                  "reason": msg.get("reason", ""), "deadline": msg.get("deadline")}
+        notice = {"kind": msg.event, "node": node, "rank": rank, "source": msg.source, "reason": msg.reason, "deadline": msg.deadline}
         self._notice(notice)
         ch.try_send({"type": "ok", "ok": True, "accepted": notice})
 

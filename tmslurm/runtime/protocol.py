@@ -1,10 +1,13 @@
-"""The agent/control protocol: newline-delimited JSON over TCP, authenticated by the run's token.
+"""The agent/control protocol transport: newline-delimited JSON over TCP, authenticated by the run's token.
 
-Contract: the first message on every connection carries ``token``; the controller compares it in
-constant time with the run token (``<run_dir>/token``, mode 0600) and refuses the connection
-otherwise. :class:`Channel` sends whole lines under a lock (safe from several threads) and
-:meth:`Channel.recv` returns ``None`` on EOF and raises :class:`~tmslurm.errors.ProtocolError` on a
-line that is not a JSON object (the caller answers with an error and keeps going).
+Contract: the first message on every connection carries ``token`` (or, for a signed admin notice,
+a signature); the controller compares it in constant time with the run token (``<run_dir>/token``,
+mode 0600, created with O_EXCL) and refuses the connection otherwise. :class:`Channel` sends whole
+lines under a lock (safe from several threads). :meth:`Channel.recv` returns ``None`` on EOF and
+raises :class:`~tmslurm.errors.ProtocolError` on a line that is not a JSON object with a string
+``type``, :class:`LineTooLong` on a line over its limit (the rest of that line is discarded, so the
+stream stays in sync) and :class:`ReadTimeout` when the socket's timeout passes. What the fields
+mean and which are valid is :mod:`tmslurm.messages`' business.
 """
 
 from __future__ import annotations
@@ -24,6 +27,14 @@ from tmslurm.errors import AuthError, ProtocolError, TmslurmError
 MAX_LINE = 1 << 20
 
 
+class LineTooLong(ProtocolError):
+    """A line longer than the channel's limit."""
+
+
+class ReadTimeout(ProtocolError):
+    """No complete line within the socket's timeout."""
+
+
 class Channel:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -31,32 +42,49 @@ class Channel:
         self._lock = threading.Lock()
         self.closed = False
 
-    def send(self, msg: dict[str, Any]) -> None:
+    def send(self, msg: Any) -> None:
+        """Send a dict or a :class:`~tmslurm.messages.Msg` as one line."""
+        if hasattr(msg, "model_dump"):
+            msg = msg.model_dump(mode="json")
         data = (json.dumps(msg, separators=(",", ":")) + "\n").encode()
         with self._lock:
             self.sock.sendall(data)
 
-    def try_send(self, msg: dict[str, Any]) -> bool:
+    def try_send(self, msg: Any) -> bool:
         try:
             self.send(msg)
             return True
         except OSError:
             return False
 
-    def recv(self) -> dict[str, Any] | None:
-        try:
-            line = self._rfile.readline(MAX_LINE)
-        except (OSError, ValueError):
-            return None
+    def recv(self, max_line: int = MAX_LINE) -> dict[str, Any] | None:
+        line = self._readline(max_line)
         if not line:
             return None
+        if not line.endswith(b"\n") and len(line) >= max_line:
+            self._discard_rest(max_line)
+            raise LineTooLong(f"line longer than {max_line} bytes")
         try:
             msg = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise ProtocolError(f"not JSON: {line[:120]!r}") from None
         if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
             raise ProtocolError(f"a message must be a JSON object with a string 'type': {line[:120]!r}")
         return msg
+
+    def _readline(self, limit: int) -> bytes:
+        try:
+            return self._rfile.readline(limit)
+        except socket.timeout:
+            raise ReadTimeout("no complete line in time") from None
+        except (OSError, ValueError):
+            return b""
+
+    def _discard_rest(self, chunk: int) -> None:
+        while True:
+            part = self._readline(chunk)
+            if not part or part.endswith(b"\n"):
+                return
 
     def close(self) -> None:
         self.closed = True
@@ -84,7 +112,10 @@ def connect(host: str, port: int, timeout_s: float = 10.0) -> Channel:
 def write_token(run_dir: Path) -> str:
     token = secrets.token_hex(16)
     path = run_dir / "token"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise TmslurmError(f"{path} exists: a run was started in {run_dir} before; pass run_dir=<new dir>") from None
     with os.fdopen(fd, "w") as f:
         f.write(token)
     return token
@@ -116,11 +147,16 @@ def controller_address(run_dir: Path, timeout_s: float = 60.0) -> dict[str, Any]
 
 def request(run_dir: Path, msg: dict[str, Any], token: str | None = None, timeout_s: float = 10.0) -> dict[str, Any]:
     """One authenticated request/reply to a run's controller (used by the CLI and admin hooks)."""
-    addr = controller_address(run_dir, timeout_s=1.0)
+    return exchange(controller_address(run_dir, timeout_s=1.0), {**msg, "token": token if token is not None else read_token(run_dir)},
+                    timeout_s)
+
+
+def exchange(addr: dict[str, Any], msg: Any, timeout_s: float = 10.0) -> dict[str, Any]:
+    """Send one first line to the controller at ``addr`` and return its one reply."""
     ch = connect(addr["host"], addr["port"], timeout_s)
     try:
         ch.sock.settimeout(timeout_s)
-        ch.send({**msg, "token": token if token is not None else read_token(run_dir)})
+        ch.send(msg)
         reply = ch.recv()
     finally:
         ch.close()

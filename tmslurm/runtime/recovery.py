@@ -20,7 +20,7 @@ from typing import Any
 
 from tmslurm.runtime import switch as sw
 from tmslurm.runtime.events import describe
-from tmslurm.train.schedule import combine_digests
+from tmslurm.runtime.final import final_hashes
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class RecoveryMixin:
 
     def _kill_agent(self, agent: Any) -> None:
         agent.alive = False
-        self.spawner.fence(agent.pid, agent.node, agent.host)
+        self.spawner.fence(agent.kind, agent.ident)  # its own handle: never a pid a client reported
         agent.channel.close()
 
     def _on_aborted(self, agent: Any, msg: dict[str, Any]) -> None:
@@ -176,6 +176,7 @@ class RecoveryMixin:
 
     # ---- standbys -----------------------------------------------------------------------------
     def _spawn_standby(self) -> None:
+        self.expected.add(("standby", self.standbys_started))
         self.spawner.spawn_standby(self.standbys_started)
         self.standbys_started += 1
 
@@ -260,17 +261,15 @@ class RecoveryMixin:
         for agent in self.agents.values():
             if agent.alive:
                 agent.channel.try_send({"type": "finish"})
-        stages: dict[int, set[str]] = {}
-        for msg in self.done.values():
-            stages.setdefault(int(msg["stage"]), set()).add(msg["digest"])
-        complete = len(stages) == self.layout.pp
-        stage_digests = [sorted(stages[j])[0] for j in range(self.layout.pp)] if complete else []
+        hashes = final_hashes({r: (m["stage"], m["digest"], m["state_digest"]) for r, m in self.done.items()}, self.layout.pp)
+        if hashes["diverging"]:
+            log.error("data-parallel replicas DIVERGED at the end: %s (no final hash)", hashes["diverging"])
+            self.journal.write("replicas_diverged", diverging=hashes["diverging"])
         median = self.median_step()
         losses = [e["loss"] for e in self.step_log if e.get("loss") is not None]
         summary = {
             "run_id": self.run_dir.name, "layout": {"dp": self.layout.dp, "pp": self.layout.pp, "tp": self.layout.tp},
-            "steps": self.step, "final_params_sha256": combine_digests(stage_digests) if complete else None,
-            "stage_digests": stage_digests, "replicas_equal": all(len(d) == 1 for d in stages.values()),
+            "steps": self.step, **hashes,
             "replica_mismatch_steps": self.replica_mismatch,
             "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
             "median_step_s": median, "step_log": self.step_log, "events": self.events.finalize(median),

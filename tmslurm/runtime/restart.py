@@ -72,7 +72,7 @@ class RestartMixin:
         self.incarnation += 1
         self.restart_t = time.time()
         self.started: dict[int, dict[str, Any]] = {}
-        failed = [r for r in range(self.world) if self.spawner.spawn_worker(r, self.incarnation) is False]
+        failed = [r for r in range(self.world) if self.spawn_worker(r, self.incarnation) is False]
         self.mode = "running"
         if failed:  # never hang: end the run with what it has, the checkpoint stays for a resume
             log.error("ranks %s cannot be restarted anywhere; ending the run (resume with train.resume_from)", failed)

@@ -1,9 +1,10 @@
 """Process spawners: how the controller starts, fences and stops agent processes.
 
 Contract: a spawner starts a worker for a rank or a standby, both running
-``python -m tmslurm.runtime.agent``; :meth:`fence` makes a process unable to come back (SIGKILL,
-also delivered to a SIGSTOPped process); :meth:`stop_all` ends everything it started and waits for
-it. :class:`LocalSpawner` runs processes on this host (``cluster=local``); the Slurm spawner in
+``python -m tmslurm.runtime.agent``; :meth:`fence` makes the process it started for a worker rank
+or a standby index unable to come back (SIGKILL through its own handle, also delivered to a
+SIGSTOPped process). A spawner never signals a pid it did not start itself, whatever an agent
+reports: there is no pid argument. :meth:`stop_all` ends everything it started and waits for it. :class:`LocalSpawner` runs processes on this host (``cluster=local``); the Slurm spawner in
 ``tmslurm.slurm`` implements the same interface with ``srun`` steps. Agent output goes to
 ``<run_dir>/logs/<who>.log``.
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 class Spawner(Protocol):
     def spawn_worker(self, rank: int, incarnation: int) -> bool: ...
     def spawn_standby(self, index: int) -> None: ...
-    def fence(self, pid: int, node: str, host: str | None = None) -> None: ...
+    def fence(self, kind: str, ident: int) -> None: ...
     def stop_all(self) -> None: ...
     def node_of_rank(self, rank: int) -> str: ...
 
@@ -43,32 +43,34 @@ class LocalSpawner:
         self.run_dir = Path(run_dir)
         self.cfg = cfg
         self.procs: list[subprocess.Popen] = []
+        self.handles: dict[tuple[str, int], subprocess.Popen] = {}
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
 
     def node_of_rank(self, rank: int) -> str:
         return f"local{rank // self.cfg.parallel.ranks_per_node}"
 
-    def _start(self, who: str, args: list[str], node: str) -> None:
+    def _start(self, who: str, args: list[str], node: str) -> subprocess.Popen:
         logf = open(self.run_dir / "logs" / f"{who}.log", "ab")
         cmd = [sys.executable, "-m", "tmslurm.runtime.agent", "--run-dir", str(self.run_dir), *args, "--node", node]
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=agent_env(self.cfg), start_new_session=True)
         logf.close()
         self.procs.append(proc)
+        return proc
 
     def spawn_worker(self, rank: int, incarnation: int) -> bool:
-        self._start(f"rank{rank}.{incarnation}", ["--rank", str(rank)], self.node_of_rank(rank))
+        self.handles[("worker", rank)] = self._start(f"rank{rank}.{incarnation}", ["--rank", str(rank)], self.node_of_rank(rank))
         return True
 
     def spawn_standby(self, index: int) -> None:
-        self._start(f"standby{index}", ["--standby", str(index)], f"spare{index}")
+        self.handles[("standby", index)] = self._start(f"standby{index}", ["--standby", str(index)], f"spare{index}")
 
-    def fence(self, pid: int, node: str, host: str | None = None) -> None:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        except PermissionError as exc:
-            log.error("cannot fence pid %d on %s: %s", pid, node, exc)
+    def fence(self, kind: str, ident: int) -> None:
+        proc = self.handles.get((kind, ident))
+        if proc is None:
+            log.warning("no process of ours for %s %d: nothing to fence", kind, ident)
+            return
+        if proc.poll() is None:
+            proc.kill()  # Popen.kill: only our own child, and never after it was reaped
 
     def stop_all(self) -> None:
         for p in self.procs:

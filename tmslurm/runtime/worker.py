@@ -147,7 +147,7 @@ class Worker:
                 self.runner.drop()
                 if not isinstance(exc, CommAborted):
                     log.warning("step %d failed: %s", self.step, exc)
-                    self.link.send({"type": "comm_error", "rank": self.rank, "step": self.step, "epoch": self.epoch, "error": str(exc)})
+                    self.link.send({"type": "comm_error", "rank": self.rank, "step": self.step, "epoch": self.epoch, "error": str(exc)[:1000]})
                 self._recover()
                 continue
             if decision["decision"] == "commit":
@@ -296,7 +296,7 @@ class Worker:
             handles = build.join(0)
         except CommError as exc:
             log.warning("recovery build failed: %s", exc)
-            self.link.send({"type": "comm_error", "rank": self.rank, "step": self.step, "epoch": epoch, "error": str(exc)})
+            self.link.send({"type": "comm_error", "rank": self.rank, "step": self.step, "epoch": epoch, "error": str(exc)[:1000]})
             return False
         build_s = time.monotonic() - t0
         xfers = {k: handles.pop(k) for k in list(handles) if k.startswith("xfer/")}
@@ -333,7 +333,8 @@ class Worker:
             out = self.run_dir / "final"
             out.mkdir(exist_ok=True)
             torch.save(self.runner.module.state_dict(), out / f"stage{self.coord.stage}.pt")
-        self.link.send({"type": "done", "rank": self.rank, "stage": self.coord.stage, "digest": digest, "step": self.step})
+        self.link.send({"type": "done", "rank": self.rank, "stage": self.coord.stage, "digest": digest,
+                        "state_digest": self.runner.state_digest(), "step": self.step})
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:

@@ -9,8 +9,8 @@ Contract (same interface as :class:`~tmslurm.runtime.spawner.LocalSpawner`):
   known to be bad;
 - a rank restarted after its node left the job (checkpoint-restart fallback) runs as a step of a
   spare job instead;
-- :meth:`fence` kills a process: directly when it runs on this host, else through
-  ``srun --overlap`` on its node; :meth:`stop_all` ends every step and cancels every spare job.
+- :meth:`fence` kills only what it launched: a rank's own step (``scancel --signal=KILL`` of that
+  step) or a standby's spare job; :meth:`stop_all` ends every step and cancels every spare job.
 Slurm command failures are logged and never raised into the controller's loop.
 """
 
@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +43,7 @@ class SlurmSpawner:
         self.rank_node = {r: nodes[r // self.rpn] for r in range(cfg.parallel.dp * cfg.parallel.pp * cfg.parallel.tp)}
         self.main_nodes = list(nodes)
         self.steps: list[subprocess.Popen] = []
+        self.rank_steps: dict[int, tuple[str, str]] = {}  # rank -> (job, step name) of its latest step
         self.spares: dict[str, dict[str, Any]] = {}
         self.bad_nodes: set[str] = set()
         self.spare_counter = 0
@@ -55,6 +54,8 @@ class SlurmSpawner:
 
     # ---- ranks --------------------------------------------------------------------------------
     def _srun(self, job_id: str, node: str, who: str, args: list[str]) -> None:
+        if args[:1] == ["--rank"]:
+            self.rank_steps[int(args[1])] = (job_id, f"tmslurm-{who}")
         log_path = self.run_dir / "logs" / f"{who}.log"
         cmd = ["srun", f"--jobid={job_id}", "-N1", "-n1", f"-w{node}", "--no-kill", "--kill-on-bad-exit=0", "--overlap",
                f"--job-name=tmslurm-{who}", "--output", str(log_path), sys.executable, "-m", "tmslurm.runtime.agent",
@@ -129,19 +130,27 @@ class SlurmSpawner:
             return None
 
     # ---- fencing and the end ------------------------------------------------------------------
-    def fence(self, pid: int, node: str, host: str | None = None) -> None:
-        if host is None or host == socket.gethostname():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            return
-        job = self.job_id if node in self.main_nodes else next((j for j, s in self.spares.items() if s.get("node") == node), self.job_id)
+    def fence(self, kind: str, ident: int) -> None:
+        """Kill what we launched for it: a rank's own step (``scancel --signal=KILL J.S``), a
+        standby's spare job (``scancel``). Never a pid an agent reported."""
+        if kind == "worker" and ident in self.rank_steps:
+            self._kill_step(*self.rank_steps[ident])
+        elif kind == "standby":
+            job = next((j for j, s in self.spares.items() if s["index"] == ident // self.rpn), None)
+            if job is not None:
+                try:
+                    self.client.cancel(job)
+                except SlurmError as exc:
+                    log.warning("cannot cancel spare job %s of standby %d: %s", job, ident, exc)
+
+    def _kill_step(self, job: str, name: str) -> None:
         try:
-            subprocess.run(["srun", f"--jobid={job}", "--overlap", "-N1", "-n1", f"-w{node}", "kill", "-9", str(pid)],
-                           capture_output=True, timeout=15)
-        except (subprocess.TimeoutExpired, OSError) as exc:  # a dead node cannot be reached: it is fenced anyway
-            log.warning("fencing pid %d on %s via srun failed: %s", pid, node, exc)
+            out = subprocess.run(["squeue", "-h", "-s", "-j", job, "-o", "%i %j"], capture_output=True, text=True, timeout=15)
+            steps = [line.split()[0] for line in out.stdout.splitlines() if line.split()[1:2] == [name]]
+            for step in steps:
+                subprocess.run(["scancel", "--signal=KILL", step], capture_output=True, timeout=15)
+        except (subprocess.TimeoutExpired, OSError, IndexError) as exc:  # a dead node: Slurm ends the step anyway
+            log.warning("fencing step %s of job %s failed: %s", name, job, exc)
 
     def release_node(self, node: str) -> bool:
         """Cut ``node`` out of the main job (it becomes DRAINED if it was draining)."""

@@ -91,6 +91,10 @@ class StageRunner:
     def digest(self) -> str:
         return params_digest(self.module)
 
+    def state_digest(self) -> str:
+        """Parameters and optimizer state (moments, step counts): two different states never match."""
+        return state_digest(self.state())
+
 
 def params_digest(module: torch.nn.Module) -> str:
     h = hashlib.sha256()
@@ -98,6 +102,33 @@ def params_digest(module: torch.nn.Module) -> str:
         h.update(name.encode())
         h.update(p.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
+
+
+def state_digest(state: Any) -> str:
+    """sha256 over a nested state (dicts in key order, lists in order, tensors by dtype, shape, bytes)."""
+    h = hashlib.sha256()
+    _feed(h, state)
+    return h.hexdigest()
+
+
+def _feed(h: Any, obj: Any) -> None:
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous()
+        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    elif isinstance(obj, dict):
+        h.update(b"{")
+        for k in sorted(obj, key=str):
+            h.update(repr(k).encode())
+            _feed(h, obj[k])
+        h.update(b"}")
+    elif isinstance(obj, (list, tuple)):
+        h.update(b"[")
+        for v in obj:
+            _feed(h, v)
+        h.update(b"]")
+    else:
+        h.update(repr(obj).encode())
 
 
 def combine_digests(stage_digests: list[str]) -> str:

@@ -1,0 +1,33 @@
+"""The run's final hashes from every rank's ``done`` report: exactness you can check.
+
+Contract: :func:`final_hashes` takes ``{rank: (stage, params digest, state digest)}`` and the number
+of stages and returns the summary fields ``final_params_sha256`` (parameters of every stage),
+``final_state_sha256`` (parameters and optimizer state of every stage), ``stage_digests``,
+``stage_state_digests``, ``replicas_equal`` and ``diverging`` (per stage whose data-parallel
+replicas disagree: which ranks hold which digest). A missing stage or a replica divergence gives
+``None`` for both hashes: a run whose replicas differ never looks equal to another run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tmslurm.train.schedule import combine_digests
+
+
+def final_hashes(reports: dict[int, tuple[int, str, str]], pp: int) -> dict[str, Any]:
+    params: dict[int, dict[str, list[int]]] = {}
+    states: dict[int, dict[str, list[int]]] = {}
+    for rank, (stage, digest, state) in sorted(reports.items()):
+        params.setdefault(stage, {}).setdefault(digest, []).append(rank)
+        states.setdefault(stage, {}).setdefault(state, []).append(rank)
+    complete = set(params) >= set(range(pp))
+    diverging = [{"stage": j, "params": params[j], "state": states[j]} for j in sorted(params)
+                 if len(params[j]) > 1 or len(states[j]) > 1]
+    equal = complete and not diverging
+    stage_digests = [next(iter(params[j])) for j in range(pp)] if equal else []
+    stage_states = [next(iter(states[j])) for j in range(pp)] if equal else []
+    return {"final_params_sha256": combine_digests(stage_digests) if equal else None,
+            "final_state_sha256": combine_digests(stage_states) if equal else None,
+            "stage_digests": stage_digests, "stage_state_digests": stage_states,
+            "replicas_equal": not diverging, "diverging": diverging}
