@@ -41,12 +41,14 @@ def main(argv: list[str] | None = None) -> int:
     faults = f"faults=[{{step:{drain},kind:drain,rank:1}},{{step:{kill},kind:{'kill' if args.cluster == 'local' else 'node_down'},rank:2}}]"
     print(f"== 1/3 reference run (uninterrupted) -> {out}/reference")
     ref = _run([*[c for c in common if not c.startswith("cluster=")], "cluster=local", f"run_dir={out}/reference"])
-    print(f"== 2/3 tmslurm run: drain rank 1's node at step {drain}, lose rank 2's node at step {kill} -> {out}/tmslurm")
+    loss = "power off rank 2's node (silent)" if args.cluster == "slurm" else "kill rank 2's process"
+    print(f"== 2/3 tmslurm run: drain rank 1's node at step {drain}, {loss} at step {kill} -> {out}/tmslurm")
     if args.cluster == "slurm":
         tm = _run_slurm(out / "tmslurm", [c for c in common if not c.startswith("cluster=")], drain, kill)
     else:
         tm = _run([*common, f"run_dir={out}/tmslurm", faults])
-    print(f"== 3/3 the same failures with an in-job restart (torchrun-style, local processes) -> {out}/restart")
+    print(f"== 3/3 the same events with an in-job restart (torchrun-style, local processes; its loss is a process kill,"
+          f" detected at once) -> {out}/restart")
     local = [c for c in common if not c.startswith("cluster=")] + ["cluster=local"]
     local_faults = faults.replace("node_down", "kill")
     rs = _run([*local, f"run_dir={out}/restart", local_faults, "runtime.restart_mode=injob_restart", "standby.count=0"])
@@ -67,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_slurm(run_dir: Path, common: list[str], drain: int, kill: int) -> dict[str, Any]:
-    """Through Slurm: submit, drain rank 1's node (scontrol), kill rank 2's node (local-slurm), finish."""
+    """Through Slurm: submit, drain rank 1's node (scontrol), power off rank 2's node (the failure lab:
+    silent, no socket closes), finish."""
     from tmslurm.bench.common import SlurmJob, local_slurm, resume_node, sh
 
     job = SlurmJob(run_dir, [*common, "slurm.partition=debug", "slurm.time=00:20:00", "slurm.poll_interval_s=0.5"])
@@ -77,8 +80,8 @@ def _run_slurm(run_dir: Path, common: list[str], drain: int, kill: int) -> dict[
     sh("scontrol", "update", f"nodename={node1}", "state=drain", "reason=demo-maintenance")
     job.wait(lambda st: st.get("step", 0) >= kill, 600, f"step {kill}")
     node2, _ = job.node_of_rank(2)
-    print(f"   scripts/local-slurm kill-node {node2}")
-    local_slurm("kill-node", node2)
+    print(f"   scripts/local-slurm power-off {node2}")
+    local_slurm("power-off", node2)
     summary_path = run_dir / "summary.json"
     deadline = time.monotonic() + 900
     while not summary_path.exists() and time.monotonic() < deadline:
@@ -86,7 +89,7 @@ def _run_slurm(run_dir: Path, common: list[str], drain: int, kill: int) -> dict[
     print(f"   main job {job.job_id}: "
           + " ".join(w for w in sh("scontrol", "show", "job", job.job_id).split() if w.startswith(("JobState=", "Restarts=", "NodeList="))))
     print("   " + sh("sinfo", "-N", "-h", "-n", f"{node1},{node2}", "-o", "%N %T %E").strip().replace("\n", "\n   "))
-    local_slurm("revive-node", node2)
+    local_slurm("power-on", node2)
     for node in (node1, node2):
         resume_node(node)
     return json.loads(summary_path.read_text())

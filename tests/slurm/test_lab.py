@@ -160,3 +160,16 @@ def test_kill_node_closes_connections_at_once(slurm):
         assert slurm.slurmd_running()[victim] is False
     finally:
         echo.close()
+
+
+def test_scontrol_reboot_restarts_slurmd_on_the_node(slurm):
+    """RebootProgram (run by slurmd, on the node) leaves the node's cgroup, kills the node's
+    processes and starts a new slurmd in the node's namespaces."""
+    victim = slurm.nodes[-1]
+    pidfile = slurm.state_dir / "run" / f"slurmd-{victim}.pid"
+    before = pidfile.read_text().strip()
+    slurm.run("scontrol", "reboot", "nextstate=resume", "reason=lab-test", victim)
+    slurm.wait_for(lambda: pidfile.read_text().strip() != before and slurm.node_states()[victim] == "idle",
+                   timeout=40, what=f"{victim} rebooted and idle")
+    out = slurm.run("srun", "-N1", "-w", victim, "sh", "-c", "hostname; ip -4 -o addr show eth0", timeout=60).stdout
+    assert out.splitlines()[0] == victim and slurm.node_addr(victim) in out

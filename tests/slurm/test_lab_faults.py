@@ -8,6 +8,9 @@ cannot do yet (the batch host's power-off) is stated by its test and checked for
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -87,3 +90,59 @@ def test_power_off_of_a_spare_is_replaced(slurm, tmp_path, tmp_path_factory):
     assert len(run.status().get("spare_job_ids", [])) >= 2, "no replacement spare was submitted"
     s = run.summary()
     assert s["final_params_sha256"] == ref and not [e for e in s["events"] if e["kind"] == "unexpected"]
+
+
+def _requeues(slurm, job_id: str) -> int:
+    out = slurm.run("scontrol", "show", "job", job_id, check=False).stdout
+    return int(job_field(out, "Restarts") or 0)
+
+
+def test_drain_of_the_batch_host_checkpoints_requeues_without_it_and_resumes_exactly(slurm, tmp_path, tmp_path_factory):
+    """A switch cannot move the batch host (the job ends with it): tmslurm checkpoints at the next
+    step boundary, requeues the job excluding the node, and the new incarnation resumes exactly."""
+    ref = reference_hash(tmp_path_factory, *LAYOUT)
+    run = SlurmRun(slurm, tmp_path / "run", [*LAYOUT, "standby.count=1", *COMMON])
+    st = run.wait_step(8)
+    batch = next(r["node"] for r in st["ranks"] if r["rank"] == 0)
+    assert job_field(run.job(), "BatchHost") == batch
+    slurm.run("scontrol", "update", f"nodename={batch}", "state=drain", "reason=maint-batch")
+    rq = run.wait_for(lambda e: e["type"] == "requeue", what="checkpoint + requeue")
+    assert rq["exclude"] == [batch]
+    s = run.summary(timeout=420)  # Slurm holds a requeued job ~2 min before it may start again
+    job = run.job()
+    assert _requeues(slurm, run.job_id) == 1 and batch in job_field(job, "ExcNodeList"), job
+    assert job_field(job, "BatchHost") != batch
+    (ev,) = [e for e in s["events"] if e["kind"] == "batch_host_requeue"]
+    assert ev["ranks"] == [] and ev.get("redo_steps", 0) == 0, ev  # checkpoint at the boundary: nothing redone
+    assert s["final_params_sha256"] == ref and s["steps"] == 60
+
+
+def test_power_off_of_the_batch_host_stalls_the_run_and_a_resume_loses_nothing(slurm, tmp_path, tmp_path_factory):
+    """What tmslurm does today when the batch host dies silently: the controller freezes with it.
+    Slurm (22.05) drops the node from the ``--no-kill`` job ("Removing failed node ... from JobId")
+    but keeps the job RUNNING without its batch step, so the run stalls until the user (or the time
+    limit) ends the job; it is not requeued. Nothing is lost: the latest complete checkpoint is
+    intact, and a run resumed from it ends bit-identical to the uninterrupted run."""
+    ref = reference_hash(tmp_path_factory, *LAYOUT)
+    run = SlurmRun(slurm, tmp_path / "run", [*LAYOUT, "standby.count=1", *SLOW, "train.checkpoint_every=10",
+                                             "faults=[{step:25,kind:power_off,rank:0}]"])
+    st = run.wait_step(8)
+    batch = next(r["node"] for r in st["ranks"] if r["rank"] == 0)
+    assert job_field(run.job(), "BatchHost") == batch
+    slurm.wait_for(lambda: slurm.node_power()[batch] == "off", timeout=120, what=f"{batch} powered off")
+    slurm.wait_for(lambda: batch not in slurm.run("scontrol", "show", "hostnames", job_field(run.job(), "NodeList")).stdout,
+                   timeout=4 * slurm.slurmd_timeout + 20, what=f"Slurm to drop {batch} from the job")
+    job = run.job()
+    assert job_field(job, "JobState") == "RUNNING" and job_field(job, "Restarts") == "0", job
+    assert not (run.run_dir / "summary.json").exists()
+    from tmslurm.train.checkpoint import latest_complete
+
+    assert latest_complete(run.run_dir, 2) == 20
+    slurm.run("scancel", run.job_id)
+    resumed = tmp_path / "resumed"
+    r = subprocess.run([sys.executable, "-m", "tmslurm.launch", "cluster=local", f"run_dir={resumed}", *LAYOUT,
+                        "train.steps=60", f"train.resume_from={run.run_dir}"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads((resumed / "summary.json").read_text())
+    assert s["resumed_from_step"] == 20 and s["steps"] == 60
+    assert s["final_params_sha256"] == ref

@@ -175,25 +175,25 @@ def test_maintenance_reservation_migrates_before_it_starts(slurm, tmp_path, tmp_
 
 def test_notify_wrong_key_refused_right_key_migrates(slurm, tmp_path, tmp_path_factory):
     ref = reference_hash(tmp_path_factory, "parallel.dp=2", "parallel.pp=2")
-    key = tmp_path / "admin.key"
-    key.write_text("s3cret-admin-key\n")
+    key, pub = tmp_path / "admin.key", tmp_path / "admin.pub"
+    slurm.run("tmslurm", "keygen", "--private", str(key), "--public", str(pub))
+    wrong, wrong_pub = tmp_path / "wrong.key", tmp_path / "wrong.pub"
+    slurm.run("tmslurm", "keygen", "--private", str(wrong), "--public", str(wrong_pub))
     run = SlurmRun(slurm, tmp_path / "run", ["parallel.dp=2", "parallel.pp=2", "standby.count=1", *COMMON,
-                                             f"runtime.admin_key_file={key}"])
+                                             f"runtime.admin_public_key_file={pub}"])
     st = run.wait_step(8)
     node = next(r["node"] for r in st["ranks"] if r["rank"] == 1)
-    wrong = tmp_path / "wrong.key"
-    wrong.write_text("nope")
     bad = slurm.run("tmslurm", "notify", "--node", node, "--event", "maintenance", "--run-dir", str(run.run_dir),
-                    "--admin-key-file", str(wrong), check=False)
+                    "--private-key-file", str(wrong), check=False)
     assert bad.returncode == 2 and "refused" in bad.stderr
     unknown = slurm.run("tmslurm", "notify", "--node", "node99", "--event", "maintenance", "--run-dir", str(run.run_dir),
-                        "--admin-key-file", str(key), check=False)
+                        "--private-key-file", str(key), check=False)
     assert unknown.returncode == 2 and "unknown node" in unknown.stderr
     baddl = slurm.run("tmslurm", "notify", "--node", node, "--event", "maintenance", "--deadline", "tomorrow-ish",
-                      "--run-dir", str(run.run_dir), "--admin-key-file", str(key), check=False)
+                      "--run-dir", str(run.run_dir), "--private-key-file", str(key), check=False)
     assert baddl.returncode == 2 and "deadline" in baddl.stderr
     ok = slurm.run("tmslurm", "notify", "--node", node, "--event", "maintenance", "--deadline", "+5m", "--reason", "bios",
-                   "--run-dir", str(run.run_dir), "--admin-key-file", str(key))
+                   "--run-dir", str(run.run_dir), "--private-key-file", str(key))
     assert "accepted" in ok.stdout
     run.wait_for(lambda e: e["type"] == "joined" and e["rank"] == 1, what="migration after notify")
     s = run.summary()

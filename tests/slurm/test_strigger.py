@@ -13,7 +13,6 @@ once at start): the journal must show the ``notice`` with ``source`` "admin" (wa
 from __future__ import annotations
 
 import os
-import secrets
 import subprocess
 import sys
 import time
@@ -33,7 +32,7 @@ def _conf(tmp_path: Path, root: Path, key: Path | None, slurm_conf: str) -> tupl
     lines = [f"TMSLURM_PYTHON={sys.executable}", f"TMSLURM_RUNS_ROOT={root}", f"TMSLURM_STRIGGER_LOG={log}",
              f"SLURM_CONF={slurm_conf}"]
     if key is not None:
-        lines.append(f"TMSLURM_ADMIN_KEY_FILE={key}")
+        lines.append(f"TMSLURM_ADMIN_PRIVATE_KEY={key}")
     conf = tmp_path / "strigger.conf"
     conf.write_text("# written by tests/slurm/test_strigger.py\n" + "\n".join(lines) + "\n")
     return conf, log
@@ -56,15 +55,14 @@ def _trigger_ids(slurm, marker: str) -> list[str]:
 def test_reconfig_scan_delivers_the_drain_as_an_admin_notice(slurm, tmp_path):
     root = tmp_path / "runs"
     root.mkdir()
-    key = tmp_path / "admin.key"
-    key.write_text(secrets.token_hex(16) + "\n")
-    key.chmod(0o600)
+    key, pub = tmp_path / "admin.key", tmp_path / "admin.pub"
+    slurm.run("tmslurm", "keygen", "--private", str(key), "--public", str(pub))
     conf, log = _conf(tmp_path, root, key, slurm.conf)
     # long enough to outlast two trigger intervals (15 s each); the run is cancelled at the end
     common = [o for o in COMMON if not o.startswith(("slurm.poll_interval_s=", "train.steps="))]
     run = SlurmRun(slurm, root / "run", ["parallel.dp=2", "parallel.pp=2", "standby.count=1", *common,
                                          f"train.steps={LONG_STEPS}", "slurm.poll_interval_s=600",
-                                         f"runtime.admin_key_file={key}"])
+                                         f"runtime.admin_public_key_file={pub}"])
     st = run.wait_step(8)
     node = next(r["node"] for r in st["ranks"] if r["rank"] == 1)
     program = f"{SCRIPT} --conf {conf}"
@@ -78,8 +76,8 @@ def test_reconfig_scan_delivers_the_drain_as_an_admin_notice(slurm, tmp_path):
         print(f"strigger latency (drain -> notice in the journal): {notice['t'] - t_drain:.1f}s")
         assert notice["source"] == "admin" and notice["kind"] == "maintenance" and notice["ranks"] == [1], notice
         assert "strigger scan" in notice["reason"] and "tmslurm-strigger-test" in notice["reason"], notice
-        text = _log(log)
-        assert f"{node}: maintenance notice delivered under {root}" in text, text
+        # the script logs the delivery after the run answered: wait for the line, do not race it
+        text = _wait_log(slurm, log, f"{node}: maintenance notice delivered under {root}", 30)
         run.wait_for(lambda e: e["type"] == "joined" and e["rank"] == 1, what="rank 1 migrated")
         run.wait_for(lambda e: e["type"] == "node_released" and e["node"] == node, what="node release")
         slurm.wait_for(lambda: node_state(slurm, node) == "drained", 30, what=f"{node} DRAINED")

@@ -116,6 +116,7 @@ class Controller(RecoveryMixin, RestartMixin):
             from tmslurm.train.checkpoint import latest_complete
 
             self.step = self.resume_step = latest_complete(self.run_dir, self.layout.pp) or 0
+        self.start_step = self.step  # where this incarnation of the run began (0, or a checkpoint)
         self.requeued = False
         self.spawner = spawner_factory(self)
         self.resume_after_requeue()

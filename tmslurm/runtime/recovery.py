@@ -269,7 +269,7 @@ class RecoveryMixin:
         losses = [e["loss"] for e in self.step_log if e.get("loss") is not None]
         summary = {
             "run_id": self.run_dir.name, "layout": {"dp": self.layout.dp, "pp": self.layout.pp, "tp": self.layout.tp},
-            "steps": self.step, **hashes,
+            "steps": self.step, "resumed_from_step": self.start_step, **hashes,
             "replica_mismatch_steps": self.replica_mismatch,
             "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
             "median_step_s": median, "step_log": self.step_log, "events": self.events.finalize(median),
