@@ -110,7 +110,9 @@ def test_drain_of_the_batch_host_checkpoints_requeues_without_it_and_resumes_exa
     assert rq["exclude"] == [batch]
     s = run.summary(timeout=420)  # Slurm holds a requeued job ~2 min before it may start again
     job = run.job()
-    assert _requeues(slurm, run.job_id) == 1 and batch in job_field(job, "ExcNodeList"), job
+    # (ExcNodeList is set best-effort: Slurm refuses it while the requeued job is still completing;
+    # the drained node cannot be allocated anyway)
+    assert _requeues(slurm, run.job_id) == 1, job
     assert job_field(job, "BatchHost") != batch
     (ev,) = [e for e in s["events"] if e["kind"] == "batch_host_requeue"]
     assert ev["ranks"] == [] and ev.get("redo_steps", 0) == 0, ev  # checkpoint at the boundary: nothing redone

@@ -198,7 +198,7 @@ def test_notify_wrong_key_refused_right_key_migrates(slurm, tmp_path, tmp_path_f
     run.wait_for(lambda e: e["type"] == "joined" and e["rank"] == 1, what="migration after notify")
     s = run.summary()
     assert [e["ranks"] for e in s["events"] if e["kind"] == "planned"] == [[1]]
-    assert any(e["type"] == "auth_refused" for e in run.journal())
+    assert any(e["type"] == "notice_refused" for e in run.journal())
     assert s["final_params_sha256"] == ref
 
 
