@@ -6,7 +6,7 @@ overrides (``parallel.dp=2 model=small faults='[{step:10,kind:drain,rank:1}]'``)
 - ``--cfg job`` prints the resolved config as YAML and exits 0;
 - ``cluster=local`` runs the controller here and every rank and standby as a process on this host,
   and exits 0 when the run finished (``<run_dir>/summary.json`` written);
-- ``cluster=slurm`` submits the main job and the spares (see :mod:`tmslurm.slurm.submit`).
+- ``cluster=slurm`` submits the main job and the spares (see :mod:`tmslurm.slurm.job`).
 A bad override prints one ``error:`` line naming the override and exits 2; nothing is started.
 """
 
@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from tmslurm.config import RunConfig, compose_config, to_dict
 from tmslurm.errors import TmslurmError
+from tmslurm.rundir import RunDir
+from tmslurm.runprep import prepare_run_dir
 from tmslurm.runtime.protocol import write_token
 
 log = logging.getLogger(__name__)
@@ -32,51 +32,32 @@ model=tiny|small cluster=local|slurm runtime.backend=gloo|nccl faults='[{step:10
 """
 
 
-def prepare_run_dir(cfg: RunConfig) -> Path:
-    run_dir = Path(cfg.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-    if (run_dir / "summary.json").exists():
-        raise TmslurmError(f"run directory {run_dir} already holds a finished run; pass run_dir=<new dir>")
-    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(run_dir, 0o700)  # the token, checkpoints and logs inside are the owner's alone
-    cfg.run_dir = str(run_dir)
-    if cfg.train.resume_from:
-        copy_latest_checkpoint(Path(cfg.train.resume_from), run_dir, cfg.parallel.pp)
-    (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
-    return run_dir
-
-
-def copy_latest_checkpoint(src: Path, run_dir: Path, pp: int) -> int:
-    """Copy the newest complete checkpoint of ``src`` into ``run_dir``; returns its step."""
-    import shutil
-
-    from tmslurm.train.checkpoint import checkpoint_dir, latest_complete
-
-    step = latest_complete(src, pp)
-    if step is None:
-        raise TmslurmError(f"train.resume_from={src}: no complete checkpoint there (every stage needs meta.json)")
-    if src.resolve() != run_dir.resolve():
-        shutil.copytree(checkpoint_dir(src, step), checkpoint_dir(run_dir, step), dirs_exist_ok=True)
-    return step
-
-
 def run_local(cfg: RunConfig) -> dict[str, Any]:
     """Run the whole job on this host; returns the summary."""
-    from tmslurm.runtime.controller import Controller
+    from tmslurm.controller import Controller, ControlServer, LocalHooks
     from tmslurm.runtime.spawner import LocalSpawner
 
     run_dir = prepare_run_dir(cfg)
     token = write_token(run_dir)
-    ctl = Controller(cfg, run_dir, token, lambda c: LocalSpawner(run_dir, cfg))
-    addr = ctl.start_servers()
-    (run_dir / "controller.json").write_text(json.dumps(addr))
-    log.info("run %s: %d ranks (dp=%d pp=%d), %d standby(s); logs in %s/logs", run_dir.name, ctl.world,
+    spawner = LocalSpawner(run_dir, cfg)
+    server = ControlServer.open("127.0.0.1")
+    ctl = Controller(cfg, run_dir, spawner, LocalHooks(), server.address)
+    RunDir(run_dir).controller.write_text(json.dumps(server.address))
+    log.info("run %s: %d ranks (dp=%d pp=%d), %d standby(s); logs in %s/logs", run_dir.name, ctl.ctx.layout.world,
              cfg.parallel.dp, cfg.parallel.pp, cfg.standby.count, run_dir)
     try:
-        summary = ctl.run()
+        summary = ctl.run(server, token)
     finally:
-        ctl.spawner.stop_all()
+        spawner.stop_all()
     print_summary(summary, run_dir)
     return summary
+
+
+def warn_unprotected(cfg: RunConfig) -> None:
+    """No standby and no periodic checkpoint: every unexpected failure restarts from step 0."""
+    if cfg.standby.count == 0 and cfg.train.checkpoint_every == 0:
+        log.warning("standby.count=0 and train.checkpoint_every=0: an unexpected failure restarts the run from "
+                    "step 0 (set train.checkpoint_every=N or standby.count=1)")
 
 
 def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
@@ -89,7 +70,7 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tmslurm.runtime.agent import setup_logging
+    from tmslurm.logs import setup_logging
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--help" in argv or "-h" in argv:
@@ -108,10 +89,11 @@ def main(argv: list[str] | None = None) -> int:
             print(OmegaConf.to_yaml(OmegaConf.create(to_dict(cfg))))
             return 0
         setup_logging()
+        warn_unprotected(cfg)
         if cfg.cluster == "local":
             summary = run_local(cfg)
             return 0 if summary["final_params_sha256"] else 1
-        from tmslurm.slurm.submit import launch_slurm
+        from tmslurm.slurm.job import launch_slurm
 
         launch_slurm(cfg)
         return 0

@@ -13,120 +13,16 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import queue
-import socket
 import sys
-import threading
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from tmslurm.errors import ProtocolError, TmslurmError
-from tmslurm.messages import BadMessage, decode_controller
-from tmslurm.runtime.protocol import Channel, connect, controller_address, read_token
+from tmslurm.errors import TmslurmError
+from tmslurm.logs import LOG_CONTEXT, setup_logging
+from tmslurm.runtime.link import hello, node_name
+
+__all__ = ["main", "setup_logging"]
 
 log = logging.getLogger(__name__)
-LOG_CONTEXT: dict[str, Any] = {"run": "-", "who": "-", "step": "-"}
-
-
-class ContextFilter(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.run, record.who, record.step = LOG_CONTEXT["run"], LOG_CONTEXT["who"], LOG_CONTEXT["step"]
-        return True
-
-
-def setup_logging(level: int = logging.INFO) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.addFilter(ContextFilter())
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s [run=%(run)s %(who)s step=%(step)s] %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-
-
-@dataclass
-class Link:
-    """The agent's connection to the controller: channel, inbox and abort flag."""
-
-    channel: Channel
-    heartbeat_s: float
-    inbox: "queue.Queue[dict[str, Any]]" = field(default_factory=queue.Queue)
-    abort_event: threading.Event = field(default_factory=threading.Event)
-    abort_epoch: int = -1
-    lost: threading.Event = field(default_factory=threading.Event)
-    abort_lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def start(self) -> None:
-        threading.Thread(target=self._read, name="ctl-reader", daemon=True).start()
-        threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
-
-    def send(self, msg: dict[str, Any]) -> None:
-        if not self.channel.try_send(msg):
-            self.lost.set()
-
-    def _read(self) -> None:
-        while True:
-            try:
-                msg = self.channel.recv()
-            except ProtocolError as exc:
-                log.error("bad message from controller: %s", exc)
-                continue
-            if msg is None:
-                self.lost.set()
-                self.abort_event.set()
-                self.inbox.put({"type": "lost"})
-                return
-            try:
-                msg = decode_controller(msg).model_dump(mode="python")
-            except BadMessage as exc:
-                log.error("ignoring a bad message from the controller: %s", exc)
-                continue
-            if msg["type"] == "abort":
-                with self.abort_lock:
-                    self.abort_epoch = max(self.abort_epoch, int(msg.get("epoch", 0)))
-                    self.abort_event.set()
-            self.inbox.put(msg)
-
-    def _beat(self) -> None:
-        if self.heartbeat_s <= 0:
-            return
-        while not self.lost.is_set():
-            self.send({"type": "hb"})
-            time.sleep(self.heartbeat_s)
-
-    def get(self, timeout: float | None = None) -> dict[str, Any]:
-        """Next controller message; a lost controller ends the process."""
-        msg = self.inbox.get(timeout=timeout)
-        if msg["type"] == "lost":
-            log.error("lost the controller; exiting")
-            os._exit(3)
-        return msg
-
-    def clear_abort(self, epoch: int) -> None:
-        with self.abort_lock:
-            if self.abort_epoch <= epoch:
-                self.abort_event.clear()
-
-
-def hello(run_dir: Path, kind: str, ident: int, node: str) -> tuple[Link, dict[str, Any]]:
-    addr = controller_address(run_dir)
-    ch = connect(addr["host"], addr["port"], timeout_s=30.0)
-    ch.send({"type": "hello", "token": read_token(run_dir), "kind": kind, "id": ident, "pid": os.getpid(), "node": node,
-             "host": socket.gethostname()})
-    reply = ch.recv()
-    if reply is None or reply.get("type") != "welcome":
-        raise TmslurmError(f"controller refused {kind} {ident}: {reply}")
-    welcome = decode_controller(reply).model_dump(mode="python")
-    cfg = welcome["config"]
-    link = Link(ch, float(cfg["runtime"]["heartbeat_interval_s"]) if cfg["runtime"].get("heartbeats", True) else 0.0)
-    link.start()
-    return link, welcome
-
-
-def node_name(arg: str | None) -> str:
-    return arg or os.environ.get("TMSLURM_NODE") or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,8 @@
 Contract: the controller opens a record when it acts on an event (:meth:`EventLog.begin`), fills in
 the parts as the switch progresses, and the record completes at the commit of the first step after
 the switch (:meth:`EventLog.on_commit`). Then ``gap_s`` = (completion of that step) − (completion of
-the last step before the event) and ``downtime_s`` = ``gap_s`` − median step time (DESIGN.md §6);
+the last step before the event) and ``downtime_s`` = ``gap_s`` − median step time (see
+docs/benchmarks.md);
 :meth:`finalize` recomputes ``downtime_s`` with the whole run's median. Each completed event is
 journalled and logged as one line with its parts.
 """
@@ -28,18 +29,18 @@ class EventLog:
         self.last_commit_t: float | None = None
 
     def begin(self, plan: Any, agents: dict[str, Any], slots: dict[int, str]) -> dict[str, Any]:
-        nodes = sorted({agents[slots[r]].node for r in plan.ranks if slots.get(r) in agents}) or [plan.info.get("node")]
-        rec = {"kind": plan.info.get("event_kind", plan.kind), "cause": plan.info.get("reason", ""), "epoch": plan.epoch,
+        nodes = sorted({agents[slots[r]].node for r in plan.ranks if slots.get(r) in agents}) or [plan.node]
+        rec = {"kind": plan.kind, "cause": plan.reason, "epoch": plan.epoch,
                "ranks": plan.ranks, "node": ",".join(n for n in nodes if n), "standby": ",".join(m.joiner for m in plan.moves),
                "notice_t": plan.times.get("notice", plan.times.get("failure")), "last_commit_t": self.last_commit_t,
                "status": "open"}
-        plan.info["event"] = rec
+        plan.event = rec
         self.items.append(rec)
         self.journal.write("event_begin", **rec)
         return rec
 
     def switched(self, plan: Any) -> None:
-        rec = plan.info.get("event")
+        rec = plan.event
         if rec is None:
             return
         t = plan.times
@@ -50,7 +51,7 @@ class EventLog:
         for part in ("phase1_s", "phase2_s", "transfer_s"):
             rec[part] = plan.parts.get(part)
         rec["switched_t"] = t.get("switched", time.time())
-        rec["target_step"] = plan.info.get("target_step")
+        rec["target_step"] = plan.target_step
         rec["status"] = "switched"
 
     def restart(self, rec: dict[str, Any], parts: dict[str, float], target_step: int) -> None:
@@ -59,7 +60,7 @@ class EventLog:
         rec["status"] = "switched"
 
     def cancel(self, plan: Any) -> None:
-        rec = plan.info.get("event")
+        rec = plan.event
         if rec is not None:
             rec["status"] = "cancelled"
             self.journal.write("event_cancelled", epoch=plan.epoch)

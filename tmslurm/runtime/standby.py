@@ -26,7 +26,8 @@ from tmslurm.comm.stage_comm import SandboxStageComm, recording_path
 from tmslurm.comm.transfer import recv_state
 from tmslurm.config import from_dict
 from tmslurm.errors import CommError, TmslurmError
-from tmslurm.runtime.agent import LOG_CONTEXT, Link
+from tmslurm.logs import LOG_CONTEXT
+from tmslurm.runtime.link import Link
 from tmslurm.runtime.worker import Worker, build_runner, layout_of, make_fabric
 from tmslurm.train.schedule import StageRunner
 

@@ -15,7 +15,7 @@ why, and the controller falls back to a checkpoint restart.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from tmslurm.errors import TmslurmError
@@ -39,16 +39,14 @@ class Move:
 
 @dataclass
 class Plan:
+    """What a switch rebuilds: the epoch (new group generation), the moves, the groups. The
+    controller's :class:`~tmslurm.controller.plans.PlannedSwitch` and
+    :class:`~tmslurm.controller.plans.Recovery` have these fields too."""
+
     kind: str
     epoch: int
     moves: list[Move]
     groups: list[str]
-    waiting: set[str] = field(default_factory=set)
-    ready: bool = False
-    applied: bool = False
-    times: dict[str, float] = field(default_factory=dict)
-    parts: dict[str, float] = field(default_factory=dict)
-    info: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ranks(self) -> list[int]:

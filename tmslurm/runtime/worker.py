@@ -30,7 +30,8 @@ from tmslurm.comm.stage_comm import FabricStageComm, RecordingStageComm, recordi
 from tmslurm.comm.transfer import send_state
 from tmslurm.config import RunConfig, from_dict
 from tmslurm.errors import CommAborted, CommError
-from tmslurm.runtime.agent import LOG_CONTEXT, Link
+from tmslurm.logs import LOG_CONTEXT
+from tmslurm.runtime.link import Link
 from tmslurm.topology import Layout, split_layers
 from tmslurm.train import checkpoint
 from tmslurm.train.task import load_task

@@ -18,7 +18,6 @@ Contract:
 
 from __future__ import annotations
 
-import abc
 import logging
 import os
 import re
@@ -30,56 +29,17 @@ from collections.abc import Mapping, Sequence
 
 from tmslurm.errors import ConfigError, SlurmError
 from tmslurm.slurm import parse
+from tmslurm.slurm.api import HINT, SlurmClient
 from tmslurm.slurm.parse import JobInfo, NodeInfo, Reservation
+
+__all__ = ["HINT", "BACKENDS", "CliSlurmClient", "SlurmClient", "make_client"]
 
 log = logging.getLogger(__name__)
 
-HINT = "is slurmctld reachable? check SLURM_CONF / scripts/local-slurm status"
 SACCT_FIELDS = "JobID,JobName,State,NodeList,ExitCode,Start,End,Elapsed"
 BACKENDS = ("auto", "cli", "pyslurm")
 _TAIL_CHARS = 400
 _NOT_FOUND = re.compile(r"^Node (\S+) not found$")
-
-
-class SlurmClient(abc.ABC):
-    """What tmslurm asks of Slurm. Every method raises SlurmError when Slurm cannot answer."""
-
-    @abc.abstractmethod
-    def nodes(self, names: Sequence[str] | None = None) -> list[NodeInfo]:
-        """States of the named nodes (all nodes when None); unknown names are skipped."""
-
-    @abc.abstractmethod
-    def job(self, job_id: str | int) -> JobInfo | None:
-        """The job, or None when Slurm does not know it (any more)."""
-
-    @abc.abstractmethod
-    def reservations(self) -> list[Reservation]:
-        """All reservations, with their flags (MAINT ...)."""
-
-    @abc.abstractmethod
-    def sacct(self, job_id: str | int) -> list[dict[str, str]]:
-        """Accounting rows of the job and its steps, keyed by sacct field name."""
-
-    @abc.abstractmethod
-    def submit(self, script_path: str | os.PathLike, args: Sequence[str],
-               script_args: Sequence[str] = ()) -> str:
-        """``sbatch --parsable <args> <script> <script_args>``; returns the job id."""
-
-    @abc.abstractmethod
-    def cancel(self, job_id: str | int) -> None:
-        """Cancel the job."""
-
-    @abc.abstractmethod
-    def update_job_nodelist(self, job_id: str | int, nodes: Sequence[str]) -> None:
-        """Shrink a running job to ``nodes`` (``scontrol update jobid=J nodelist=...``)."""
-
-    @abc.abstractmethod
-    def update_node(self, name: str, state: str, reason: str | None = None) -> None:
-        """``scontrol update nodename=N state=S [reason=R]`` (DRAIN and DOWN need a reason)."""
-
-    @abc.abstractmethod
-    def version(self) -> str:
-        """Slurm's version, e.g. ``"22.05.8"``."""
 
 
 class CliSlurmClient(SlurmClient):

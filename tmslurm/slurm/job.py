@@ -17,18 +17,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
-import shlex
 import socket
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from tmslurm.config import RunConfig, compose_config, from_dict
+from tmslurm.config import RunConfig, compose_config, from_dict, num_nodes
 from tmslurm.errors import SlurmError, TmslurmError
+from tmslurm.rundir import RunDir
+from tmslurm.runtime.protocol import read_token
 
 log = logging.getLogger(__name__)
 
@@ -44,16 +42,17 @@ def _advertise_host(client: Any, node: str) -> str:
 
 def main_job(run_dir: str) -> dict[str, Any]:
     """Entry of the main job's single batch task (submitted by tmslurm-launch)."""
-    from tmslurm.runtime.agent import setup_logging
+    from tmslurm.logs import setup_logging
 
     setup_logging()
-    cfg = from_dict(json.loads((Path(run_dir) / "config.json").read_text()))
+    cfg = from_dict(json.loads(RunDir(Path(run_dir)).config.read_text()))
     return run_in_allocation(cfg, Path(run_dir))
 
 
 def run_in_allocation(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
-    from tmslurm.runtime.controller import Controller
+    from tmslurm.controller import Controller, ControlServer
     from tmslurm.slurm.client import make_client
+    from tmslurm.slurm.hooks import SlurmHooks
     from tmslurm.slurm.spawner import SlurmSpawner, job_nodes
     from tmslurm.slurm.watcher import NodeWatch, SlurmWatcher
     from tmslurm.train.checkpoint import latest_complete
@@ -61,64 +60,24 @@ def run_in_allocation(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
     job_id = os.environ["SLURM_JOB_ID"]
     nodes = job_nodes()
     client = make_client(cfg.slurm.backend)
-    token = (run_dir / "token").read_text().strip()
+    rundir = RunDir(run_dir)
+    token = read_token(run_dir)
     if latest_complete(run_dir, cfg.parallel.pp) is not None and not cfg.train.resume_from:
         cfg.train.resume_from = str(run_dir)  # a requeued main job resumes from its own checkpoint
         log.info("resuming from the run directory's latest checkpoint (requeued job)")
-    ctl = Controller(cfg, run_dir, token, lambda c: SlurmSpawner(run_dir, cfg, client, job_id, nodes),
-                     host=_advertise_host(client, nodes[0]))
-    ctl.main_job_id = job_id
-    ctl.batch_host = nodes[0]
-    addr = ctl.start_servers()
-    (run_dir / "controller.json").write_text(json.dumps({**addr, "main_job_id": job_id}))
+    spawner = SlurmSpawner(run_dir, cfg, client, job_id, nodes)
     watch = NodeWatch({n: "main" for n in nodes})
+    server = ControlServer.open(_advertise_host(client, nodes[0]))
+    ctl = Controller(cfg, run_dir, spawner, SlurmHooks(client, spawner, watch, job_id, nodes[0]), server.address)
+    rundir.controller.write_text(json.dumps({**server.address, "main_job_id": job_id}))
     watcher = SlurmWatcher(client, watch, cfg.slurm.poll_interval_s, on_notice=lambda n: _on_slurm_notice(ctl, n))
-    ctl.on_step.append(lambda step: _refresh(ctl, watch))
-    ctl.on_switched.append(lambda plan: _release_nodes(ctl, plan))
-    ctl.inject_fault = lambda fault: _inject(ctl, client, fault)
-    ctl.notice_filter = lambda notice: _notice_filter(ctl, notice)
-    ctl.requeue_hook = lambda exclude: _requeue(job_id, exclude)
     if cfg.slurm.watch:
         watcher.start()
     try:
-        return ctl.run()
+        return ctl.run(server, token)
     finally:
         if cfg.slurm.watch:
             watcher.stop(timeout=5)
-
-
-def _refresh(ctl: Any, watch: Any) -> None:
-    ctl.spare_job_ids = ctl.spawner.spare_job_ids()
-    if ctl.step % 20 == 0:  # a blocking scontrol per unknown spare: not on every step
-        ctl.spawner.note_spare_node("")
-    watch.set_nodes(ctl.nodes())
-
-
-def _requeue(job_id: str, exclude: list[str]) -> None:
-    """Requeue our own job (Slurm kills this batch task), then keep it off ``exclude``."""
-    import subprocess
-
-    for cmd in (["scontrol", "requeue", job_id],
-                *([["scontrol", "update", f"jobid={job_id}", f"ExcNodeList={','.join(exclude)}"]] if exclude else [])):
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-        except (subprocess.TimeoutExpired, OSError) as exc:
-            log.error("%s failed: %s", " ".join(cmd), exc)
-            continue
-        if r.returncode != 0:
-            log.error("%s failed: %s", " ".join(cmd), r.stderr.strip())
-
-
-def _notice_filter(ctl: Any, notice: dict[str, Any]) -> bool:
-    """Runs on the controller thread for every notice (watcher, admin, strigger): remember bad nodes
-    so new spares avoid them; divert a maintenance of the batch host to checkpoint + requeue."""
-    node = notice.get("node")
-    if node:
-        ctl.spawner.bad_nodes.add(node)
-    if node and node == ctl.batch_host and notice["kind"] == "maintenance":
-        ctl.checkpoint_and_requeue(node, notice.get("reason", ""))
-        return True
-    return False
 
 
 def _on_slurm_notice(ctl: Any, notice: Any) -> None:
@@ -126,68 +85,35 @@ def _on_slurm_notice(ctl: Any, notice: Any) -> None:
                        "reason": f"{notice.slurm_state} {notice.reason}".strip(), "t": notice.time})
 
 
-def _release_nodes(ctl: Any, plan: Any) -> None:
-    """After a switch, give back every node of the job left without ranks (never the batch host)."""
-    for node in {n for n in str(plan.info.get("event", {}).get("node", "")).split(",") if n}:
-        if ctl.ranks_of_node(node) or node == ctl.batch_host:
-            continue
-        if ctl.spawner.release_node(node):
-            ctl.journal.write("node_released", node=node, job=ctl.main_job_id)
-            log.info("node %s released from job %s", node, ctl.main_job_id)
+def submit_main(run_dir: Path, cfg: RunConfig) -> str:
+    from tmslurm.slurm.submit import main_executor
 
-
-def _inject(ctl: Any, client: Any, fault: dict[str, Any]) -> None:
-    """Faults on Slurm go through Slurm or the failure lab: drain -> scontrol drain; node_down ->
-    scontrol down; power_off / partition -> the lab's command, in a thread of its own (the batch
-    host may be the victim: the controller then freezes with it)."""
-    node = ctl.spawner.node_of_rank(fault["rank"])
-    if fault["kind"] in LAB_FAULTS:
-        threading.Thread(target=_lab_fault, args=(ctl, fault, node), name="lab-fault", daemon=True).start()
-        return
-    state = "drain" if fault["kind"] == "drain" else "down"
+    ex = main_executor(run_dir, cfg)
     try:
-        client.update_node(node, state, reason=f"tmslurm-fault-{fault['kind']}")
-        ctl.journal.write("fault", kind=fault["kind"], rank=fault["rank"], node=node, via="scontrol")
-    except SlurmError as exc:
-        log.error("cannot inject %s on %s: %s", fault["kind"], node, exc)
+        job = ex.submit(main_job, str(run_dir))
+    except Exception as exc:  # submitit raises its own failure types around sbatch
+        raise SlurmError(f"sbatch of the main job failed: {exc}") from None
+    return str(job.job_id)
 
 
-LAB_FAULTS = {"power_off": "power-off", "partition": "partition"}
+def launch_slurm(cfg: RunConfig) -> str:
+    from tmslurm.runprep import prepare_run_dir
+    from tmslurm.runtime.protocol import write_token
 
-
-def lab_command(cfg: RunConfig) -> list[str]:
-    """The failure lab's command (``slurm.lab_command``, else scripts/local-slurm of this checkout)."""
-    if cfg.slurm.lab_command:
-        return shlex.split(cfg.slurm.lab_command)
-    script = Path(__file__).resolve().parents[2] / "scripts" / "local-slurm"
-    if not script.exists():
-        raise SlurmError(f"no failure lab here ({script} is missing). Fix: set slurm.lab_command")
-    return [str(script)]
-
-
-def _lab_fault(ctl: Any, fault: dict[str, Any], node: str) -> None:
-    """Run the lab command; its ``at=<epoch>`` line is the moment the fault happened (detection is
-    measured from it). Every rank on the node counts as hit at that moment."""
-    ranks = ctl.ranks_of_node(node)
-    try:
-        cmd = [*lab_command(ctl.cfg), LAB_FAULTS[fault["kind"]], node]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, start_new_session=True)
-    except (SlurmError, OSError, subprocess.TimeoutExpired) as exc:
-        log.error("cannot inject %s on %s: %s", fault["kind"], node, exc)
-        return
-    m = re.search(r"\bat=([0-9.]+)", r.stdout)
-    if r.returncode != 0 or m is None:
-        log.error("%s failed (rc %d): %s", " ".join(cmd), r.returncode, (r.stderr or r.stdout).strip()[-500:])
-        return
-    t = float(m.group(1))
-    for rank in ranks:
-        ctl.fault_t[rank] = t
-    ctl.journal.write("fault", kind=fault["kind"], rank=fault["rank"], node=node, ranks=ranks, via="lab", at=t)
+    run_dir = prepare_run_dir(cfg)
+    write_token(run_dir)
+    job_id = submit_main(run_dir, cfg)
+    RunDir(run_dir).jobs.write_text(json.dumps({"main_job_id": job_id, "submitted_t": time.time()}))
+    print(f"main job {job_id}: {num_nodes(cfg.parallel)} nodes, dp={cfg.parallel.dp} pp={cfg.parallel.pp}, "
+          f"{cfg.standby.count} spare job(s) submitted by the run itself")
+    print(f"run directory: {run_dir}")
+    print(f"watch it:      tmslurm status {run_dir}")
+    return job_id
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tmslurm.launch import prepare_run_dir
-    from tmslurm.runtime.agent import setup_logging
+    from tmslurm.runprep import prepare_run_dir
+    from tmslurm.logs import setup_logging
     from tmslurm.runtime.protocol import write_token
 
     argv = list(sys.argv[1:] if argv is None else argv)

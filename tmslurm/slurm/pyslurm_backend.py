@@ -39,7 +39,7 @@ from types import ModuleType
 
 from tmslurm.errors import SlurmError
 from tmslurm.slurm import parse
-from tmslurm.slurm.client import HINT, SlurmClient
+from tmslurm.slurm.api import HINT, SlurmClient
 from tmslurm.slurm.parse import JobInfo, NodeInfo, Reservation
 
 log = logging.getLogger(__name__)

@@ -30,6 +30,7 @@ from tmslurm.runtime.spawner import agent_env
 from tmslurm.slurm.client import SlurmClient
 from tmslurm.slurm.hostlist import expand_hostlist
 from tmslurm.slurm.parse import OK, classify
+from tmslurm.slurm.submit import submit_spare
 
 log = logging.getLogger(__name__)
 
@@ -204,19 +205,3 @@ def job_nodes() -> list[str]:
     if not text:
         raise SlurmError("SLURM_JOB_NODELIST is not set: the main job entry must run inside a Slurm allocation")
     return expand_hostlist(text)
-
-
-def submit_spare(run_dir: Path, cfg: RunConfig, job_index: int, first_standby: int, exclude: list[str]) -> str:
-    from tmslurm.slurm.submit import spare_executor
-
-    ex = spare_executor(run_dir, cfg, job_index, exclude)
-    job = ex.submit(spare_main, str(run_dir), first_standby, cfg.parallel.ranks_per_node)
-    return str(job.job_id)
-
-
-def spare_main(run_dir: str, first_standby: int, count: int) -> int:
-    """Body of a spare job: run ``count`` standby agents on this node until they end."""
-    env = dict(os.environ)
-    procs = [subprocess.Popen([sys.executable, "-m", "tmslurm.runtime.agent", "--run-dir", run_dir,
-                               "--standby", str(first_standby + i)], env=env) for i in range(count)]
-    return max(p.wait() for p in procs)

@@ -2,19 +2,19 @@
 
 Contract: :func:`executor` builds a submitit ``AutoExecutor`` for this run (folder
 ``<run_dir>/submitit``, partition, time, account and extra sbatch arguments from ``slurm.*``).
-:func:`launch_slurm` (``tmslurm-launch cluster=slurm``) writes the run directory and submits the
-main job: one multi-node job with ``--no-kill`` (a lost node shrinks it instead of killing it) and
-``--requeue``, whose single batch task runs :func:`tmslurm.slurm.job.main_job` on the batch host;
-that task starts every rank as its own ``--no-kill`` step and submits the spares. It prints the job
-id and the ``tmslurm status`` command. A submission failure raises SlurmError (sbatch's message).
+:func:`main_executor` makes the main job: one multi-node job with ``--no-kill`` (a lost node shrinks
+it instead of killing it) and ``--requeue`` (submitted by :func:`tmslurm.slurm.job.launch_slurm`).
+:func:`submit_spare` submits one spare job whose body (:func:`spare_main`) runs
+``ranks_per_node`` standby agents. A submission failure raises SlurmError (sbatch's message).
 """
 
 from __future__ import annotations
 
-import json
 import math
+import os
 import logging
-import time
+import sys
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -92,27 +92,15 @@ def spare_sbatch_text(run_dir: Path, cfg: RunConfig, exclude: list[str]) -> str:
     return text.replace(str(Path(run_dir)), "RUN_DIR")
 
 
-def submit_main(run_dir: Path, cfg: RunConfig) -> str:
-    from tmslurm.slurm.job import main_job
-
-    ex = main_executor(run_dir, cfg)
-    try:
-        job = ex.submit(main_job, str(run_dir))
-    except Exception as exc:  # submitit raises its own failure types around sbatch
-        raise SlurmError(f"sbatch of the main job failed: {exc}") from None
+def submit_spare(run_dir: Path, cfg: RunConfig, job_index: int, first_standby: int, exclude: list[str]) -> str:
+    ex = spare_executor(run_dir, cfg, job_index, exclude)
+    job = ex.submit(spare_main, str(run_dir), first_standby, cfg.parallel.ranks_per_node)
     return str(job.job_id)
 
 
-def launch_slurm(cfg: RunConfig) -> str:
-    from tmslurm.launch import prepare_run_dir
-    from tmslurm.runtime.protocol import write_token
-
-    run_dir = prepare_run_dir(cfg)
-    write_token(run_dir)
-    job_id = submit_main(run_dir, cfg)
-    (run_dir / "jobs.json").write_text(json.dumps({"main_job_id": job_id, "submitted_t": time.time()}))
-    print(f"main job {job_id}: {num_nodes(cfg.parallel)} nodes, dp={cfg.parallel.dp} pp={cfg.parallel.pp}, "
-          f"{cfg.standby.count} spare job(s) submitted by the run itself")
-    print(f"run directory: {run_dir}")
-    print(f"watch it:      tmslurm status {run_dir}")
-    return job_id
+def spare_main(run_dir: str, first_standby: int, count: int) -> int:
+    """Body of a spare job: run ``count`` standby agents on this node until they end."""
+    env = dict(os.environ)
+    procs = [subprocess.Popen([sys.executable, "-m", "tmslurm.runtime.agent", "--run-dir", run_dir,
+                               "--standby", str(first_standby + i)], env=env) for i in range(count)]
+    return max(p.wait() for p in procs)

@@ -1,0 +1,135 @@
+"""A controller with fake channels and a fake cluster: drives the state machine with no process."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+from typing import Any
+
+from tmslurm.config import compose_config
+from tmslurm.controller import Controller, LocalHooks
+from tmslurm.controller.state import Mode
+from tmslurm.messages import Hello, decode_agent
+from tmslurm.runtime.journal import read_journal
+
+ADDRESS = {"host": "127.0.0.1", "port": 1, "store_port": 2}
+
+
+@functools.lru_cache(maxsize=None)
+def _config(overrides: tuple[str, ...]) -> Any:
+    return compose_config(list(overrides))
+
+
+class FakeChannel:
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+        self.closed = False
+
+    def try_send(self, msg: Any) -> bool:
+        self.sent.append(json.loads(json.dumps(msg.model_dump(mode="json") if hasattr(msg, "model_dump") else msg)))
+        return not self.closed
+
+    send = try_send
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeSpawner:
+    """Records what the controller asks; fences by (kind, ident) only: there is no pid to give."""
+
+    def __init__(self) -> None:
+        self.workers: list[tuple[int, int]] = []
+        self.standbys: list[int] = []
+        self.fenced: list[tuple[str, int]] = []
+
+    def spawn_worker(self, rank: int, incarnation: int) -> bool:
+        self.workers.append((rank, incarnation))
+        return True
+
+    def spawn_standby(self, index: int) -> None:
+        self.standbys.append(index)
+
+    def fence(self, kind: str, ident: int) -> None:
+        self.fenced.append((kind, ident))
+
+    def stop_all(self) -> None:
+        return None
+
+    def node_of_rank(self, rank: int) -> str:
+        return f"n{rank}"
+
+
+class FakeCluster(LocalHooks):
+    def __init__(self) -> None:
+        self.released: list[list[str]] = []
+
+    def release_nodes(self, nodes, ranks_of_node):
+        self.released.append(nodes)
+        return [n for n in nodes if not ranks_of_node(n)]
+
+
+class Harness:
+    """dp x pp workers on nodes n<rank>, ``standbys`` warm standbys on nodes s<i>, all connected."""
+
+    def __init__(self, tmp_path, dp: int = 2, pp: int = 2, standbys: int = 1, *overrides: str) -> None:
+        cfg = copy.deepcopy(_config((f"parallel.dp={dp}", f"parallel.pp={pp}", f"standby.count={standbys}",
+                                     "train.steps=50", *overrides)))
+        self.spawner, self.cluster = FakeSpawner(), FakeCluster()
+        self.ctl = Controller(cfg, tmp_path, self.spawner, self.cluster, ADDRESS)
+        self.state = self.ctl.state
+        self.world = self.ctl.ctx.layout.world
+        self.conns: dict[Any, int] = {}
+        self.channels: dict[Any, FakeChannel] = {}
+        for r in range(self.world):
+            self.ctl.members.spawn_worker(r, 0)
+        for _ in range(standbys):
+            self.ctl.members.spawn_standby()
+        self.state.mode = Mode.RUNNING
+        for r in range(self.world):
+            self.hello(r, "worker", r, f"n{r}")
+        for i in range(standbys):
+            self.hello(f"s{i}", "standby", i, f"s{i}")
+            for role in self.ctl.ctx.layout.roles:
+                self.send(f"s{i}", {"type": "ready", "role": role, "warmup_s": 0.1, "rss_mb": 1.0, "role_rss_mb": 1.0,
+                                    "sandbox_sends_skipped": 0})
+
+    def hello(self, who: Any, kind: str, ident: int, node: str, pid: int = 4242) -> FakeChannel:
+        conn = len(self.conns) + 1
+        ch = FakeChannel()
+        self.conns[who], self.channels[who] = conn, ch
+        self.ctl.handle(("hello", Hello(type="hello", token="t", kind=kind, id=ident, pid=pid, node=node), (conn, ch)))
+        return ch
+
+    def aid(self, who: Any) -> str:
+        return self.state.conn_agent[self.conns[who]]
+
+    def send(self, who: Any, msg: dict[str, Any]) -> None:
+        self.ctl.handle(("msg", self.conns[who], decode_agent(msg)))
+
+    def vote(self, who: Any, rank: int | None = None, epoch: int | None = None, step: int | None = None) -> None:
+        self.send(who, {"type": "vote", "step": self.state.step if step is None else step,
+                        "epoch": self.state.epoch if epoch is None else epoch, "rank": who if rank is None else rank,
+                        "loss": 1.0, "dt": 0.01, "peak_rss_mb": 1.0})
+
+    def disconnect(self, who: Any) -> None:
+        self.ctl.handle(("disconnect", self.conns[who], None))
+
+    def got(self, who: Any, mtype: str) -> list[dict[str, Any]]:
+        return [m for m in self.channels[who].sent if m["type"] == mtype]
+
+    def journal(self, etype: str) -> list[dict[str, Any]]:
+        return [e for e in read_journal(self.ctl.ctx.rundir.events) if e["type"] == etype]
+
+    def abort_all(self, alive: list[int]) -> None:
+        for r in alive:
+            self.send(r, {"type": "aborted", "epoch": self.state.epoch, "rank": r, "step": self.state.step, "status": {}})
+
+    def prepare_all(self) -> None:
+        """Every participant of the current planned switch reports phase 1 done."""
+        plan = self.state.plan
+        for w in sorted(plan.waiting):
+            who = int(w[1:]) if w.startswith("r") else next(k for k in self.conns if self.aid(k) == w)
+            rank = who if isinstance(who, int) else plan.moves[0].rank
+            self.send(who, {"type": "prepared", "epoch": plan.epoch, "rank": rank, "phase1_s": 0.01})

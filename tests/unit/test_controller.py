@@ -1,0 +1,226 @@
+"""The controller's state machine, driven with fake channels and a fake cluster: no process, no socket.
+
+Table-driven over event orders: vote before failure, failure before vote, a second failure during a
+switch, a late vote of a fenced process, a notice for an unknown node, a standby lost while joining.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.unit.controller_harness import FakeChannel, Harness
+from tmslurm.controller.plans import PlannedSwitch, Recovery
+from tmslurm.controller.state import Mode
+from tmslurm.messages import NoticeRequest
+
+
+def vote_before_failure(h: Harness) -> None:
+    for r in range(4):
+        h.vote(r)
+    h.disconnect(2)
+
+
+def failure_before_vote(h: Harness) -> None:
+    for r in (0, 1, 3):
+        h.vote(r)
+    h.disconnect(2)
+    h.vote(2)  # whatever its connection still delivers: a dead process's vote
+
+
+def second_failure_during_switch(h: Harness) -> None:
+    h.ctl.intake.notice({"kind": "maintenance", "rank": 1, "source": "admin", "reason": "psu"})
+    h.prepare_all()
+    h.disconnect(3)
+
+
+def late_vote_of_fenced_process(h: Harness) -> None:
+    h.state.agents[h.aid(1)].last_seen -= 3600  # silent for an hour: hung
+    h.ctl.deadlines.tick()
+    for r in range(4):
+        h.vote(r)  # rank 1's vote arrives late, from the fenced process
+
+
+def notice_for_unknown_node(h: Harness) -> None:
+    h.ctl.intake.notice({"kind": "maintenance", "node": "nowhere", "source": "slurm", "reason": "drain"})
+    for r in range(4):
+        h.vote(r)
+
+
+def standby_lost_while_joining(h: Harness) -> None:
+    h.ctl.intake.notice({"kind": "maintenance", "rank": 1, "source": "admin", "reason": "psu"})
+    h.disconnect("s0")
+
+
+SCENARIOS = {
+    # name: (events, step after, mode after, plan type after, epoch after, fenced (a process whose
+    # connection closed has exited; a silent one is fenced), committed steps)
+    "vote before failure": (vote_before_failure, 1, Mode.RECOVERING, Recovery, 1, [], [0]),
+    "failure before vote": (failure_before_vote, 0, Mode.RECOVERING, Recovery, 1, [], []),
+    "second failure during a switch": (second_failure_during_switch, 0, Mode.RECOVERING, Recovery, 2, [], []),
+    "late vote of a fenced process": (late_vote_of_fenced_process, 0, Mode.RECOVERING, Recovery, 1, [("worker", 1)], []),
+    "notice for an unknown node": (notice_for_unknown_node, 1, Mode.RUNNING, type(None), 0, [], [0]),
+    "standby lost while joining": (standby_lost_while_joining, 0, Mode.RUNNING, type(None), 0, [], []),
+}
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_event_orders(tmp_path, name):
+    events, step, mode, plan_type, epoch, fenced, committed = SCENARIOS[name]
+    h = Harness(tmp_path)
+    events(h)
+    assert (h.state.step, h.state.mode, type(h.state.plan), h.state.epoch) == (step, mode, plan_type, epoch)
+    assert h.spawner.fenced == fenced
+    assert [d["step"] for d in h.got(0, "decision")] == committed
+    assert not h.journal("handler_error")
+
+
+def test_failure_before_vote_aborts_and_recovers_through_the_standby(tmp_path):
+    h = Harness(tmp_path)
+    failure_before_vote(h)
+    assert h.got(0, "abort") == [{"type": "abort", "epoch": 1, "step": 0}] and not h.got(0, "decision")
+    h.vote(0, epoch=0)  # an old-epoch vote is ignored
+    assert h.state.votes == {}
+    h.abort_all([0, 1, 3])
+    plan = h.state.plan
+    assert plan.applied and [m.rank for m in plan.moves] == [2] and plan.moves[0].source == 0
+    assert h.got("s0", "join")[-1]["activate"] is True and h.got(0, "recover")[-1]["pairs"] == {"xfer/r2": [1, 0]}
+    for r in (0, 1, 3):
+        h.send(r, {"type": "recovered", "epoch": 1, "rank": r, "build_s": 0.01})
+    h.send("s0", {"type": "joined", "epoch": 1, "rank": 2, "joiner": 0, "step": 0, "transfer_s": 0.01, "phase1_s": 0.01,
+                  "bytes": 10, "rss_mb": 1.0})
+    assert h.state.plan is None and h.state.mode is Mode.RUNNING and h.state.slots[2] == h.aid("s0")
+    for r in (0, 1, 3):
+        h.vote(r)
+    h.vote("s0", rank=2)
+    assert h.got(0, "decision")[-1] == {"type": "decision", "step": 0, "decision": "commit", "epoch": 1, "switch": None,
+                                        "checkpoint": False, "final": False}
+
+
+def test_planned_switch_rides_on_the_next_commit(tmp_path):
+    h = Harness(tmp_path)
+    h.ctl.intake.notice({"kind": "maintenance", "rank": 1, "source": "admin", "reason": "psu"})
+    plan = h.state.plan
+    assert isinstance(plan, PlannedSwitch) and not plan.ready and h.got("s0", "join")[-1]["activate"] is False
+    assert not h.got(2, "prepare")  # rank 2 shares no group with rank 1: untouched
+    h.prepare_all()
+    assert plan.ready
+    for r in range(4):
+        h.vote(r)
+    decision = h.got(0, "decision")[-1]
+    assert decision["switch"] == {"epoch": 1, "moves": [{"rank": 1, "joiner": h.aid("s0")}]} and h.state.epoch == 1
+    assert h.got("s0", "activate") == [{"type": "activate", "epoch": 1}]
+    h.send(1, {"type": "left", "rank": 1, "step": 1, "transfer_s": 0.01, "phase2_s": 0.01, "bytes": 10})
+    h.send("s0", {"type": "joined", "epoch": 1, "rank": 1, "joiner": 0, "step": 1, "transfer_s": 0.01, "phase1_s": 0.01,
+                  "bytes": 10, "rss_mb": 1.0})
+    assert h.state.plan is None and h.state.slots[1] == h.aid("s0") and h.cluster.released == [["n1"]]
+
+
+def test_second_failure_during_a_switch_requeues_the_notice(tmp_path):
+    h = Harness(tmp_path)
+    second_failure_during_switch(h)
+    assert [c["epoch"] for c in h.got(0, "cancel")] == [1] and h.got(0, "abort")[-1]["epoch"] == 2
+    assert h.state.pending_notices == [{"kind": "maintenance", "rank": 1, "source": "controller", "reason": "psu"}]
+
+
+def test_standby_lost_while_joining_after_the_switch_was_applied_fails_the_step(tmp_path):
+    h = Harness(tmp_path)
+    h.ctl.intake.notice({"kind": "maintenance", "rank": 1, "source": "admin", "reason": "psu"})
+    h.prepare_all()
+    for r in range(4):
+        h.vote(r)
+    h.disconnect("s0")
+    assert isinstance(h.state.plan, Recovery) and h.state.epoch == 2 and h.got(0, "abort")[-1]["step"] == 1
+
+
+def test_hostile_hello_is_refused_and_nothing_is_fenced(tmp_path):
+    h = Harness(tmp_path)
+    ch = h.hello("evil", "worker", 1, "n1", pid=-1)
+    assert ch.closed and "refused" in ch.sent[0]["error"] and h.state.slots[1] == h.aid(1)
+    h.state.agents[h.aid(1)].last_seen -= 3600
+    h.ctl.deadlines.tick()
+    assert h.spawner.fenced == [("worker", 1)]  # its own handle; the reported pid 4242 goes nowhere
+    assert h.journal("hello_refused")[0]["reported_pid"] == -1
+
+
+def test_notice_request_for_unknown_node_or_rank_gets_an_error(tmp_path):
+    h = Harness(tmp_path)
+    for msg, error in ((NoticeRequest(type="notice", token="t", event="maintenance", node="nowhere"), "unknown node"),
+                       (NoticeRequest(type="notice", token="t", event="failure", rank=7), "unknown rank")):
+        ch = FakeChannel()
+        h.ctl.handle(("request", msg, ch))
+        assert ch.sent[0]["type"] == "error" and error in ch.sent[0]["error"] and ch.closed
+    assert h.state.plan is None and h.state.mode is Mode.RUNNING
+
+
+def test_no_standby_falls_back_to_a_restart_from_the_checkpoint(tmp_path):
+    h = Harness(tmp_path, 2, 2, 0)
+    h.disconnect(2)
+    h.abort_all([0, 1, 3])
+    assert h.spawner.workers[-4:] == [(0, 1), (1, 1), (2, 1), (3, 1)] and h.state.incarnation == 1
+    assert h.state.expected == {("worker", r) for r in range(4)} and h.state.mode is Mode.RUNNING
+
+
+AGENT_MESSAGES = st.sampled_from(["vote", "prepared", "switched", "left", "aborted", "recovered", "joined", "join_failed",
+                                  "comm_error", "done", "fault", "disconnect", "tick"])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(st.tuples(AGENT_MESSAGES, st.sampled_from([0, 1, 2, 3, "s0", "s1"]), st.integers(0, 3),
+                                st.integers(0, 3)), max_size=40))
+def test_any_order_of_valid_messages_never_breaks_the_controller(tmp_path_factory, steps):
+    h = Harness(tmp_path_factory.mktemp("c"), 2, 2, 2)
+    epochs = [h.state.epoch]
+    for kind, who, epoch, n in steps:
+        rank = who if isinstance(who, int) else n
+        msg = {"vote": {"type": "vote", "step": h.state.step, "epoch": epoch, "rank": rank, "dt": 0.0, "peak_rss_mb": 0.0},
+               "prepared": {"type": "prepared", "epoch": epoch, "rank": rank},
+               "switched": {"type": "switched", "epoch": epoch, "rank": rank, "phase2_s": 0.0},
+               "left": {"type": "left", "rank": rank, "step": n, "transfer_s": 0.0, "phase2_s": 0.0, "bytes": 0},
+               "aborted": {"type": "aborted", "epoch": epoch, "rank": rank, "step": n, "status": {}},
+               "recovered": {"type": "recovered", "epoch": epoch, "rank": rank, "build_s": 0.0},
+               "joined": {"type": "joined", "epoch": epoch, "rank": n, "joiner": 0, "step": n, "transfer_s": 0.0,
+                          "phase1_s": 0.0, "bytes": 0, "rss_mb": 0.0},
+               "join_failed": {"type": "join_failed", "epoch": epoch, "rank": n, "error": "x"},
+               "comm_error": {"type": "comm_error", "rank": rank, "step": n, "epoch": epoch, "error": "x"},
+               "done": {"type": "done", "rank": rank, "stage": n % 2, "digest": "d", "state_digest": "s", "step": n},
+               "fault": {"type": "fault", "index": n, "rank": rank, "step": n, "kind": "kill"}}.get(kind)
+        if kind == "disconnect":
+            h.disconnect(who)
+        elif kind == "tick":
+            h.ctl.deadlines.tick(now=time.time() + 3600)
+        else:
+            h.send(who, msg)
+        epochs.append(h.state.epoch)
+    assert not h.journal("handler_error")
+    assert epochs == sorted(epochs)
+    assert all(kind in ("worker", "standby") for kind, _ in h.spawner.fenced)
+
+
+def test_planned_event_without_standby_checkpoints_then_restarts_losing_nothing(tmp_path, monkeypatch):
+    h = Harness(tmp_path, 2, 2, 0)
+    for r in range(4):
+        h.vote(r)
+    h.ctl.intake.notice({"kind": "maintenance", "rank": 1, "source": "admin", "reason": "psu"})
+    for r in range(4):
+        h.vote(r)
+    assert h.got(0, "decision")[-1]["checkpoint"] is True and h.state.mode is Mode.CHECKPOINTING
+    assert h.state.step == 2 and h.state.checkpoint_then.checkpoint_step == 2
+    monkeypatch.setattr("tmslurm.controller.restarts.latest_complete", lambda run_dir, pp: 2)
+    h.ctl.deadlines.tick()
+    (rec,) = h.ctl.ctx.events.items
+    assert rec["from_checkpoint_step"] == 2 and rec["lost_steps"] == 0 and rec["trigger"] == "planned"
+    assert h.spawner.workers[-4:] == [(r, 1) for r in range(4)] and h.state.step == 2
+
+
+def test_launch_warns_when_every_failure_would_restart_from_step_0(caplog):
+    from tmslurm.config import compose_config
+    from tmslurm.launch import warn_unprotected
+
+    warn_unprotected(compose_config(["standby.count=0", "train.checkpoint_every=0"]))
+    warn_unprotected(compose_config(["standby.count=1", "train.checkpoint_every=0"]))
+    assert [r.message for r in caplog.records if "restarts the run from step 0" in r.message] != []
+    assert len(caplog.records) == 1

@@ -1,0 +1,143 @@
+"""Step commits: one decision per step, made when every slot voted in the current epoch.
+
+Contract (on the controller's thread):
+- A vote counts only when the run is running, its epoch and step are the current ones and its
+  sender owns the slot it votes for (a fenced or replaced process's late vote is dropped).
+- When all slots voted, :meth:`Commits.commit` broadcasts ``decision: commit``. It carries a
+  ready planned switch (phase 2; never on the last step), ``final`` after a stop request, and
+  ``checkpoint`` when a checkpoint-then-restart (or -requeue) is pending. ``standby.start_when_warm`` holds the first commit
+  until every standby is warm (or ``runtime.connect_timeout_s`` passed).
+- Every commit appends to the step log, completes event timelines, fires injected drains, and
+  tells the cluster hooks; after the last step the run drains. Nothing here raises.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from typing import Any
+
+from tmslurm.config import CLUSTER_FAULTS
+from tmslurm.controller.context import Context
+from tmslurm.controller.plans import PlannedSwitch
+from tmslurm.controller.state import Agent, Mode
+from tmslurm.controller.membership import Membership
+from tmslurm.messages import Activate, Decision, Groups, MoveSpec, Progress, SwitchSpec, Vote
+
+log = logging.getLogger(__name__)
+
+
+class Commits:
+    def __init__(self, ctx: Context, members: Membership) -> None:
+        self.ctx = ctx
+        self.state = ctx.state
+        self.members = members
+
+    def on_vote(self, agent: Agent, msg: Vote) -> None:
+        st = self.state
+        if st.mode is not Mode.RUNNING or msg.epoch != st.epoch or msg.step != st.step or not st.owns_slot(agent, msg.rank):
+            return
+        st.votes[msg.rank] = msg
+        self.maybe_commit()
+
+    def on_progress(self, agent: Agent, msg: Progress) -> None:
+        st = self.state
+        if msg.step == st.step and st.owns_slot(agent, msg.rank):
+            st.votes[msg.rank] = msg
+            if len(st.votes) == self.ctx.layout.world:
+                self._record(time.time())
+                self._advance()
+
+    def on_groups(self, agent: Agent, msg: Groups) -> None:
+        self.ctx.journal.write("groups", **msg.model_dump(exclude={"type"}))
+
+    def maybe_commit(self) -> None:
+        st = self.state
+        if st.mode is Mode.RUNNING and len(st.votes) == self.ctx.layout.world and not self._hold_first_commit():
+            self.commit()
+
+    def _hold_first_commit(self) -> bool:
+        st, cfg = self.state, self.ctx.cfg
+        if not cfg.standby.start_when_warm or st.step_log or self.members.standby_target == 0:
+            return False
+        st.hold_since = st.hold_since or time.monotonic()
+        seen = st.standbys()
+        warming = sum(1 for a in seen if a.alive and not set(a.roles) >= set(self.ctx.layout.roles))
+        not_connected = st.standbys_started - len(seen)  # a standby that died is not waited for
+        return warming + not_connected > 0 and time.monotonic() - st.hold_since < cfg.runtime.connect_timeout_s
+
+    def commit(self) -> None:
+        st, now = self.state, time.time()
+        plan = st.plan
+        attach = (isinstance(plan, PlannedSwitch) and plan.ready and not plan.applied
+                  and st.step + 1 < self.ctx.cfg.train.steps)
+        switch = self._apply(plan, now) if attach else None
+        checkpoint = st.checkpoint_then is not None and st.checkpoint_then.checkpoint_step is None
+        final = st.stop_requested and not attach
+        self.ctx.broadcast(Decision(step=st.step, epoch=plan.epoch if attach else st.epoch, switch=switch,
+                                    checkpoint=checkpoint, final=final))
+        if checkpoint:
+            st.checkpoint_then.checkpoint_step = st.step + 1
+            st.mode = Mode.CHECKPOINTING
+        if attach:
+            for m in plan.moves:
+                self.ctx.send_to(m.joiner, Activate(epoch=plan.epoch))
+            st.epoch = plan.epoch
+        self._record(now)
+        self._advance(final)
+
+    def _apply(self, plan: PlannedSwitch, now: float) -> SwitchSpec:
+        """The commit that carries ``plan``: phase 2 happens at this step boundary."""
+        plan.applied = True
+        plan.times["decision"] = now
+        plan.target_step = self.state.step + 1
+        if plan.event is not None:
+            plan.event["last_commit_t"] = now
+        plan.waiting = plan.joiners() | {f"r{m.rank}" for m in plan.moves}
+        for key, msg in plan.deferred.items():
+            self.ctx.send_to(key, msg)
+        plan.deferred = {}
+        return SwitchSpec(epoch=plan.epoch, moves=[MoveSpec(rank=m.rank, joiner=m.joiner) for m in plan.moves])
+
+    def _record(self, now: float) -> None:
+        st, layout = self.state, self.ctx.layout
+        votes = list(st.votes.items())
+        losses = [v.loss for _, v in votes if v.loss is not None]
+        digests: dict[int, set[str]] = {}
+        for r, v in votes:
+            if v.digest is not None:
+                digests.setdefault(layout.coord(r).stage, set()).add(v.digest)
+        if any(len(d) > 1 for d in digests.values()):
+            st.replica_mismatch.append(st.step)
+            log.error("data-parallel replicas differ before step %d", st.step)
+        entry: dict[str, Any] = {"step": st.step, "t_end": now, "dt": max(v.dt for _, v in votes),
+                                 "loss": sum(losses) / len(losses) if losses else None, "epoch": st.epoch,
+                                 "peak_rss_mb": {r: v.peak_rss_mb for r, v in sorted(votes)}}
+        st.step_log.append(entry)
+        self.ctx.events.on_commit(st.step, now, self.median_step())
+        if st.step % 10 == 0 or st.step == self.ctx.cfg.train.steps - 1:
+            log.info("step %d loss %.4f step time %.3fs", st.step, entry["loss"] or float("nan"), entry["dt"])
+
+    def _advance(self, final: bool = False) -> None:
+        st = self.state
+        st.votes = {}
+        st.step += 1
+        self.ctx.hooks.on_step(st.step, self.members.nodes())
+        if st.step >= self.ctx.cfg.train.steps or final:
+            st.mode = Mode.DRAINING
+            return
+        for f in self.ctx.pending_faults():
+            if f["kind"] in ("drain", *CLUSTER_FAULTS) and f["step"] == st.step:
+                st.fired.add(f["index"])
+                fired = lambda t, node, f=f: self.ctx.submit(("fault_at", {**f, "node": node}, t))  # noqa: E731
+                if self.ctx.hooks.inject_fault(f, fired):  # on Slurm through scontrol or the lab
+                    self.ctx.journal.write("fault", kind=f["kind"], rank=f["rank"], via="cluster")
+                else:
+                    self.ctx.submit(("notice", {"kind": "maintenance", "rank": f["rank"], "source": "fault",
+                                                "reason": "injected drain"}, None))
+
+    def median_step(self) -> float:
+        log_ = self.state.step_log
+        gaps = [b["t_end"] - a["t_end"] for a, b in zip(log_, log_[1:]) if b["step"] == a["step"] + 1]
+        return statistics.median(gaps) if gaps else 0.0

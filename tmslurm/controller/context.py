@@ -1,0 +1,59 @@
+"""What every controller collaborator shares: config, layout, run directory, journal, outbox, state.
+
+Contract: one :class:`Context` is built by the controller before its collaborators and handed to
+each. Sending (:meth:`Context.send_rank`, :meth:`Context.broadcast`, :meth:`Context.send_to`)
+goes to alive agents only and never raises: a broken connection is the disconnect handler's
+business. :meth:`Context.submit` queues an item for the controller's thread from any thread.
+"""
+
+from __future__ import annotations
+
+import queue
+from dataclasses import dataclass
+from typing import Any
+
+from tmslurm.config import RunConfig
+from tmslurm.controller.hooks import ClusterHooks
+from tmslurm.controller.state import RunState
+from tmslurm.rundir import RunDir
+from tmslurm.runtime.events import EventLog
+from tmslurm.runtime.journal import Journal
+from tmslurm.runtime.spawner import Spawner
+from tmslurm.topology import Layout
+
+
+@dataclass
+class Context:
+    cfg: RunConfig
+    layout: Layout
+    rundir: RunDir
+    journal: Journal
+    events: EventLog
+    spawner: Spawner
+    hooks: ClusterHooks
+    state: RunState
+    queue: "queue.Queue[tuple[str, Any, Any]]"
+
+    def submit(self, item: tuple[str, Any, Any]) -> None:
+        self.queue.put(item)
+
+    def send_rank(self, rank: int, msg: Any) -> None:
+        agent = self.state.agent_of(rank)
+        if agent is not None and agent.alive:
+            agent.channel.try_send(msg)
+
+    def broadcast(self, msg: Any) -> None:
+        for rank in range(self.layout.world):
+            self.send_rank(rank, msg)
+
+    def send_to(self, key: int | str, msg: Any) -> None:
+        """``key`` is a rank (its slot owner) or an agent id."""
+        if isinstance(key, int):
+            self.send_rank(key, msg)
+        elif key in self.state.agents and self.state.agents[key].alive:
+            self.state.agents[key].channel.try_send(msg)
+
+    def pending_faults(self) -> list[dict[str, Any]]:
+        """The config's injected faults not yet fired, with their index."""
+        return [{"index": i, "step": f.step, "kind": f.kind, "rank": f.rank, "when": f.when}
+                for i, f in enumerate(self.cfg.faults) if i not in self.state.fired]

@@ -1,0 +1,82 @@
+"""Deadlines: nothing waits forever. Checked by the loop between queue items.
+
+Contract (on the controller's thread): an agent silent for ``runtime.heartbeat_timeout_s`` is
+fenced (its own handle) and handled as lost; ranks silent during an abort past the recovery's
+deadline are declared dead and the failure is replanned; a phase 1 that does not finish within
+``runtime.connect_timeout_s`` cancels its switch (the notice is retried); a communication error
+nobody explains within ``heartbeat_timeout_s`` aborts the step; a drained run finishes; a held
+first commit is released; the batch-host checkpoint is watched. Nothing here raises.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from tmslurm.controller.commits import Commits
+from tmslurm.controller.context import Context
+from tmslurm.controller.membership import Membership
+from tmslurm.controller.planbook import PlanBook
+from tmslurm.controller.plans import PlannedSwitch, Recovery
+from tmslurm.controller.recoveries import Recoveries
+from tmslurm.controller.restarts import Restarts
+from tmslurm.controller.state import Mode
+
+log = logging.getLogger(__name__)
+
+
+class Deadlines:
+    def __init__(self, ctx: Context, members: Membership, plans: PlanBook, recoveries: Recoveries,
+                 restarts: Restarts, commits: Commits) -> None:
+        self.ctx = ctx
+        self.state = ctx.state
+        self.members = members
+        self.plans = plans
+        self.recoveries = recoveries
+        self.restarts = restarts
+        self.commits = commits
+
+    def tick(self, now: float | None = None, now_m: float | None = None) -> None:
+        now = time.time() if now is None else now
+        now_m = time.monotonic() if now_m is None else now_m
+        self._heartbeats(now_m)
+        self._plan(now)
+        rt, st = self.ctx.cfg.runtime, self.state
+        if st.comm_error_since is not None and st.mode is Mode.RUNNING and now - st.comm_error_since > rt.heartbeat_timeout_s:
+            self.recoveries.fail(set(), "unexplained communication error", now)
+        if st.mode is Mode.DRAINING and self._drained():
+            st.mode = Mode.FINISHED
+        self.restarts.tick()
+        if st.hold_since is not None and not st.step_log:
+            self.commits.maybe_commit()
+
+    def _heartbeats(self, now_m: float) -> None:
+        rt = self.ctx.cfg.runtime
+        if not rt.heartbeats:
+            return
+        for agent in list(self.state.agents.values()):
+            silent = now_m - agent.last_seen
+            if agent.alive and not agent.expected_exit and silent > rt.heartbeat_timeout_s:
+                log.warning("%s missed heartbeats for %.1fs: fencing it", agent.aid, silent)
+                self.ctx.journal.write("hung", agent=agent.aid, node=agent.node, silent_s=silent)
+                self.members.kill(agent)
+                self.recoveries.lost(agent, "heartbeat timeout")
+
+    def _plan(self, now: float) -> None:
+        plan = self.state.plan
+        if isinstance(plan, Recovery) and not plan.applied and now > plan.deadline:
+            self.recoveries.fail({int(w[1:]) for w in plan.waiting if w.startswith("r")}, "silent during abort", now)
+        elif (isinstance(plan, PlannedSwitch) and not plan.ready
+              and now - plan.times["pick"] > self.ctx.cfg.runtime.connect_timeout_s):
+            log.warning("phase 1 of epoch %d did not finish; cancelling", plan.epoch)
+            self.plans.cancel(requeue=True)
+
+    def _drained(self) -> bool:
+        """Every rank reported its final digest, or the missing ones died after the final commit and
+        a data-parallel replica reported their stage (replicas are identical)."""
+        st, world = self.state, self.ctx.layout.world
+        if len(st.done) >= world:
+            return True
+        missing = [r for r in range(world) if r not in st.done]
+        stages = {m.stage for m in st.done.values()}
+        return all(not st.rank_alive(r) for r in missing) and stages >= set(range(self.ctx.layout.pp))

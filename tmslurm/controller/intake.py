@@ -1,0 +1,104 @@
+"""Event intake: notices (watcher, admin, strigger, injected faults) and one-shot requests.
+
+Contract (on the controller's thread):
+- :meth:`Intake.notice` maps a notice to the ranks it concerns (its rank, or the ranks on its
+  node). A notice for the batch host is diverted to checkpoint-and-requeue; one for a node with
+  no rank but an idle standby drops that standby; a Slurm ``failure`` whose ranks still heartbeat
+  is journalled and ignored (Slurm lost the node's daemon, not the ranks); a ``failure`` fails
+  the ranks; a ``maintenance`` starts a planned switch, or waits when a plan is in progress.
+- :meth:`Intake.request` answers ``status``, ``stop`` and ``notice`` requests (already
+  authenticated and validated by the gate). A notice for an unknown node or rank gets an
+  ``error`` naming the valid ones. The requester's connection is always closed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable
+
+from tmslurm.controller.context import Context
+from tmslurm.controller.membership import Membership
+from tmslurm.controller.recoveries import Recoveries
+from tmslurm.controller.restarts import Restarts
+from tmslurm.controller.state import Mode
+from tmslurm.controller.switches import Switches
+from tmslurm.messages import ErrorReply, NoticeRequest, OkReply, StatusReply, StatusRequest, StopRequest
+from tmslurm.runtime.protocol import Channel
+
+log = logging.getLogger(__name__)
+
+
+class Intake:
+    def __init__(self, ctx: Context, members: Membership, switches: Switches, recoveries: Recoveries,
+                 restarts: Restarts, status: Callable[[], dict[str, Any]]) -> None:
+        self.ctx = ctx
+        self.state = ctx.state
+        self.members = members
+        self.switches = switches
+        self.recoveries = recoveries
+        self.restarts = restarts
+        self.status = status
+
+    def notice(self, notice: dict[str, Any]) -> None:
+        if self.ctx.hooks.is_batch_host(notice):
+            if notice["kind"] == "maintenance":
+                self.ctx.journal.write("notice", notice=notice, handled="batch host")
+                self.restarts.checkpoint_and_requeue(notice["node"], notice.get("reason", ""))
+                return
+        ranks = [notice["rank"]] if notice.get("rank") is not None else self.members.ranks_of_node(notice.get("node") or "")
+        if not ranks:
+            self._standby_notice(notice)
+            return
+        self.ctx.journal.write("notice", **notice, ranks=ranks)
+        if notice["kind"] == "failure" and notice.get("source") == "slurm" and self.members.heartbeating(ranks):
+            log.warning("Slurm reports %s %s but its ranks %s are alive: not a failure of the run",
+                        notice.get("node"), notice.get("reason", ""), ranks)
+            self.ctx.journal.write("slurm_failure_not_confirmed", node=notice.get("node"), ranks=ranks)
+            return
+        if notice["kind"] == "failure":
+            self.recoveries.fail(set(ranks), f"notice: {notice.get('reason', '')}".strip(), detect_t=time.time())
+        elif self.state.mode is Mode.RUNNING and self.state.plan is None:
+            self.switches.start(ranks, notice)
+        else:
+            self.state.pending_notices.append(notice)
+
+    def retry_pending(self) -> None:
+        """Called by the loop when a plan ended or a standby warmed up."""
+        st = self.state
+        st.retry_notices = False
+        if st.pending_notices and st.plan is None and st.mode is Mode.RUNNING:
+            self.notice(st.pending_notices.pop(0))
+
+    def _standby_notice(self, notice: dict[str, Any]) -> None:
+        for a in list(self.state.agents.values()):
+            if a.idle_standby and a.node == notice.get("node"):
+                self.ctx.journal.write("standby_lost", agent=a.aid, reason=notice.get("reason", notice["kind"]))
+                self.members.kill(a)
+                self.members.replenish()
+        if not any(a.node == notice.get("node") for a in self.state.agents.values()):
+            self.ctx.journal.write("notice_ignored", node=notice.get("node"), why="no rank or standby of this run there")
+
+    def request(self, msg: NoticeRequest | StatusRequest | StopRequest, ch: Channel) -> None:
+        try:
+            if isinstance(msg, NoticeRequest):
+                ch.try_send(self._notice_request(msg))
+            elif isinstance(msg, StatusRequest):
+                ch.try_send(StatusReply(status=self.status()))
+            elif isinstance(msg, StopRequest):
+                self.state.stop_requested = True
+                self.ctx.journal.write("stop_requested")
+                ch.try_send(OkReply(stopping_after_step=self.state.step))
+        finally:
+            ch.close()
+
+    def _notice_request(self, msg: NoticeRequest) -> OkReply | ErrorReply:
+        nodes = self.members.nodes()
+        if msg.rank is None and msg.node not in nodes:
+            return ErrorReply(error=f"unknown node {msg.node!r}; this run uses: {', '.join(sorted(nodes))}")
+        if msg.rank is not None and msg.rank >= self.ctx.layout.world:
+            return ErrorReply(error=f"unknown rank {msg.rank!r}; valid: 0..{self.ctx.layout.world - 1}")
+        notice = {"kind": msg.event, "node": msg.node, "rank": msg.rank, "source": msg.source, "reason": msg.reason,
+                  "deadline": msg.deadline}
+        self.notice(notice)
+        return OkReply(accepted=notice)

@@ -1,0 +1,171 @@
+"""The controller: one per run, one thread, one queue, a dispatch table over typed messages.
+
+Contract:
+- Everything that can change the run arrives as a queue item (a new agent, an agent's message,
+  a disconnect, a request, a notice) and is handled on one thread, so every step is decided
+  exactly once without locks: whichever of "last vote" and "failure" is dequeued first wins.
+- Items reach the queue already authenticated and validated (:mod:`tmslurm.runtime.gate`); a
+  handler that still fails is journalled (``handler_error``) and the run goes on.
+- The work is done by collaborators built here, in dependency order, over one
+  :class:`~tmslurm.controller.state.RunState`: membership, plan book, restarts, recoveries,
+  switches, commits, intake, deadlines, summary. Cluster specifics come in as
+  :class:`~tmslurm.controller.hooks.ClusterHooks`.
+- :meth:`Controller.run` spawns the ranks and standbys, loops until the run finished (checking
+  deadlines between items) and returns the summary (``summary.json``).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from tmslurm.config import RunConfig
+from tmslurm.controller.commits import Commits
+from tmslurm.controller.context import Context
+from tmslurm.controller.deadlines import Deadlines
+from tmslurm.controller.hooks import ClusterHooks
+from tmslurm.controller.intake import Intake
+from tmslurm.controller.membership import Membership
+from tmslurm.controller.planbook import PlanBook
+from tmslurm.controller.recoveries import Recoveries
+from tmslurm.controller.restarts import Restarts
+from tmslurm.controller.server import ControlServer
+from tmslurm.controller.state import Agent, Mode, RunState
+from tmslurm.controller.summary import Summary
+from tmslurm.controller.switches import Switches
+from tmslurm.errors import TmslurmError
+from tmslurm import messages as m
+from tmslurm.rundir import RunDir
+from tmslurm.runtime.events import EventLog
+from tmslurm.runtime.journal import Journal
+from tmslurm.runtime.spawner import Spawner
+from tmslurm.signing import NoticeVerifier, load_public_key
+from tmslurm.topology import Layout
+from tmslurm.train.checkpoint import latest_complete
+
+log = logging.getLogger(__name__)
+
+
+class Controller:
+    def __init__(self, cfg: RunConfig, run_dir: Path, spawner: Spawner, hooks: ClusterHooks, address: dict[str, Any]) -> None:
+        layout = Layout(cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp)
+        rundir = RunDir(Path(run_dir))
+        journal = Journal(rundir.events)
+        state = RunState(world=layout.world)
+        if cfg.train.resume_from:
+            state.step = state.resume_step = state.start_step = latest_complete(rundir.path, layout.pp) or 0
+        self.ctx = Context(cfg, layout, rundir, journal, EventLog(journal), spawner, hooks, state, queue.Queue())
+        self.state = state
+        self.members = Membership(self.ctx, address)
+        self.plans = PlanBook(self.ctx, self.members)
+        self.restarts = Restarts(self.ctx, self.members, self.plans)
+        self.recoveries = Recoveries(self.ctx, self.members, self.plans, self.restarts)
+        self.switches = Switches(self.ctx, self.members, self.plans, self.restarts, self.recoveries)
+        self.commits = Commits(self.ctx, self.members)
+        self.summary = Summary(self.ctx, self.commits)
+        self.intake = Intake(self.ctx, self.members, self.switches, self.recoveries, self.restarts, self.summary.status)
+        self.deadlines = Deadlines(self.ctx, self.members, self.plans, self.recoveries, self.restarts, self.commits)
+        self.handlers: dict[type, Callable[[Agent, Any], None]] = {
+            m.Vote: self.commits.on_vote, m.Progress: self.commits.on_progress, m.Groups: self.commits.on_groups,
+            m.Prepared: self.switches.on_prepared, m.Switched: self.switches.on_switched, m.Left: self.switches.on_left,
+            m.Joined: self.switches.on_joined, m.JoinFailed: self.switches.on_join_failed,
+            m.Aborted: self.recoveries.on_aborted, m.Recovered: self.recoveries.on_recovered,
+            m.CommErrorReport: self.recoveries.on_comm_error, m.FaultFired: self.recoveries.on_fault,
+            m.Started: lambda agent, msg: self.restarts.on_started(msg), m.Ready: self._on_ready, m.Done: self._on_done,
+        }
+        self.restarts.resume_after_requeue()
+
+    # ---- intake from other threads -------------------------------------------------------------
+    def submit_notice(self, notice: dict[str, Any]) -> None:
+        """Queue a notice from any thread (the Slurm watcher)."""
+        self.ctx.submit(("notice", notice, None))
+
+    def checkpoint_and_requeue(self, node: str, reason: str) -> None:
+        self.restarts.checkpoint_and_requeue(node, reason)
+
+    # ---- the loop -----------------------------------------------------------------------------
+    def run(self, server: ControlServer, token: str) -> dict[str, Any]:
+        server.serve(token, _verifier(self.ctx), self.ctx.journal, self.ctx.submit, self.members.touch)
+        for rank in range(self.ctx.layout.world):
+            self.members.spawn_worker(rank, 0)
+        for _ in range(self.members.standby_target):
+            self.members.spawn_standby()
+        self.state.mode = Mode.RUNNING
+        while self.state.mode is not Mode.FINISHED:
+            try:
+                self.handle(self.ctx.queue.get(timeout=0.05))
+            except queue.Empty:
+                pass
+            self.deadlines.tick()
+        return self.finish(server)
+
+    def handle(self, item: tuple[str, Any, Any]) -> None:
+        """Handle one queue item; a failing handler is journalled, never raised."""
+        kind, a, b = item
+        try:
+            self._dispatch(kind, a, b)
+        except Exception as exc:  # a bug must not end the run: journal it loudly and go on
+            log.exception("controller handler for %s failed", kind)
+            self.ctx.journal.write("handler_error", item=kind, error=repr(exc)[:300])
+            if kind == "request":
+                b.try_send(m.ErrorReply(error=f"internal error: {exc!r}"[:300]))
+                b.close()
+        if self.state.retry_notices:
+            self.intake.retry_pending()
+
+    def _dispatch(self, kind: str, a: Any, b: Any) -> None:
+        if kind == "hello":
+            self.members.hello(a, *b)
+        elif kind == "msg":
+            agent = self.members.agent_of_conn(a)
+            if agent is not None and agent.alive:
+                self.handlers[type(b)](agent, b)
+        elif kind == "disconnect":
+            self.recoveries.disconnect(self.members.agent_of_conn(a))
+        elif kind == "request":
+            self.intake.request(a, b)
+        elif kind == "notice":
+            self.intake.notice(a)
+        elif kind == "fault_at":
+            self.recoveries.on_cluster_fault(a, b)
+
+    def _on_ready(self, agent: Agent, msg: m.Ready) -> None:
+        agent.roles[msg.role] = msg.model_dump(exclude={"type"})
+        self.ctx.journal.write("standby_ready", agent=agent.aid, node=agent.node, **agent.roles[msg.role])
+        self.commits.maybe_commit()
+        self.state.retry_notices = True
+
+    def _on_done(self, agent: Agent, msg: m.Done) -> None:
+        if self.state.owns_slot(agent, msg.rank):
+            self.state.done[msg.rank] = msg
+            if len(self.state.done) >= self.ctx.layout.world:
+                self.state.mode = Mode.FINISHED
+
+    # ---- the end ------------------------------------------------------------------------------
+    def finish(self, server: ControlServer) -> dict[str, Any]:
+        if self.state.requeued:
+            self.ctx.spawner.stop_all()
+            server.close()
+            return {"requeued": True, "final_params_sha256": None}
+        for agent in self.state.agents.values():
+            if agent.alive:
+                agent.channel.try_send(m.Finish())
+        summary = self.summary.write()
+        time.sleep(0.3)  # let the agents read "finish" before their processes are stopped
+        self.ctx.spawner.stop_all()
+        server.close()
+        return summary
+
+
+def _verifier(ctx: Context) -> NoticeVerifier | None:
+    path = ctx.cfg.runtime.admin_public_key_file
+    if not path:
+        return None
+    try:
+        return NoticeVerifier(load_public_key(Path(path)), ctx.rundir.name, ctx.cfg.runtime.notice_max_age_s)
+    except TmslurmError as exc:
+        log.error("%s (signed admin notices will be refused)", exc)
+        return None

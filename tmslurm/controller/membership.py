@@ -1,0 +1,120 @@
+"""Membership: which process serves which slot, the warm pool, spawning and fencing.
+
+Contract:
+- :meth:`Membership.hello` admits only a process this controller spawned and still waits for
+  (``state.expected``); anything else (an impostor, a late duplicate) is refused and journalled
+  (``hello_refused``) and gets no slot. A worker takes its rank's slot; a standby joins the pool.
+- :meth:`Membership.kill` fences an agent through the spawner's own handle for it (its process, or
+  its Slurm step / spare job), never by a pid a client reported, and closes its connection.
+- The pool queries (:meth:`warm_pool`, :meth:`standby_nodes`, :meth:`nodes`,
+  :meth:`ranks_of_node`) read the state and never fail. :meth:`replenish` keeps
+  ``standby.count`` standbys per node alive or starting (when ``standby.replenish`` or on Slurm).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from tmslurm.config import to_dict
+from tmslurm.controller.context import Context
+from tmslurm.controller.state import Agent
+from tmslurm.messages import Address, ErrorReply, FaultSpec, Hello, Welcome
+from tmslurm.runtime.protocol import Channel
+
+log = logging.getLogger(__name__)
+
+
+class Membership:
+    def __init__(self, ctx: Context, address: dict[str, object]) -> None:
+        self.ctx = ctx
+        self.state = ctx.state
+        self.address = address
+        cfg = ctx.cfg
+        self.standby_target = cfg.standby.count * cfg.parallel.ranks_per_node
+        self.replenishing = cfg.standby.replenish or cfg.cluster == "slurm"
+
+    # ---- connections --------------------------------------------------------------------------
+    def hello(self, msg: Hello, conn: int, ch: Channel) -> Agent | None:
+        if (msg.kind, msg.id) not in self.state.expected:
+            self.ctx.journal.write("hello_refused", kind=msg.kind, id=msg.id, node=msg.node, reported_pid=msg.pid)
+            ch.try_send(ErrorReply(error=f"refused: no {msg.kind} {msg.id} is expected by this run"))
+            ch.close()
+            return None
+        self.state.expected.discard((msg.kind, msg.id))
+        agent = Agent(f"{msg.kind}{msg.id}.{msg.pid}#{conn}", msg.kind, msg.id, msg.pid, msg.node, ch, time.monotonic(), host=msg.host)
+        self.state.agents[agent.aid] = agent
+        self.state.conn_agent[conn] = agent.aid
+        if msg.kind == "worker":
+            agent.rank = msg.id
+            self.state.slots[msg.id] = agent.aid
+        faults = [FaultSpec(**f) for f in self.ctx.pending_faults() if msg.kind == "worker" and f["rank"] == msg.id]
+        ch.try_send(Welcome(config=to_dict(self.ctx.cfg), epoch=self.state.epoch, generation=self.state.epoch,
+                            resume_step=self.state.resume_step, faults=faults, address=Address(**self.address)))
+        self.ctx.journal.write("agent_up", agent=agent.aid, node=agent.node, pid=agent.pid)
+        return agent
+
+    def agent_of_conn(self, conn: int) -> Agent | None:
+        return self.state.agents.get(self.state.conn_agent.get(conn, ""))
+
+    def touch(self, conn: int) -> None:
+        agent = self.agent_of_conn(conn)
+        if agent is not None:
+            agent.last_seen = time.monotonic()
+
+    # ---- processes ----------------------------------------------------------------------------
+    def spawn_worker(self, rank: int, incarnation: int) -> bool:
+        self.state.expected.add(("worker", rank))
+        return self.ctx.spawner.spawn_worker(rank, incarnation)
+
+    def spawn_standby(self) -> None:
+        index = self.state.standbys_started
+        self.state.expected.add(("standby", index))
+        self.state.standbys_started += 1
+        self.ctx.spawner.spawn_standby(index)
+
+    def replenish(self) -> None:
+        if not self.replenishing or self.state.mode.ending:
+            return
+        standbys = self.state.standbys()
+        pool = [a for a in standbys if a.idle_standby]
+        starting = self.state.standbys_started - len(standbys)
+        for _ in range(self.standby_target - len(pool) - max(0, starting)):
+            self.spawn_standby()
+
+    def kill(self, agent: Agent) -> None:
+        agent.alive = False
+        self.ctx.spawner.fence(agent.kind, agent.ident)  # our own handle: never a pid a client reported
+        agent.channel.close()
+
+    def fence_rank(self, rank: int, cause: str) -> None:
+        agent = self.state.agent_of(rank)
+        if agent is not None and agent.alive:
+            self.kill(agent)
+            self.ctx.journal.write("fenced", agent=agent.aid, rank=rank, node=agent.node, cause=cause)
+
+    # ---- queries ------------------------------------------------------------------------------
+    def warm_pool(self) -> dict[str, set[str]]:
+        return {a.aid: set(a.roles) for a in self.state.agents.values() if a.idle_standby and not a.busy and a.roles}
+
+    def any_idle_standby(self) -> bool:
+        return any(a.idle_standby and not a.busy for a in self.state.agents.values())
+
+    def standby_nodes(self) -> dict[str, str]:
+        return {a.aid: a.node for a in self.state.standbys()}
+
+    def nodes(self) -> dict[str, str]:
+        out = {self.state.agents[aid].node: "main" for aid in self.state.slots.values() if aid in self.state.agents}
+        out.update({a.node: "spare" for a in self.state.agents.values() if a.idle_standby})
+        return out
+
+    def ranks_of_node(self, node: str) -> list[int]:
+        agents = {r: self.state.agent_of(r) for r in self.state.slots}
+        return sorted(r for r, a in agents.items() if a is not None and a.alive and a.node == node)
+
+    def heartbeating(self, ranks: list[int]) -> bool:
+        rt = self.ctx.cfg.runtime
+        fresh = 3 * rt.heartbeat_interval_s if rt.heartbeats else 0.0
+        now = time.monotonic()
+        agents = [self.state.agent_of(r) for r in ranks]
+        return bool(agents) and all(a is not None and a.alive and now - a.last_seen < fresh for a in agents)

@@ -1,0 +1,58 @@
+"""The current plan's lifecycle: finish it when everyone reported, or cancel it.
+
+Contract: :meth:`PlanBook.maybe_finish` closes the current plan once nobody is waited for (and a
+planned switch was applied): the event record gets its parts, the nodes it emptied are handed to
+the cluster hooks, the mode returns to running and pending notices are retried.
+:meth:`PlanBook.cancel` abandons the plan: every participant gets ``cancel`` (joiners go back to
+the pool, still warm), the event is marked cancelled and, with ``requeue``, a planned move whose
+ranks are still alive becomes a pending notice again. Neither raises.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from tmslurm.controller.context import Context
+from tmslurm.controller.membership import Membership
+from tmslurm.controller.plans import PlannedSwitch
+from tmslurm.controller.state import Mode
+from tmslurm.messages import Cancel
+
+log = logging.getLogger(__name__)
+
+
+class PlanBook:
+    def __init__(self, ctx: Context, members: Membership) -> None:
+        self.ctx = ctx
+        self.state = ctx.state
+        self.members = members
+
+    def maybe_finish(self) -> None:
+        plan = self.state.plan
+        if plan is None or plan.waiting or (isinstance(plan, PlannedSwitch) and not plan.applied):
+            return
+        plan.times["switched"] = time.time()
+        self.ctx.events.switched(plan)
+        self.state.plan = None
+        emptied = sorted({n for n in str((plan.event or {}).get("node", "")).split(",") if n})
+        for node in self.ctx.hooks.release_nodes(emptied, self.members.ranks_of_node):
+            self.ctx.journal.write("node_released", node=node)
+        self.state.mode = Mode.RUNNING
+        self.state.retry_notices = True
+
+    def cancel(self, requeue: bool) -> None:
+        plan, self.state.plan = self.state.plan, None
+        if plan is None:
+            return
+        for aid in plan.joiners():
+            self.ctx.send_to(aid, Cancel(epoch=plan.epoch))
+            if aid in self.state.agents:
+                self.state.agents[aid].busy = False
+        self.ctx.broadcast(Cancel(epoch=plan.epoch))
+        self.ctx.events.cancel(plan)
+        if requeue and isinstance(plan, PlannedSwitch):
+            alive = [r for r in plan.ranks if self.state.agent_of(r) is not None and self.state.agent_of(r).alive]
+            if alive:
+                self.state.pending_notices.append({"kind": "maintenance", "rank": alive[0], "source": "controller",
+                                                   "reason": plan.reason})

@@ -1,0 +1,65 @@
+"""The two plans the controller carries out: a planned switch and a recovery.
+
+Contract: a :class:`PlannedSwitch` moves ranks that must leave (a notice) to warm standbys in two
+phases: ``waiting`` names who still has to report phase 1 (``ready`` when empty), ``applied`` once a
+commit decision carried it, then ``waiting`` names the leavers and joiners still to finish. A
+:class:`Recovery` replaces dead ranks: first it waits for every alive rank's ``aborted`` report
+(``statuses``) until ``deadline``, then (``applied``) for ``recovered`` / ``joined``. Both carry the
+epoch they rebuild groups at, their moves, the groups to rebuild, their timestamps and measured
+parts, and the event record they fill in (``event``). Plain data: no I/O, nothing raised.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tmslurm.runtime.switch import Move
+
+
+@dataclass
+class _Plan:
+    epoch: int
+    moves: list[Move]
+    groups: list[str]
+    reason: str
+    waiting: set[str] = field(default_factory=set)
+    applied: bool = False
+    times: dict[str, float] = field(default_factory=dict)
+    parts: dict[str, float] = field(default_factory=dict)
+    event: dict[str, Any] | None = None
+    target_step: int | None = None
+    node: str | None = None
+
+    @property
+    def ranks(self) -> list[int]:
+        return [m.rank for m in self.moves]
+
+    def joiners(self) -> set[str]:
+        return {m.joiner for m in self.moves if m.joiner}
+
+    def part(self, name: str, seconds: float | None) -> None:
+        """Keep the slowest participant's time for a part."""
+        if seconds is not None:
+            self.parts[name] = max(self.parts.get(name, 0.0), float(seconds))
+
+
+@dataclass
+class PlannedSwitch(_Plan):
+    kind: str = "planned"
+    source: str = ""
+    ready: bool = False
+    deferred: dict[Any, dict[str, Any]] = field(default_factory=dict)
+    """switch_mode=full: the phase-1 messages, sent only with the commit that applies the switch."""
+    bytes: int = 0
+
+
+@dataclass
+class Recovery(_Plan):
+    kind: str = "unexpected"
+    dead: set[int] = field(default_factory=set)
+    alive: list[int] = field(default_factory=list)
+    statuses: dict[int, dict[str, dict[str, int]]] = field(default_factory=dict)
+    dirty: list[str] = field(default_factory=list)
+    deadline: float = 0.0
+    bytes: int = 0

@@ -1,0 +1,165 @@
+"""Restart paths: checkpoint restart (the fallback and the in-job baseline), requeue, batch host.
+
+Contract (on the controller's thread; nothing here raises into the loop):
+- :meth:`Restarts.restart` kills every rank and starts them all again (``incarnation + 1``) from
+  the latest complete checkpoint, or step 0; the lost steps are redone, so the result stays exact.
+  With ``runtime.restart_mode=requeue_restart`` and a cluster that can requeue, it requeues instead.
+  A rank with nowhere to run ends the run (``failed``) instead of hanging; its checkpoint stays.
+- :meth:`Restarts.requeue` saves the step log and the open event to ``requeue.json`` and requeues
+  the job (optionally away from nodes); :meth:`resume_after_requeue` (at start-up) completes that
+  event in the next incarnation, so the downtime includes Slurm's rescheduling delay.
+- :meth:`checkpoint_and_requeue`: the batch host must leave; the next commit decision carries
+  ``checkpoint``, and once that checkpoint is complete (:meth:`tick`) the job requeues without it.
+Parts recorded: detect, stop, reschedule (requeue), startup, group_setup, ckpt_load, redo.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from tmslurm.controller.context import Context
+from tmslurm.controller.membership import Membership
+from tmslurm.controller.planbook import PlanBook
+from tmslurm.controller.state import CheckpointThen, Mode
+from tmslurm.messages import Started
+from tmslurm.train.checkpoint import latest_complete
+
+log = logging.getLogger(__name__)
+
+
+class Restarts:
+    def __init__(self, ctx: Context, members: Membership, plans: PlanBook) -> None:
+        self.ctx = ctx
+        self.state = ctx.state
+        self.members = members
+        self.plans = plans
+
+    def restart(self, cause: str, ranks: list[int], trigger: str, detect_t: float, failure_t: float | None = None) -> None:
+        mode = self.ctx.cfg.runtime.restart_mode
+        if mode == "requeue_restart" and self.ctx.hooks.can_requeue():
+            self.requeue(cause, ranks, trigger, detect_t, failure_t, exclude=[])
+            return
+        t0 = time.time()
+        target = self.state.step
+        self._stop_all_ranks()
+        self.state.epoch = self.state.new_epoch()
+        k = latest_complete(self.ctx.rundir.path, self.ctx.layout.pp) or 0
+        rec = self._record("restart" if mode == "tmslurm" else mode, trigger, cause, ranks, detect_t, failure_t, target, k)
+        rec["stop_s"] = time.time() - t0
+        self.ctx.journal.write("restart", epoch=self.state.epoch, cause=cause, from_step=k, lost_steps=target - k)
+        log.warning("restarting every rank from checkpoint step %d (%s)", k, cause)
+        self._respawn_all(k)
+
+    def _record(self, kind: str, trigger: str, cause: str, ranks: list[int], detect_t: float, failure_t: float | None,
+                target: int, from_step: int) -> dict[str, Any]:
+        rec = {"kind": kind, "trigger": trigger, "cause": cause, "epoch": self.state.epoch, "ranks": ranks, "node": "",
+               "standby": "", "notice_t": failure_t or detect_t, "last_commit_t": self.ctx.events.last_commit_t,
+               "detect_s": max(0.0, detect_t - (failure_t or detect_t)), "from_checkpoint_step": from_step,
+               "lost_steps": target - from_step, "target_step": target, "status": "switched", "switched_t": time.time()}
+        self.ctx.events.items.append(rec)
+        return rec
+
+    def _stop_all_ranks(self) -> None:
+        if self.state.plan is not None:
+            self.plans.cancel(requeue=False)
+        for r in range(self.ctx.layout.world):
+            agent = self.state.agent_of(r)
+            if agent is not None and agent.alive:
+                agent.expected_exit = True
+                self.members.kill(agent)
+
+    def _respawn_all(self, from_step: int) -> None:
+        st = self.state
+        st.step = st.resume_step = from_step
+        st.votes = {}
+        st.incarnation += 1
+        st.restart_t = time.time()
+        st.started = {}
+        failed = [r for r in range(self.ctx.layout.world) if self.members.spawn_worker(r, st.incarnation) is False]
+        st.mode = Mode.RUNNING
+        if failed:  # never hang: end the run with what it has, the checkpoint stays for a resume
+            log.error("ranks %s cannot be restarted anywhere; ending the run (resume with train.resume_from)", failed)
+            st.failed_reason = f"no node to restart ranks {failed}"
+            self.ctx.journal.write("run_failed", reason=st.failed_reason)
+            self._stop_all_ranks()
+            st.mode = Mode.FINISHED
+
+    def on_started(self, msg: Started) -> None:
+        rec = next((r for r in reversed(self.ctx.events.items)
+                    if r.get("from_checkpoint_step") is not None and r["status"] == "switched"), None)
+        if rec is None or msg.step != rec["from_checkpoint_step"]:
+            return
+        rec["group_setup_s"] = max(rec.get("group_setup_s", 0.0), msg.groups_s)
+        rec["ckpt_load_s"] = max(rec.get("ckpt_load_s", 0.0), msg.ckpt_load_s)
+        self.state.started[msg.rank] = msg
+        if len(self.state.started) == self.ctx.layout.world and self.state.restart_t is not None:
+            rec["startup_s"] = time.time() - self.state.restart_t
+            rec["all_started_t"] = time.time()
+
+    # ---- requeue ------------------------------------------------------------------------------
+    def requeue(self, cause: str, ranks: list[int], trigger: str, detect_t: float, failure_t: float | None,
+                exclude: list[str]) -> None:
+        t0 = time.time()
+        st = self.state
+        self._stop_all_ranks()
+        kind = "requeue_restart" if self.ctx.cfg.runtime.restart_mode == "requeue_restart" else "batch_host_requeue"
+        saved = {"cause": cause, "ranks": ranks, "trigger": trigger, "detect_t": detect_t, "failure_t": failure_t,
+                 "target_step": st.step, "last_commit_t": self.ctx.events.last_commit_t, "step_log": st.step_log,
+                 "events": self.ctx.events.items, "stop_s": time.time() - t0, "requeue_t": time.time(),
+                 "exclude": exclude, "fired": sorted(st.fired), "kind": kind}
+        self.ctx.rundir.requeue.write_text(json.dumps(saved, default=str))
+        self.ctx.journal.write("requeue", cause=cause, target_step=st.step, exclude=exclude)
+        log.warning("requeueing the job (%s); it resumes from the latest checkpoint", cause)
+        st.requeued = True
+        st.mode = Mode.FINISHED
+        self.ctx.hooks.requeue(exclude)
+
+    def resume_after_requeue(self) -> None:
+        """At start-up: complete the event a previous incarnation of the job left open."""
+        path = self.ctx.rundir.requeue
+        if not path.is_file():
+            return
+        saved = json.loads(path.read_text())
+        path.rename(self.ctx.rundir.requeue_archive(saved["requeue_t"]))
+        st = self.state
+        st.step_log = saved["step_log"]
+        st.fired = set(saved.get("fired", []))
+        self.ctx.events.items = saved["events"]
+        self.ctx.events.last_commit_t = saved["last_commit_t"]
+        rec = self._record(saved["kind"], saved["trigger"], saved["cause"], saved["ranks"], saved["detect_t"],
+                           saved["failure_t"], saved["target_step"], st.step)
+        rec["stop_s"] = saved["stop_s"]
+        rec["reschedule_s"] = time.time() - saved["requeue_t"]
+        st.restart_t = time.time()
+        self.ctx.journal.write("resumed_after_requeue", from_step=st.step, reschedule_s=rec["reschedule_s"])
+
+    def checkpoint_and_requeue(self, node: str, reason: str) -> None:
+        if self.state.checkpoint_then is not None:
+            return
+        self.state.checkpoint_then = CheckpointThen("requeue", reason, time.time(), node=node)
+        self.ctx.journal.write("batch_host_notice", node=node, reason=reason)
+        log.warning("the batch host %s must leave (%s): checkpoint, then requeue without it", node, reason)
+
+    def checkpoint_and_restart(self, ranks: list[int], reason: str, t: float) -> None:
+        """A planned event with no standby: lose nothing, restart from a checkpoint of the next step."""
+        if self.state.checkpoint_then is not None:
+            return
+        self.state.checkpoint_then = CheckpointThen("restart", reason, t, ranks=list(ranks))
+        self.ctx.journal.write("checkpoint_then_restart", ranks=ranks, reason=reason)
+        log.warning("no warm standby for ranks %s (%s): checkpoint at the next step, then restart from it", ranks, reason)
+
+    def tick(self) -> None:
+        then = self.state.checkpoint_then
+        if then is None or then.checkpoint_step is None or self.state.requeued:
+            return
+        if latest_complete(self.ctx.rundir.path, self.ctx.layout.pp) != then.checkpoint_step:
+            return
+        self.state.checkpoint_then = None
+        if then.action == "requeue":
+            self.requeue(f"batch host {then.node} leaving: {then.reason}", [], "planned", then.t, then.t,
+                         exclude=[then.node])
+        else:
+            self.restart(then.reason, then.ranks, "planned", then.t)

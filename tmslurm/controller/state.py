@@ -1,0 +1,125 @@
+"""One explicit run state: what the controller knows, built complete in its constructor.
+
+Contract: :class:`RunState` holds every mutable fact of a run (epoch, step, :class:`Mode`, slots,
+agents, votes, the current plan, pending notices, the step log, the reports collected at the end);
+it is created once, complete, and only the controller's thread touches it. :class:`Agent` is one
+connected process as the controller sees it. Queries here never fail: an unknown rank or agent
+id reads as "no agent" / "not alive".
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from tmslurm.controller.plans import PlannedSwitch, Recovery
+from tmslurm.messages import Done, Started
+from tmslurm.runtime.protocol import Channel
+
+
+class Mode(enum.Enum):
+    STARTING = "starting"
+    RUNNING = "running"
+    RECOVERING = "recovering"
+    CHECKPOINTING = "checkpointing"
+    DRAINING = "draining"
+    FINISHED = "finished"
+
+    @property
+    def ending(self) -> bool:
+        return self in (Mode.DRAINING, Mode.FINISHED)
+
+
+@dataclass
+class Agent:
+    aid: str
+    kind: str
+    ident: int
+    pid: int
+    """As the agent reported it: for logs only, never signalled."""
+    node: str
+    channel: Channel
+    last_seen: float
+    host: str | None = None
+    rank: int | None = None
+    alive: bool = True
+    expected_exit: bool = False
+    roles: dict[str, dict[str, Any]] = field(default_factory=dict)
+    busy: bool = False
+
+    @property
+    def idle_standby(self) -> bool:
+        return self.kind == "standby" and self.alive and self.rank is None
+
+
+@dataclass
+class CheckpointThen:
+    """Checkpoint at the next step boundary, then ``restart`` from it (a planned event with no warm
+    standby) or ``requeue`` away from ``node`` (the batch host must leave)."""
+
+    action: str
+    reason: str
+    t: float
+    ranks: list[int] = field(default_factory=list)
+    node: str | None = None
+    checkpoint_step: int | None = None
+
+
+@dataclass
+class RunState:
+    world: int
+    step: int = 0
+    resume_step: int = 0
+    start_step: int = 0
+    """Where this incarnation of the run began: 0, or the checkpoint it resumed from."""
+    epoch: int = 0
+    epochs: int = 0
+    mode: Mode = Mode.STARTING
+    incarnation: int = 0
+    agents: dict[str, Agent] = field(default_factory=dict)
+    conn_agent: dict[int, str] = field(default_factory=dict)
+    slots: dict[int, str] = field(default_factory=dict)
+    expected: set[tuple[str, int]] = field(default_factory=set)
+    """(kind, ident) spawned by us and not yet connected: the only hellos accepted."""
+    standbys_started: int = 0
+    votes: dict[int, Any] = field(default_factory=dict)
+    step_log: list[dict[str, Any]] = field(default_factory=list)
+    plan: PlannedSwitch | Recovery | None = None
+    pending_notices: list[dict[str, Any]] = field(default_factory=list)
+    retry_notices: bool = False
+    """Set when a plan ends or a standby warms up: the loop then retries a pending notice."""
+    fired: set[int] = field(default_factory=set)
+    fault_t: dict[int, float] = field(default_factory=dict)
+    done: dict[int, Done] = field(default_factory=dict)
+    started: dict[int, Started] = field(default_factory=dict)
+    restart_t: float | None = None
+    replica_mismatch: list[int] = field(default_factory=list)
+    comm_error_since: float | None = None
+    hold_since: float | None = None
+    stop_requested: bool = False
+    checkpoint_then: CheckpointThen | None = None
+    requeued: bool = False
+    failed_reason: str | None = None
+
+    def new_epoch(self) -> int:
+        """A fresh epoch, strictly above every one handed out so far."""
+        self.epochs = max(self.epochs, self.epoch) + 1
+        return self.epochs
+
+    def agent_of(self, rank: int) -> Agent | None:
+        return self.agents.get(self.slots.get(rank, ""))
+
+    def owns_slot(self, agent: Agent, rank: int) -> bool:
+        return self.slots.get(rank) == agent.aid
+
+    def rank_alive(self, rank: int) -> bool:
+        agent = self.agent_of(rank)
+        return agent is not None and agent.alive and not agent.expected_exit
+
+    def who(self, agent: Agent) -> str:
+        """How a plan's waiting set names an agent: r<rank> for a slot owner, else its agent id."""
+        return f"r{agent.rank}" if agent.rank is not None and self.owns_slot(agent, agent.rank) else agent.aid
+
+    def standbys(self) -> list[Agent]:
+        return [a for a in self.agents.values() if a.kind == "standby"]

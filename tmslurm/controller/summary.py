@@ -1,0 +1,64 @@
+"""What a run reports: ``tmslurm status`` while it runs and ``summary.json`` at the end.
+
+Contract: :meth:`Summary.status` is a JSON-ready view of the run (ranks, standbys, step, events).
+:meth:`Summary.write` builds ``summary.json``: the final hashes from every rank's ``done`` report
+(:func:`~tmslurm.runtime.final.final_hashes`: ``final_params_sha256``, ``final_state_sha256``,
+``replicas_equal``, ``diverging``; a divergence is journalled and logged as an error and gives
+no hash), losses, the step log, the events with their downtime. It raises only when the run
+directory cannot be written.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from tmslurm.controller.commits import Commits
+from tmslurm.controller.context import Context
+from tmslurm.runtime.events import describe
+from tmslurm.runtime.final import final_hashes
+
+log = logging.getLogger(__name__)
+
+
+class Summary:
+    def __init__(self, ctx: Context, commits: Commits) -> None:
+        self.ctx = ctx
+        self.state = ctx.state
+        self.commits = commits
+
+    def status(self) -> dict[str, Any]:
+        st, layout = self.state, self.ctx.layout
+        ranks = []
+        for r in range(layout.world):
+            agent = st.agent_of(r)
+            ranks.append({"rank": r, "node": agent.node if agent else None, "role": layout.role(r),
+                          "agent": agent.aid if agent else None, "alive": bool(agent and agent.alive)})
+        standbys = [{"id": a.aid, "node": a.node, "roles": sorted(a.roles), "busy": a.busy,
+                     "rss_mb": {k: v.get("rss_mb") for k, v in a.roles.items()}} for a in st.agents.values() if a.idle_standby]
+        last = st.step_log[-1] if st.step_log else {}
+        return {"run_dir": str(self.ctx.rundir.path), "mode": st.mode.value, "epoch": st.epoch, "step": st.step,
+                "steps": self.ctx.cfg.train.steps, "step_time_s": last.get("dt"), "loss": last.get("loss"),
+                "ranks": ranks, "standbys": standbys, "events": self.ctx.events.items, **self.ctx.hooks.status()}
+
+    def write(self) -> dict[str, Any]:
+        st, layout = self.state, self.ctx.layout
+        hashes = final_hashes({r: (m.stage, m.digest, m.state_digest) for r, m in st.done.items()}, layout.pp)
+        if hashes["diverging"]:
+            log.error("data-parallel replicas DIVERGED at the end: %s (no final hash)", hashes["diverging"])
+            self.ctx.journal.write("replicas_diverged", diverging=hashes["diverging"])
+        median = self.commits.median_step()
+        losses = [e["loss"] for e in st.step_log if e.get("loss") is not None]
+        summary = {
+            "run_id": self.ctx.rundir.name, "layout": {"dp": layout.dp, "pp": layout.pp, "tp": layout.tp},
+            "steps": st.step, "resumed_from_step": st.start_step, **hashes, "replica_mismatch_steps": st.replica_mismatch,
+            "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+            "median_step_s": median, "step_log": st.step_log, "events": self.ctx.events.finalize(median),
+            "standbys": [{"id": a.aid, "node": a.node, "roles": a.roles} for a in st.standbys()],
+            "restart_mode": self.ctx.cfg.runtime.restart_mode, "failed": st.failed_reason, **self.ctx.hooks.status(),
+        }
+        self.ctx.rundir.summary.write_text(json.dumps(summary, indent=1, default=str))
+        for rec in summary["events"]:
+            log.info("event: %s", describe(rec))
+        return summary

@@ -1,0 +1,137 @@
+"""Planned switches: move the ranks of a leaving node to warm standbys while training goes on.
+
+Contract (on the controller's thread):
+- :meth:`Switches.start` picks one warm standby per leaving rank (same roles; all on one spare node
+  when they fit), takes a new epoch, and sends phase 1 (``prepare`` to the stayers in the affected
+  groups and the leaver, ``join`` with ``activate=false`` to the joiners). With no warm standby
+  yet but one warming, the notice waits (retried when a standby is ready); with none at all it
+  checkpoints at the next step and restarts from that checkpoint (nothing lost); in a restart
+  baseline mode it restarts at once.
+- The next commit decision after every ``prepared`` carries the switch (see
+  :mod:`tmslurm.controller.commits`); ``left`` and ``joined`` finish it. A failed phase 1 cancels
+  the switch and retries the notice; a failed joiner does the same before the switch was applied
+  and fails the step after. Reports for another epoch are ignored. Nothing here raises.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from tmslurm.controller.context import Context
+from tmslurm.controller.membership import Membership
+from tmslurm.controller.planbook import PlanBook
+from tmslurm.controller.plans import PlannedSwitch
+from tmslurm.controller.recoveries import Recoveries
+from tmslurm.controller.restarts import Restarts
+from tmslurm.controller.state import Agent
+from tmslurm.messages import JoinFailed, Joined, Left, Prepared, Switched
+from tmslurm.runtime import switch as sw
+
+log = logging.getLogger(__name__)
+
+
+class Switches:
+    def __init__(self, ctx: Context, members: Membership, plans: PlanBook, restarts: Restarts, recoveries: Recoveries) -> None:
+        self.ctx = ctx
+        self.state = ctx.state
+        self.members = members
+        self.plans = plans
+        self.restarts = restarts
+        self.recoveries = recoveries
+
+    def start(self, ranks: list[int], notice: dict[str, Any]) -> None:
+        t0, cfg, layout = time.time(), self.ctx.cfg, self.ctx.layout
+        if cfg.runtime.restart_mode != "tmslurm":
+            self.restarts.restart(f"planned {notice.get('reason', '')} ({cfg.runtime.restart_mode})", ranks, "planned", t0)
+            return
+        try:
+            moves = sw.pick_joiners(layout, ranks, self.members.warm_pool(), self.members.standby_nodes())
+        except sw.PlanError as exc:
+            if self.members.any_idle_standby():
+                log.info("planned migration of ranks %s waits for a standby to finish warming up", ranks)
+                self.state.pending_notices.append(notice)
+                return
+            log.warning("planned migration of ranks %s impossible (%s); checkpoint, then restart", ranks, exc)
+            self.restarts.checkpoint_and_restart(ranks, str(exc), t0)
+            return
+        full = cfg.runtime.switch_mode == "full"
+        groups = layout.groups if full else layout.affected_groups(ranks)
+        plan = PlannedSwitch(self.state.new_epoch(), moves, sw.multi(layout, groups), notice.get("reason", ""),
+                             source=notice.get("source", ""), node=notice.get("node"))
+        plan.times.update(notice=notice.get("t", t0), detect=t0, pick=time.time())
+        for m in moves:
+            self.state.agents[m.joiner].busy = True
+        msgs = sw.planned_messages(layout, plan)
+        self.state.plan = plan
+        if full:  # no phase 1: everything is built inside the pause, after the next commit
+            plan.deferred = msgs
+            plan.ready = True
+        else:
+            plan.waiting = {k if isinstance(k, str) else f"r{k}" for k in msgs}
+            for key, msg in msgs.items():
+                self.ctx.send_to(key, msg)
+        self.ctx.events.begin(plan, self.state.agents, self.state.slots)
+        log.info("planned switch epoch %d: ranks %s -> %s (rebuilding %s)", plan.epoch, ranks, [m.joiner for m in moves], plan.groups)
+
+    def on_prepared(self, agent: Agent, msg: Prepared) -> None:
+        plan = self.state.plan
+        if plan is None or msg.epoch != plan.epoch:
+            return
+        if plan.applied:  # switch_mode=full: built inside the pause
+            plan.part("phase1_s", msg.phase1_s)
+            return
+        if msg.error:
+            log.warning("phase 1 failed on %s: %s", agent.aid, msg.error)
+            self.plans.cancel(requeue=True)
+            return
+        plan.waiting.discard(self.state.who(agent))
+        plan.part("phase1_s", msg.phase1_s)
+        if not plan.waiting and isinstance(plan, PlannedSwitch):
+            plan.ready = True
+            plan.times["phase1_done"] = time.time()
+
+    def on_switched(self, agent: Agent, msg: Switched) -> None:
+        plan = self.state.plan
+        if plan is not None and msg.epoch == plan.epoch:
+            plan.part("phase2_s", msg.phase2_s)
+
+    def on_left(self, agent: Agent, msg: Left) -> None:
+        if agent.rank != msg.rank:
+            return  # only the rank's own process can hand it over
+        agent.expected_exit = True
+        plan = self.state.plan
+        if plan is not None:
+            plan.waiting.discard(f"r{msg.rank}")
+            plan.part("phase2_s", msg.phase2_s)
+        self.ctx.journal.write("left", agent=agent.aid, rank=msg.rank, node=agent.node, transfer_s=msg.transfer_s)
+        self.plans.maybe_finish()
+
+    def on_joined(self, agent: Agent, msg: Joined) -> None:
+        plan = self.state.plan
+        if plan is None or msg.epoch != plan.epoch or agent.aid not in plan.joiners():
+            return
+        old = self.state.agent_of(msg.rank)
+        if old is not None and old is not agent:
+            old.expected_exit = True
+        agent.rank = msg.rank
+        agent.busy = False
+        self.state.slots[msg.rank] = agent.aid
+        plan.waiting.discard(agent.aid)
+        plan.part("transfer_s", msg.transfer_s)
+        plan.bytes += msg.bytes
+        self.ctx.journal.write("joined", agent=agent.aid, rank=msg.rank, node=agent.node, epoch=plan.epoch)
+        self.plans.maybe_finish()
+        self.members.replenish()
+
+    def on_join_failed(self, agent: Agent, msg: JoinFailed) -> None:
+        log.warning("standby %s failed to join: %s", agent.aid, msg.error)
+        agent.busy = False
+        plan = self.state.plan
+        if plan is None or msg.epoch != plan.epoch:
+            return
+        if isinstance(plan, PlannedSwitch) and not plan.applied:
+            self.plans.cancel(requeue=True)
+        else:
+            self.recoveries.fail(set(), f"joiner {agent.aid} failed", time.time())

@@ -1,0 +1,75 @@
+"""The run directory: every file name of a run in one place.
+
+Contract: :class:`RunDir` names each file a run keeps (``config.json``, ``token``,
+``controller.json``, ``jobs.json``, ``events.jsonl``, ``summary.json``, ``requeue.json``, ``logs/``, ``final/``,
+``checkpoints/``); no other module spells these names. :meth:`RunDir.create` makes the directory
+mode 0700 (the token, checkpoints and logs inside are the owner's alone). It does no other I/O.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: Path
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def config(self) -> Path:
+        return self.path / "config.json"
+
+    @property
+    def token(self) -> Path:
+        return self.path / "token"
+
+    @property
+    def controller(self) -> Path:
+        """Where the controller advertises its address (host, port, store_port)."""
+        return self.path / "controller.json"
+
+    @property
+    def jobs(self) -> Path:
+        """Slurm: the main job's id as submitted."""
+        return self.path / "jobs.json"
+
+    @property
+    def events(self) -> Path:
+        return self.path / "events.jsonl"
+
+    @property
+    def summary(self) -> Path:
+        return self.path / "summary.json"
+
+    @property
+    def requeue(self) -> Path:
+        """The state a requeued job's next incarnation picks up."""
+        return self.path / "requeue.json"
+
+    def requeue_archive(self, t: float) -> Path:
+        return self.path / f"requeue-{int(t)}.json"
+
+    @property
+    def logs(self) -> Path:
+        return self.path / "logs"
+
+    def log(self, who: str) -> Path:
+        return self.logs / f"{who}.log"
+
+    @property
+    def final(self) -> Path:
+        return self.path / "final"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    def create(self) -> None:
+        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.path, 0o700)

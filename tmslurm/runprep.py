@@ -1,0 +1,43 @@
+"""Preparing a run directory: create it (0700), copy a checkpoint to resume from, write the config.
+
+Contract: :func:`prepare_run_dir` resolves ``cfg.run_dir`` (default ``runs/<time>``), refuses a
+directory that already holds a finished run (TmslurmError naming it), creates it mode 0700,
+copies the newest complete checkpoint of ``train.resume_from`` (TmslurmError when there is none)
+and writes ``config.json``. Used by ``tmslurm-launch`` and by the Slurm entry points.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from tmslurm.config import RunConfig, to_dict
+from tmslurm.errors import TmslurmError
+from tmslurm.rundir import RunDir
+
+
+def prepare_run_dir(cfg: RunConfig) -> Path:
+    run_dir = Path(cfg.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    if (run_dir / "summary.json").exists():
+        raise TmslurmError(f"run directory {run_dir} already holds a finished run; pass run_dir=<new dir>")
+    RunDir(run_dir).create()  # 0700: the token, checkpoints and logs inside are the owner's alone
+    cfg.run_dir = str(run_dir)
+    if cfg.train.resume_from:
+        copy_latest_checkpoint(Path(cfg.train.resume_from), run_dir, cfg.parallel.pp)
+    RunDir(run_dir).config.write_text(json.dumps(to_dict(cfg), indent=1))
+    return run_dir
+
+
+def copy_latest_checkpoint(src: Path, run_dir: Path, pp: int) -> int:
+    """Copy the newest complete checkpoint of ``src`` into ``run_dir``; returns its step."""
+    import shutil
+
+    from tmslurm.train.checkpoint import checkpoint_dir, latest_complete
+
+    step = latest_complete(src, pp)
+    if step is None:
+        raise TmslurmError(f"train.resume_from={src}: no complete checkpoint there (every stage needs meta.json)")
+    if src.resolve() != run_dir.resolve():
+        shutil.copytree(checkpoint_dir(src, step), checkpoint_dir(run_dir, step), dirs_exist_ok=True)
+    return step

@@ -1,0 +1,91 @@
+"""The Slurm side of :class:`~tmslurm.controller.hooks.ClusterHooks`: spares, node give-back, batch host.
+
+Contract (called on the controller's thread; Slurm command failures are logged, never raised):
+- :meth:`SlurmHooks.on_step` refreshes the watcher's node set and, every 20 steps, the spare
+  jobs' nodes (one blocking ``scontrol`` per unknown spare);
+- :meth:`release_nodes` cuts each node a switch emptied out of the main job (never the batch host),
+  so a draining node becomes DRAINED while training goes on;
+- :meth:`inject_fault` raises an injected ``drain`` / ``node_down`` through ``scontrol`` (the
+  watcher then sees it like a real one), and ``power_off`` / ``partition`` through the failure lab
+  (:mod:`tmslurm.slurm.lab`, in a thread of its own);
+- :meth:`is_batch_host` remembers every noticed node as bad (new spares avoid it until it is
+  healthy) and says whether it is the batch host;
+- :meth:`requeue` requeues the main job (Slurm ends this batch task), excluding nodes.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+from typing import Any, Callable
+
+from tmslurm.errors import SlurmError
+from tmslurm.slurm.client import SlurmClient
+from tmslurm.slurm.lab import LAB_FAULTS, inject_lab_fault
+from tmslurm.slurm.spawner import SlurmSpawner
+from tmslurm.slurm.watcher import NodeWatch
+
+log = logging.getLogger(__name__)
+
+
+class SlurmHooks:
+    def __init__(self, client: SlurmClient, spawner: SlurmSpawner, watch: NodeWatch, job_id: str, batch_host: str) -> None:
+        self.client = client
+        self.spawner = spawner
+        self.watch = watch
+        self.job_id = job_id
+        self.batch_host = batch_host
+
+    def on_step(self, step: int, nodes: dict[str, str]) -> None:
+        if step % 20 == 0:
+            self.spawner.note_spare_node("")
+        self.watch.set_nodes(nodes)
+
+    def release_nodes(self, nodes: list[str], ranks_of_node: Callable[[str], list[int]]) -> list[str]:
+        released = []
+        for node in nodes:
+            if ranks_of_node(node) or node == self.batch_host:
+                continue
+            if self.spawner.release_node(node):
+                log.info("node %s released from job %s", node, self.job_id)
+                released.append(node)
+        return released
+
+    def inject_fault(self, fault: dict[str, Any], fired: Callable[[float, str], None]) -> bool:
+        node = self.spawner.node_of_rank(fault["rank"])
+        if fault["kind"] in LAB_FAULTS:
+            inject_lab_fault(self.spawner.cfg, fault["kind"], node, fired)
+            return True
+        state = "drain" if fault["kind"] == "drain" else "down"
+        try:
+            self.client.update_node(node, state, reason=f"tmslurm-fault-{fault['kind']}")
+            log.info("fault %s injected on %s through scontrol", fault["kind"], node)
+        except SlurmError as exc:
+            log.error("cannot inject %s on %s: %s", fault["kind"], node, exc)
+        return True
+
+    def is_batch_host(self, notice: dict[str, Any]) -> bool:
+        node = notice.get("node")
+        if node:
+            self.spawner.bad_nodes.add(node)
+        return bool(node) and node == self.batch_host
+
+    def can_requeue(self) -> bool:
+        return True
+
+    def requeue(self, exclude: list[str]) -> bool:
+        cmds = [["scontrol", "requeue", self.job_id]]
+        if exclude:
+            cmds.append(["scontrol", "update", f"jobid={self.job_id}", f"ExcNodeList={','.join(exclude)}"])
+        for cmd in cmds:
+            try:
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+            except (subprocess.TimeoutExpired, OSError) as exc:
+                log.error("%s failed: %s", " ".join(cmd), exc)
+                continue
+            if r.returncode != 0:
+                log.error("%s failed: %s", " ".join(cmd), r.stderr.strip())
+        return True
+
+    def status(self) -> dict[str, Any]:
+        return {"main_job_id": self.job_id, "spare_job_ids": self.spawner.spare_job_ids()}
