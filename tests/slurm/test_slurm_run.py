@@ -21,7 +21,9 @@ import pytest
 pytestmark = pytest.mark.slurm
 STEPS = 60
 COMMON = [f"train.steps={STEPS}", "train.step_delay_s=0.15", "slurm.partition=debug", "slurm.time=00:15:00",
-          "runtime.heartbeat_timeout_s=3.0", "slurm.poll_interval_s=0.5"]
+          "runtime.heartbeat_timeout_s=3.0", "slurm.poll_interval_s=0.5",
+          # the first step waits for warm standbys: a test's event never races their warm-up
+          "standby.start_when_warm=true"]
 _REFS: dict[tuple, str] = {}
 
 
