@@ -73,15 +73,16 @@ def _run_slurm(run_dir: Path, common: list[str], drain: int, kill: int) -> dict[
     silent, no socket closes), finish."""
     from tmslurm.bench.common import SlurmJob, local_slurm, resume_node, sh
 
-    job = SlurmJob(run_dir, [*common, "slurm.partition=debug", "slurm.time=00:20:00", "slurm.poll_interval_s=0.5"])
+    # The power-off is injected by the run itself at step ``kill`` (the failure lab's ``power-off``),
+    # so the controller knows the fault's moment and measures detection from it.
+    fault = f"faults=[{{step:{kill},kind:power_off,rank:2}}]"
+    job = SlurmJob(run_dir, [*common, "slurm.partition=debug", "slurm.time=00:20:00", "slurm.poll_interval_s=0.5", fault])
     job.wait(lambda st: st.get("step", 0) >= drain, 600, f"step {drain}")
     node1, _ = job.node_of_rank(1)
+    node2, _ = job.node_of_rank(2)
     print(f"   scontrol update nodename={node1} state=drain reason=demo-maintenance")
     sh("scontrol", "update", f"nodename={node1}", "state=drain", "reason=demo-maintenance")
-    job.wait(lambda st: st.get("step", 0) >= kill, 600, f"step {kill}")
-    node2, _ = job.node_of_rank(2)
-    print(f"   scripts/local-slurm power-off {node2}")
-    local_slurm("power-off", node2)
+    print(f"   at step {kill} the run calls: scripts/local-slurm power-off {node2}  ({fault})")
     summary_path = run_dir / "summary.json"
     deadline = time.monotonic() + 900
     while not summary_path.exists() and time.monotonic() < deadline:

@@ -126,7 +126,7 @@ class SlurmJob:
     def node_of_rank(self, rank: int) -> tuple[str, int]:
         st = self.status()
         r = next(x for x in st["ranks"] if x["rank"] == rank)
-        return r["node"], int(r["agent"].rsplit(".", 1)[1])
+        return r["node"], int(r["agent"].rsplit(".", 1)[1].split("#", 1)[0])  # agent ids: <kind><n>.<pid>#<conn>
 
     def stop(self, timeout: float = 300) -> dict[str, Any]:
         request(self.run_dir, {"type": "stop"}, timeout_s=10)
