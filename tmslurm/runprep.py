@@ -19,7 +19,7 @@ from tmslurm.rundir import RunDir
 
 def prepare_run_dir(cfg: RunConfig) -> Path:
     run_dir = Path(cfg.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-    if (run_dir / "summary.json").exists():
+    if RunDir(run_dir).summary.exists():
         raise TmslurmError(f"run directory {run_dir} already holds a finished run; pass run_dir=<new dir>")
     RunDir(run_dir).create()  # 0700: the token, checkpoints and logs inside are the owner's alone
     cfg.run_dir = str(run_dir)

@@ -21,8 +21,8 @@ class ClusterHooks(Protocol):
     def inject_fault(self, fault: dict[str, Any]) -> bool:
         """Raise an injected drain/node_down through the cluster; False: raise it as a notice instead."""
 
-    def is_batch_host(self, notice: dict[str, Any]) -> bool:
-        """Remember the notice's node as bad; True when it is the main job's batch host leaving."""
+    def is_batch_host(self, node: str | None) -> bool:
+        """Remember a noticed node as bad; True when it is the main job's batch host."""
 
     def requeue(self, exclude: list[str]) -> bool:
         """Requeue the run's own job away from ``exclude``; False when the cluster cannot."""
@@ -44,7 +44,7 @@ class LocalHooks:
     def inject_fault(self, fault: dict[str, Any]) -> bool:
         return False
 
-    def is_batch_host(self, notice: dict[str, Any]) -> bool:
+    def is_batch_host(self, node: str | None) -> bool:
         return False
 
     def requeue(self, exclude: list[str]) -> bool:
