@@ -224,7 +224,7 @@ def test_planned_event_without_standby_checkpoints_then_restarts_losing_nothing(
 
 def test_launch_warns_when_every_failure_would_restart_from_step_0(caplog):
     from tmslurm.config import compose_config
-    from tmslurm.launch import warn_unprotected
+    from tmslurm.runprep import warn_unprotected
 
     warn_unprotected(compose_config(["standby.count=0", "train.checkpoint_every=0"]))
     warn_unprotected(compose_config(["standby.count=1", "train.checkpoint_every=0"]))

@@ -112,7 +112,7 @@ def launch_slurm(cfg: RunConfig) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tmslurm.runprep import prepare_run_dir
+    from tmslurm.runprep import prepare_run_dir, warn_unprotected
     from tmslurm.logs import setup_logging
     from tmslurm.runtime.protocol import write_token
 
@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = from_dict(json.loads(RunDir(run_dir).config.read_text()))
         else:
             cfg = compose_config(["cluster=slurm", *argv])
+            warn_unprotected(cfg)
             if not cfg.run_dir:
                 cfg.run_dir = f"runs/job{os.environ.get('SLURM_JOB_ID', int(time.time()))}"
             requeued = RunDir(Path(cfg.run_dir)).token.exists()
