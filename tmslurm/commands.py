@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tmslurm.errors import TmslurmError
+from tmslurm.rundir import RunDir
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -25,7 +26,7 @@ def _status(args: argparse.Namespace) -> int:
     try:
         status = request(run_dir, {"type": "status"}, token=args.token)["status"]
     except TmslurmError:
-        summary = run_dir / "summary.json"
+        summary = RunDir(run_dir).summary
         if not summary.is_file():
             raise
         status = json.loads(summary.read_text())

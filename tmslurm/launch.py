@@ -21,7 +21,7 @@ from typing import Any
 from tmslurm.config import RunConfig, compose_config, to_dict
 from tmslurm.errors import TmslurmError
 from tmslurm.rundir import RunDir
-from tmslurm.runprep import prepare_run_dir
+from tmslurm.runprep import prepare_run_dir, warn_unprotected
 from tmslurm.runtime.protocol import write_token
 
 log = logging.getLogger(__name__)
@@ -51,13 +51,6 @@ def run_local(cfg: RunConfig) -> dict[str, Any]:
         spawner.stop_all()
     print_summary(summary, run_dir)
     return summary
-
-
-def warn_unprotected(cfg: RunConfig) -> None:
-    """No standby and no periodic checkpoint: every unexpected failure restarts from step 0."""
-    if cfg.standby.count == 0 and cfg.train.checkpoint_every == 0:
-        log.warning("standby.count=0 and train.checkpoint_every=0: an unexpected failure restarts the run from "
-                    "step 0 (set train.checkpoint_every=N or standby.count=1)")
 
 
 def print_summary(summary: dict[str, Any], run_dir: Path) -> None:

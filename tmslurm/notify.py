@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from tmslurm.errors import AuthError, NoticeError, TmslurmError
-from tmslurm.notices import parse_deadline
+from tmslurm.messages import NoticeRequest
+from tmslurm.notices import Notice, parse_deadline
+from tmslurm.rundir import RunDir
 from tmslurm.runtime.protocol import exchange, read_token
 
 
@@ -32,14 +34,16 @@ def find_runs(args: argparse.Namespace) -> list[Path]:
     if args.run_dir:
         return [Path(d) for d in args.run_dir]
     root = Path(args.runs_root)
-    return sorted(p.parent for p in root.glob("*/controller.json") if not (p.parent / "summary.json").exists())
+    dirs = sorted(RunDir(p) for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    return [d.path for d in dirs if d.controller.exists() and not d.summary.exists()]
 
 
 def trusted_run(run_dir: Path, with_token: bool) -> str | None:
     """None when ``run_dir``'s controller.json can be trusted, else why not."""
     try:
-        d, c = os.lstat(run_dir), os.lstat(run_dir / "controller.json")
-        t = os.lstat(run_dir / "token") if with_token else None
+        rd = RunDir(run_dir)
+        d, c = os.lstat(run_dir), os.lstat(rd.controller)
+        t = os.lstat(rd.token) if with_token else None
     except OSError as exc:
         return f"cannot inspect the run: {exc.strerror}"
     if not stat.S_ISREG(c.st_mode) or (t is not None and not stat.S_ISREG(t.st_mode)):
@@ -56,7 +60,9 @@ def notify(args: argparse.Namespace) -> list[str]:
         raise NoticeError("give --node NODE (or --rank R with --run-dir)")
     if args.private_key_file and args.node is None:
         raise NoticeError("a signed notice names a node: give --node")
-    deadline = parse_deadline(args.deadline, time.time()) if args.deadline else None
+    now = time.time()
+    notice = Notice(kind=args.event, node=args.node, rank=args.rank, source="admin", reason=args.reason,
+                    deadline=parse_deadline(args.deadline, now) if args.deadline else None, time=now)
     key = _private_key(args)
     runs = find_runs(args)
     if not runs:
@@ -68,7 +74,7 @@ def notify(args: argparse.Namespace) -> list[str]:
             out.append(f"{run_dir}: skipped, not trusted ({why})")
             continue
         try:
-            reply = exchange(_address(run_dir), _message(args, run_dir, key, deadline))
+            reply = exchange(_address(run_dir), _message(notice, args.token, run_dir, key))
         except TmslurmError as exc:
             out.append(f"{run_dir}: not reachable ({exc})")
             continue
@@ -95,16 +101,16 @@ def _private_key(args: argparse.Namespace) -> Any:
 
 def _address(run_dir: Path) -> dict[str, Any]:
     try:
-        return json.loads((run_dir / "controller.json").read_text())
+        return json.loads(RunDir(run_dir).controller.read_text())
     except (OSError, ValueError) as exc:
         raise TmslurmError(f"cannot read {run_dir / 'controller.json'}: {exc}") from None
 
 
-def _message(args: argparse.Namespace, run_dir: Path, key: Any, deadline: float | None) -> Any:
+def _message(notice: Notice, token: str | None, run_dir: Path, key: Any) -> Any:
+    """The notice as a signed notice (with a key) or as a request carrying the run's token."""
     if key is not None:
         from tmslurm.signing import signed_notice
 
-        return signed_notice(key, run_dir.resolve().name, args.node, args.event, deadline, args.reason)
-    token = args.token if args.token is not None else read_token(run_dir)
-    return {"type": "notice", "token": token, "event": args.event, "node": args.node, "rank": args.rank,
-            "deadline": deadline, "reason": args.reason, "source": "admin"}
+        return signed_notice(key, run_dir.resolve().name, notice.node, notice.kind, notice.deadline, notice.reason)
+    return NoticeRequest(type="notice", token=token if token is not None else read_token(run_dir), event=notice.kind,
+                         node=notice.node, rank=notice.rank, deadline=notice.deadline, reason=notice.reason)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from tmslurm.errors import TmslurmError
+from tmslurm.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -459,7 +460,7 @@ def write_report(run_dir: Path | str, out_dir: Path | str | None = None, *,
     missing or malformed; nothing is written in that case.
     """
     run_dir = Path(run_dir)
-    summary = load_summary(run_dir / "summary.json")
+    summary = load_summary(RunDir(Path(run_dir)).summary)
     downtime = load_bench(downtime_json, "downtime benchmark")
     scaling = load_bench(scaling_json, "scaling benchmark")
     out = Path(out_dir) if out_dir is not None else run_dir / "report"

@@ -2,7 +2,7 @@
 
 Contract: :class:`RunDir` names each file a run keeps (``config.json``, ``token``,
 ``controller.json``, ``jobs.json``, ``events.jsonl``, ``summary.json``, ``requeue.json``, ``logs/``, ``final/``,
-``checkpoints/``); no other module spells these names. :meth:`RunDir.create` makes the directory
+``checkpoints/``, ``sandbox/``); no other module spells these names. :meth:`RunDir.create` makes the directory
 mode 0700 (the token, checkpoints and logs inside are the owner's alone). It does no other I/O.
 """
 
@@ -69,6 +69,13 @@ class RunDir:
     @property
     def checkpoints(self) -> Path:
         return self.path / "checkpoints"
+
+    def checkpoint(self, step: int) -> Path:
+        return self.checkpoints / f"step_{step:06d}"
+
+    def sandbox(self, role: str) -> Path:
+        """The recording of a role's first step that standbys replay."""
+        return self.path / "sandbox" / f"{role}.pt"
 
     def create(self) -> None:
         self.path.mkdir(mode=0o700, parents=True, exist_ok=True)

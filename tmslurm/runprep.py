@@ -3,12 +3,14 @@
 Contract: :func:`prepare_run_dir` resolves ``cfg.run_dir`` (default ``runs/<time>``), refuses a
 directory that already holds a finished run (TmslurmError naming it), creates it mode 0700,
 copies the newest complete checkpoint of ``train.resume_from`` (TmslurmError when there is none)
-and writes ``config.json``. Used by ``tmslurm-launch`` and by the Slurm entry points.
+and writes ``config.json``. :func:`warn_unprotected` logs a warning when a run has neither a
+standby nor periodic checkpoints. Used by ``tmslurm-launch`` and by the Slurm entry points.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -16,10 +18,12 @@ from tmslurm.config import RunConfig, to_dict
 from tmslurm.errors import TmslurmError
 from tmslurm.rundir import RunDir
 
+log = logging.getLogger(__name__)
+
 
 def prepare_run_dir(cfg: RunConfig) -> Path:
     run_dir = Path(cfg.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-    if (run_dir / "summary.json").exists():
+    if RunDir(run_dir).summary.exists():
         raise TmslurmError(f"run directory {run_dir} already holds a finished run; pass run_dir=<new dir>")
     RunDir(run_dir).create()  # 0700: the token, checkpoints and logs inside are the owner's alone
     cfg.run_dir = str(run_dir)
@@ -41,3 +45,10 @@ def copy_latest_checkpoint(src: Path, run_dir: Path, pp: int) -> int:
     if src.resolve() != run_dir.resolve():
         shutil.copytree(checkpoint_dir(src, step), checkpoint_dir(run_dir, step), dirs_exist_ok=True)
     return step
+
+
+def warn_unprotected(cfg: RunConfig) -> None:
+    """No standby and no periodic checkpoint: every unexpected failure restarts from step 0."""
+    if cfg.standby.count == 0 and cfg.train.checkpoint_every == 0:
+        log.warning("standby.count=0 and train.checkpoint_every=0: an unexpected failure restarts the run from "
+                    "step 0 (set train.checkpoint_every=N or standby.count=1)")

@@ -16,6 +16,11 @@ from tests.unit.controller_harness import FakeChannel, Harness
 from tmslurm.controller.plans import PlannedSwitch, Recovery
 from tmslurm.controller.state import Mode
 from tmslurm.messages import NoticeRequest
+from tmslurm.notices import Notice
+
+
+def notice(kind: str = "maintenance", source: str = "admin", **fields) -> Notice:
+    return Notice(kind=kind, source=source, time=time.time(), **fields)
 
 
 def vote_before_failure(h: Harness) -> None:
@@ -32,7 +37,7 @@ def failure_before_vote(h: Harness) -> None:
 
 
 def second_failure_during_switch(h: Harness) -> None:
-    h.ctl.intake.notice({"kind": "maintenance", "rank": 1, "source": "admin", "reason": "psu"})
+    h.ctl.intake.notice(notice(rank=1, reason="psu"))
     h.prepare_all()
     h.disconnect(3)
 
@@ -45,13 +50,13 @@ def late_vote_of_fenced_process(h: Harness) -> None:
 
 
 def notice_for_unknown_node(h: Harness) -> None:
-    h.ctl.intake.notice({"kind": "maintenance", "node": "nowhere", "source": "slurm", "reason": "drain"})
+    h.ctl.intake.notice(notice(node="nowhere", source="slurm", reason="drain"))
     for r in range(4):
         h.vote(r)
 
 
 def standby_lost_while_joining(h: Harness) -> None:
-    h.ctl.intake.notice({"kind": "maintenance", "rank": 1, "source": "admin", "reason": "psu"})
+    h.ctl.intake.notice(notice(rank=1, reason="psu"))
     h.disconnect("s0")
 
 
@@ -102,7 +107,7 @@ def test_failure_before_vote_aborts_and_recovers_through_the_standby(tmp_path):
 
 def test_planned_switch_rides_on_the_next_commit(tmp_path):
     h = Harness(tmp_path)
-    h.ctl.intake.notice({"kind": "maintenance", "rank": 1, "source": "admin", "reason": "psu"})
+    h.ctl.intake.notice(notice(rank=1, reason="psu"))
     plan = h.state.plan
     assert isinstance(plan, PlannedSwitch) and not plan.ready and h.got("s0", "join")[-1]["activate"] is False
     assert not h.got(2, "prepare")  # rank 2 shares no group with rank 1: untouched
@@ -123,12 +128,13 @@ def test_second_failure_during_a_switch_requeues_the_notice(tmp_path):
     h = Harness(tmp_path)
     second_failure_during_switch(h)
     assert [c["epoch"] for c in h.got(0, "cancel")] == [1] and h.got(0, "abort")[-1]["epoch"] == 2
-    assert h.state.pending_notices == [{"kind": "maintenance", "rank": 1, "source": "controller", "reason": "psu"}]
+    (again,) = h.state.pending_notices
+    assert (again.kind, again.rank, again.source, again.reason) == ("maintenance", 1, "controller", "psu")
 
 
 def test_standby_lost_while_joining_after_the_switch_was_applied_fails_the_step(tmp_path):
     h = Harness(tmp_path)
-    h.ctl.intake.notice({"kind": "maintenance", "rank": 1, "source": "admin", "reason": "psu"})
+    h.ctl.intake.notice(notice(rank=1, reason="psu"))
     h.prepare_all()
     for r in range(4):
         h.vote(r)
@@ -204,7 +210,7 @@ def test_planned_event_without_standby_checkpoints_then_restarts_losing_nothing(
     h = Harness(tmp_path, 2, 2, 0)
     for r in range(4):
         h.vote(r)
-    h.ctl.intake.notice({"kind": "maintenance", "rank": 1, "source": "admin", "reason": "psu"})
+    h.ctl.intake.notice(notice(rank=1, reason="psu"))
     for r in range(4):
         h.vote(r)
     assert h.got(0, "decision")[-1]["checkpoint"] is True and h.state.mode is Mode.CHECKPOINTING
@@ -218,7 +224,7 @@ def test_planned_event_without_standby_checkpoints_then_restarts_losing_nothing(
 
 def test_launch_warns_when_every_failure_would_restart_from_step_0(caplog):
     from tmslurm.config import compose_config
-    from tmslurm.launch import warn_unprotected
+    from tmslurm.runprep import warn_unprotected
 
     warn_unprotected(compose_config(["standby.count=0", "train.checkpoint_every=0"]))
     warn_unprotected(compose_config(["standby.count=1", "train.checkpoint_every=0"]))

@@ -6,6 +6,7 @@ import copy
 
 import pytest
 
+from tmslurm.messages import Join, Prepare, Recover
 from tmslurm.runtime.switch import (Move, Plan, PlanError, dirty_groups, dp_source, multi, pick_joiners,
                                     planned_messages, recovery_messages)
 from tmslurm.topology import Layout
@@ -129,11 +130,10 @@ def test_planned_messages_dp2_pp2():
     assert plan.groups == ["dp/stage1", "pp/replica0/0-1"]
     msgs = planned_messages(L22, plan)
     assert msgs == {
-        0: {"type": "prepare", "epoch": 3, "groups": {"pp/replica0/0-1": 3}, "pairs": {}},
-        3: {"type": "prepare", "epoch": 3, "groups": {"dp/stage1": 3}, "pairs": {}},
-        1: {"type": "prepare", "epoch": 3, "groups": {}, "pairs": {"xfer/r1": (3, 0)}},
-        "s0": {"type": "join", "epoch": 3, "rank": 1, "groups": {"dp/stage1": 3, "pp/replica0/0-1": 3},
-               "xfer": "xfer/r1", "activate": False},
+        0: Prepare(epoch=3, groups={"pp/replica0/0-1": 3}, pairs={}),
+        3: Prepare(epoch=3, groups={"dp/stage1": 3}, pairs={}),
+        1: Prepare(epoch=3, groups={}, pairs={"xfer/r1": [3, 0]}),
+        "s0": Join(epoch=3, rank=1, groups={"dp/stage1": 3, "pp/replica0/0-1": 3}, xfer="xfer/r1", activate=False),
     }
     assert 2 not in msgs  # rank 2 shares no group with rank 1: it is never disturbed
 
@@ -145,11 +145,10 @@ def test_recovery_messages_dp2_pp2_with_a_dirty_group():
     plan = Plan("unexpected", 5, moves, groups)
     msgs = recovery_messages(L22, plan, alive=[0, 2, 3])
     assert msgs == {
-        0: {"type": "recover", "epoch": 5, "groups": {"pp/replica0/0-1": 5}, "pairs": {}},
-        2: {"type": "recover", "epoch": 5, "groups": {"pp/replica1/0-1": 5}, "pairs": {}},
-        3: {"type": "recover", "epoch": 5, "groups": {"dp/stage1": 5, "pp/replica1/0-1": 5}, "pairs": {"xfer/r1": (5, 0)}},
-        "s0": {"type": "join", "epoch": 5, "rank": 1, "groups": {"dp/stage1": 5, "pp/replica0/0-1": 5},
-               "xfer": "xfer/r1", "activate": True},
+        0: Recover(epoch=5, groups={"pp/replica0/0-1": 5}, pairs={}),
+        2: Recover(epoch=5, groups={"pp/replica1/0-1": 5}, pairs={}),
+        3: Recover(epoch=5, groups={"dp/stage1": 5, "pp/replica1/0-1": 5}, pairs={"xfer/r1": [5, 0]}),
+        "s0": Join(epoch=5, rank=1, groups={"dp/stage1": 5, "pp/replica0/0-1": 5}, xfer="xfer/r1", activate=True),
     }
 
 
@@ -157,10 +156,10 @@ def test_recovery_messages_reach_alive_ranks_with_nothing_to_rebuild():
     layout = Layout(2, 3)
     plan = Plan("unexpected", 2, [Move(5, "s1", source=2)], multi(layout, layout.affected_groups([5])))
     msgs = recovery_messages(layout, plan, alive=[0, 1, 2, 3, 4])
-    assert msgs[0] == {"type": "recover", "epoch": 2, "groups": {}, "pairs": {}}
-    assert msgs[2]["pairs"] == {"xfer/r5": (2, 0)} and msgs[2]["groups"] == {"dp/stage2": 2}
-    assert msgs[4]["groups"] == {"pp/replica1/1-2": 2}
-    assert msgs["s1"]["groups"] == {"dp/stage2": 2, "pp/replica1/1-2": 2}
+    assert msgs[0] == Recover(epoch=2, groups={}, pairs={})
+    assert msgs[2].pairs == {"xfer/r5": [2, 0]} and msgs[2].groups == {"dp/stage2": 2}
+    assert msgs[4].groups == {"pp/replica1/1-2": 2}
+    assert msgs["s1"].groups == {"dp/stage2": 2, "pp/replica1/1-2": 2}
 
 
 def test_planners_do_not_mutate_their_inputs():

@@ -24,6 +24,7 @@ import torch
 
 from tmslurm.comm.fabric import Fabric
 from tmslurm.errors import CommError
+from tmslurm.rundir import RunDir
 from tmslurm.topology import Layout
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ class FabricStageComm:
 
 
 def recording_path(run_dir: str | Path, role: str) -> Path:
-    return Path(run_dir) / "sandbox" / f"{role}.pt"
+    return RunDir(Path(run_dir)).sandbox(role)
 
 
 class RecordingStageComm:

@@ -23,6 +23,7 @@ from tmslurm.controller.context import Context
 from tmslurm.controller.plans import PlannedSwitch
 from tmslurm.controller.state import Agent, Mode
 from tmslurm.controller.membership import Membership
+from tmslurm.notices import Notice
 from tmslurm.messages import Activate, Decision, Groups, MoveSpec, Progress, SwitchSpec, Vote
 
 log = logging.getLogger(__name__)
@@ -134,8 +135,8 @@ class Commits:
                 if self.ctx.hooks.inject_fault(f, fired):  # on Slurm through scontrol or the lab
                     self.ctx.journal.write("fault", kind=f["kind"], rank=f["rank"], via="cluster")
                 else:
-                    self.ctx.submit(("notice", {"kind": "maintenance", "rank": f["rank"], "source": "fault",
-                                                "reason": "injected drain"}, None))
+                    self.ctx.submit(("notice", Notice(kind="maintenance", rank=f["rank"], source="fault",
+                                                      reason="injected drain", time=time.time()), None))
 
     def median_step(self) -> float:
         log_ = self.state.step_log

@@ -23,8 +23,8 @@ class ClusterHooks(Protocol):
         partition through the failure lab); False: raise it as a notice instead. For a fault whose
         moment is only known later, ``fired(t, node)`` is called from any thread when it happened."""
 
-    def is_batch_host(self, notice: dict[str, Any]) -> bool:
-        """Remember the notice's node as bad; True when it is the main job's batch host leaving."""
+    def is_batch_host(self, node: str | None) -> bool:
+        """Remember a noticed node as bad; True when it is the main job's batch host."""
 
     def requeue(self, exclude: list[str]) -> bool:
         """Requeue the run's own job away from ``exclude``; False when the cluster cannot."""
@@ -46,7 +46,7 @@ class LocalHooks:
     def inject_fault(self, fault: dict[str, Any], fired: Callable[[float, str], None]) -> bool:
         return False
 
-    def is_batch_host(self, notice: dict[str, Any]) -> bool:
+    def is_batch_host(self, node: str | None) -> bool:
         return False
 
     def requeue(self, exclude: list[str]) -> bool:

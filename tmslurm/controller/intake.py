@@ -13,6 +13,7 @@ Contract (on the controller's thread):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any, Callable
@@ -23,6 +24,7 @@ from tmslurm.controller.recoveries import Recoveries
 from tmslurm.controller.restarts import Restarts
 from tmslurm.controller.state import Mode
 from tmslurm.controller.switches import Switches
+from tmslurm.notices import Notice
 from tmslurm.messages import ErrorReply, NoticeRequest, OkReply, StatusReply, StatusRequest, StopRequest
 from tmslurm.runtime.protocol import Channel
 
@@ -40,24 +42,23 @@ class Intake:
         self.restarts = restarts
         self.status = status
 
-    def notice(self, notice: dict[str, Any]) -> None:
-        if self.ctx.hooks.is_batch_host(notice):
-            if notice["kind"] == "maintenance":
-                self.ctx.journal.write("notice", notice=notice, handled="batch host")
-                self.restarts.checkpoint_and_requeue(notice["node"], notice.get("reason", ""))
-                return
-        ranks = [notice["rank"]] if notice.get("rank") is not None else self.members.ranks_of_node(notice.get("node") or "")
+    def notice(self, notice: Notice) -> None:
+        if self.ctx.hooks.is_batch_host(notice.node) and notice.planned:
+            self.ctx.journal.write("notice", **dataclasses.asdict(notice), handled="batch host")
+            self.restarts.checkpoint_and_requeue(notice.node, notice.reason)
+            return
+        ranks = [notice.rank] if notice.rank is not None else self.members.ranks_of_node(notice.node or "")
         if not ranks:
             self._standby_notice(notice)
             return
-        self.ctx.journal.write("notice", **notice, ranks=ranks)
-        if notice["kind"] == "failure" and notice.get("source") == "slurm" and self.members.heartbeating(ranks):
+        self.ctx.journal.write("notice", **dataclasses.asdict(notice), ranks=ranks)
+        if not notice.planned and notice.source == "slurm" and self.members.heartbeating(ranks):
             log.warning("Slurm reports %s %s but its ranks %s are alive: not a failure of the run",
-                        notice.get("node"), notice.get("reason", ""), ranks)
-            self.ctx.journal.write("slurm_failure_not_confirmed", node=notice.get("node"), ranks=ranks)
+                        notice.node, notice.reason, ranks)
+            self.ctx.journal.write("slurm_failure_not_confirmed", node=notice.node, ranks=ranks)
             return
-        if notice["kind"] == "failure":
-            self.recoveries.fail(set(ranks), f"notice: {notice.get('reason', '')}".strip(), detect_t=time.time())
+        if not notice.planned:
+            self.recoveries.fail(set(ranks), f"notice: {notice.reason}".strip(), detect_t=time.time())
         elif self.state.mode is Mode.RUNNING and self.state.plan is None:
             self.switches.start(ranks, notice)
         else:
@@ -70,14 +71,14 @@ class Intake:
         if st.pending_notices and st.plan is None and st.mode is Mode.RUNNING:
             self.notice(st.pending_notices.pop(0))
 
-    def _standby_notice(self, notice: dict[str, Any]) -> None:
+    def _standby_notice(self, notice: Notice) -> None:
         for a in list(self.state.agents.values()):
-            if a.idle_standby and a.node == notice.get("node"):
-                self.ctx.journal.write("standby_lost", agent=a.aid, reason=notice.get("reason", notice["kind"]))
+            if a.idle_standby and a.node == notice.node:
+                self.ctx.journal.write("standby_lost", agent=a.aid, reason=notice.reason or notice.kind)
                 self.members.kill(a)
                 self.members.replenish()
-        if not any(a.node == notice.get("node") for a in self.state.agents.values()):
-            self.ctx.journal.write("notice_ignored", node=notice.get("node"), why="no rank or standby of this run there")
+        if not any(a.node == notice.node for a in self.state.agents.values()):
+            self.ctx.journal.write("notice_ignored", node=notice.node, why="no rank or standby of this run there")
 
     def request(self, msg: NoticeRequest | StatusRequest | StopRequest, ch: Channel) -> None:
         try:
@@ -98,7 +99,7 @@ class Intake:
             return ErrorReply(error=f"unknown node {msg.node!r}; this run uses: {', '.join(sorted(nodes))}")
         if msg.rank is not None and msg.rank >= self.ctx.layout.world:
             return ErrorReply(error=f"unknown rank {msg.rank!r}; valid: 0..{self.ctx.layout.world - 1}")
-        notice = {"kind": msg.event, "node": msg.node, "rank": msg.rank, "source": msg.source, "reason": msg.reason,
-                  "deadline": msg.deadline}
+        notice = Notice(kind=msg.event, node=msg.node, rank=msg.rank, source=msg.source, reason=msg.reason,
+                        deadline=msg.deadline, time=time.time())
         self.notice(notice)
-        return OkReply(accepted=notice)
+        return OkReply(accepted=dataclasses.asdict(notice))

@@ -38,6 +38,7 @@ from tmslurm.controller.summary import Summary
 from tmslurm.controller.switches import Switches
 from tmslurm.errors import TmslurmError
 from tmslurm import messages as m
+from tmslurm.notices import Notice
 from tmslurm.rundir import RunDir
 from tmslurm.runtime.events import EventLog
 from tmslurm.runtime.journal import Journal
@@ -79,7 +80,7 @@ class Controller:
         self.restarts.resume_after_requeue()
 
     # ---- intake from other threads -------------------------------------------------------------
-    def submit_notice(self, notice: dict[str, Any]) -> None:
+    def submit_notice(self, notice: Notice) -> None:
         """Queue a notice from any thread (the Slurm watcher)."""
         self.ctx.submit(("notice", notice, None))
 
@@ -153,6 +154,8 @@ class Controller:
         for agent in self.state.agents.values():
             if agent.alive:
                 agent.channel.try_send(m.Finish())
+        if self.state.plan is not None:  # a switch the run ended before: no event, no downtime
+            self.ctx.events.cancel(self.state.plan)
         summary = self.summary.write()
         time.sleep(0.3)  # let the agents read "finish" before their processes are stopped
         self.ctx.spawner.stop_all()

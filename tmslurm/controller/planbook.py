@@ -18,6 +18,7 @@ from tmslurm.controller.membership import Membership
 from tmslurm.controller.plans import PlannedSwitch
 from tmslurm.controller.state import Mode
 from tmslurm.messages import Cancel
+from tmslurm.notices import Notice
 
 log = logging.getLogger(__name__)
 
@@ -54,5 +55,5 @@ class PlanBook:
         if requeue and isinstance(plan, PlannedSwitch):
             alive = [r for r in plan.ranks if self.state.agent_of(r) is not None and self.state.agent_of(r).alive]
             if alive:
-                self.state.pending_notices.append({"kind": "maintenance", "rank": alive[0], "source": "controller",
-                                                   "reason": plan.reason})
+                self.state.pending_notices.append(Notice(kind="maintenance", rank=alive[0], source="controller",
+                                                         reason=plan.reason, time=time.time()))

@@ -15,6 +15,7 @@ from typing import Any
 
 from tmslurm.controller.plans import PlannedSwitch, Recovery
 from tmslurm.messages import Done, Started
+from tmslurm.notices import Notice
 from tmslurm.runtime.protocol import Channel
 
 
@@ -86,7 +87,7 @@ class RunState:
     votes: dict[int, Any] = field(default_factory=dict)
     step_log: list[dict[str, Any]] = field(default_factory=list)
     plan: PlannedSwitch | Recovery | None = None
-    pending_notices: list[dict[str, Any]] = field(default_factory=list)
+    pending_notices: list[Notice] = field(default_factory=list)
     retry_notices: bool = False
     """Set when a plan ends or a standby warms up: the loop then retries a pending notice."""
     fired: set[int] = field(default_factory=set)

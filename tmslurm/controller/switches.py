@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 from tmslurm.controller.context import Context
 from tmslurm.controller.membership import Membership
@@ -26,6 +25,7 @@ from tmslurm.controller.plans import PlannedSwitch
 from tmslurm.controller.recoveries import Recoveries
 from tmslurm.controller.restarts import Restarts
 from tmslurm.controller.state import Agent
+from tmslurm.notices import Notice
 from tmslurm.messages import JoinFailed, Joined, Left, Prepared, Switched
 from tmslurm.runtime import switch as sw
 
@@ -41,10 +41,10 @@ class Switches:
         self.restarts = restarts
         self.recoveries = recoveries
 
-    def start(self, ranks: list[int], notice: dict[str, Any]) -> None:
+    def start(self, ranks: list[int], notice: Notice) -> None:
         t0, cfg, layout = time.time(), self.ctx.cfg, self.ctx.layout
         if cfg.runtime.restart_mode != "tmslurm":
-            self.restarts.restart(f"planned {notice.get('reason', '')} ({cfg.runtime.restart_mode})", ranks, "planned", t0)
+            self.restarts.restart(f"planned {notice.reason} ({cfg.runtime.restart_mode})", ranks, "planned", t0)
             return
         try:
             moves = sw.pick_joiners(layout, ranks, self.members.warm_pool(), self.members.standby_nodes())
@@ -58,9 +58,9 @@ class Switches:
             return
         full = cfg.runtime.switch_mode == "full"
         groups = layout.groups if full else layout.affected_groups(ranks)
-        plan = PlannedSwitch(self.state.new_epoch(), moves, sw.multi(layout, groups), notice.get("reason", ""),
-                             source=notice.get("source", ""), node=notice.get("node"))
-        plan.times.update(notice=notice.get("t", t0), detect=t0, pick=time.time())
+        plan = PlannedSwitch(self.state.new_epoch(), moves, sw.multi(layout, groups), notice.reason,
+                             source=notice.source, node=notice.node)
+        plan.times.update(notice=notice.time, detect=t0, pick=time.time())
         for m in moves:
             self.state.agents[m.joiner].busy = True
         msgs = sw.planned_messages(layout, plan)

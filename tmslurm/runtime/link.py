@@ -22,10 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from tmslurm.errors import ProtocolError, TmslurmError
-from tmslurm.messages import BadMessage, decode_controller
+from tmslurm.messages import Abort, BadMessage, Welcome, decode_controller
 from tmslurm.runtime.protocol import Channel, connect, controller_address, read_token
 
 log = logging.getLogger(__name__)
+LOST = object()
+"""Put in the inbox when the controller's connection closed."""
 
 
 @dataclass
@@ -34,7 +36,8 @@ class Link:
 
     channel: Channel
     heartbeat_s: float
-    inbox: "queue.Queue[dict[str, Any]]" = field(default_factory=queue.Queue)
+    inbox: "queue.Queue[Any]" = field(default_factory=queue.Queue)
+    """Typed controller messages (:data:`~tmslurm.messages.ControllerMessage`), or :data:`LOST`."""
     abort_event: threading.Event = field(default_factory=threading.Event)
     abort_epoch: int = -1
     lost: threading.Event = field(default_factory=threading.Event)
@@ -58,18 +61,18 @@ class Link:
             if msg is None:
                 self.lost.set()
                 self.abort_event.set()
-                self.inbox.put({"type": "lost"})
+                self.inbox.put(LOST)
                 return
             try:
-                msg = decode_controller(msg).model_dump(mode="python")
+                typed = decode_controller(msg)
             except BadMessage as exc:
                 log.error("ignoring a bad message from the controller: %s", exc)
                 continue
-            if msg["type"] == "abort":
+            if isinstance(typed, Abort):
                 with self.abort_lock:
-                    self.abort_epoch = max(self.abort_epoch, int(msg.get("epoch", 0)))
+                    self.abort_epoch = max(self.abort_epoch, typed.epoch)
                     self.abort_event.set()
-            self.inbox.put(msg)
+            self.inbox.put(typed)
 
     def _beat(self) -> None:
         if self.heartbeat_s <= 0:
@@ -78,10 +81,10 @@ class Link:
             self.send({"type": "hb"})
             time.sleep(self.heartbeat_s)
 
-    def get(self, timeout: float | None = None) -> dict[str, Any]:
-        """Next controller message; a lost controller ends the process."""
+    def get(self, timeout: float | None = None) -> Any:
+        """Next controller message (typed); a lost controller ends the process."""
         msg = self.inbox.get(timeout=timeout)
-        if msg["type"] == "lost":
+        if msg is LOST:
             log.error("lost the controller; exiting")
             os._exit(3)
         return msg
@@ -92,7 +95,7 @@ class Link:
                 self.abort_event.clear()
 
 
-def hello(run_dir: Path, kind: str, ident: int, node: str) -> tuple[Link, dict[str, Any]]:
+def hello(run_dir: Path, kind: str, ident: int, node: str) -> tuple[Link, Welcome]:
     addr = controller_address(run_dir)
     ch = connect(addr["host"], addr["port"], timeout_s=30.0)
     ch.send({"type": "hello", "token": read_token(run_dir), "kind": kind, "id": ident, "pid": os.getpid(), "node": node,
@@ -100,8 +103,8 @@ def hello(run_dir: Path, kind: str, ident: int, node: str) -> tuple[Link, dict[s
     reply = ch.recv()
     if reply is None or reply.get("type") != "welcome":
         raise TmslurmError(f"controller refused {kind} {ident}: {reply}")
-    welcome = decode_controller(reply).model_dump(mode="python")
-    cfg = welcome["config"]
+    welcome = decode_controller(reply)
+    cfg = welcome.config
     link = Link(ch, float(cfg["runtime"]["heartbeat_interval_s"]) if cfg["runtime"].get("heartbeats", True) else 0.0)
     link.start()
     return link, welcome

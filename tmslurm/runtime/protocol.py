@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tmslurm.errors import AuthError, ProtocolError, TmslurmError
+from tmslurm.rundir import RunDir
 
 MAX_LINE = 1 << 20
 
@@ -111,7 +112,7 @@ def connect(host: str, port: int, timeout_s: float = 10.0) -> Channel:
 
 def write_token(run_dir: Path) -> str:
     token = secrets.token_hex(16)
-    path = run_dir / "token"
+    path = RunDir(Path(run_dir)).token
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
@@ -123,7 +124,7 @@ def write_token(run_dir: Path) -> str:
 
 def read_token(run_dir: Path) -> str:
     try:
-        return (Path(run_dir) / "token").read_text().strip()
+        return RunDir(Path(run_dir)).token.read_text().strip()
     except OSError as exc:
         raise AuthError(f"cannot read the run token {Path(run_dir) / 'token'}: {exc}") from None
 
@@ -134,7 +135,7 @@ def token_ok(given: Any, expected: str) -> bool:
 
 def controller_address(run_dir: Path, timeout_s: float = 60.0) -> dict[str, Any]:
     """Wait for ``<run_dir>/controller.json`` and return it (host, port, store_port)."""
-    path = Path(run_dir) / "controller.json"
+    path = RunDir(Path(run_dir)).controller
     deadline = time.monotonic() + timeout_s
     while True:
         try:

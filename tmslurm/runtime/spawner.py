@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from tmslurm.config import RunConfig
+from tmslurm.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -44,13 +45,13 @@ class LocalSpawner:
         self.cfg = cfg
         self.procs: list[subprocess.Popen] = []
         self.handles: dict[tuple[str, int], subprocess.Popen] = {}
-        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        RunDir(self.run_dir).logs.mkdir(parents=True, exist_ok=True)
 
     def node_of_rank(self, rank: int) -> str:
         return f"local{rank // self.cfg.parallel.ranks_per_node}"
 
     def _start(self, who: str, args: list[str], node: str) -> subprocess.Popen:
-        logf = open(self.run_dir / "logs" / f"{who}.log", "ab")
+        logf = open(RunDir(self.run_dir).log(who), "ab")
         cmd = [sys.executable, "-m", "tmslurm.runtime.agent", "--run-dir", str(self.run_dir), *args, "--node", node]
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=agent_env(self.cfg), start_new_session=True)
         logf.close()

@@ -27,6 +27,7 @@ from tmslurm.comm.transfer import recv_state
 from tmslurm.config import from_dict
 from tmslurm.errors import CommError, TmslurmError
 from tmslurm.logs import LOG_CONTEXT
+from tmslurm.messages import Activate, Cancel, Finish, Join, Welcome
 from tmslurm.runtime.link import Link
 from tmslurm.runtime.worker import Worker, build_runner, layout_of, make_fabric
 from tmslurm.train.schedule import StageRunner
@@ -47,15 +48,15 @@ def rss_mb() -> float:
 
 
 class Standby:
-    def __init__(self, run_dir: Path, link: Link, welcome: dict[str, Any], ident: int) -> None:
+    def __init__(self, run_dir: Path, link: Link, welcome: Welcome, ident: int) -> None:
         self.run_dir = Path(run_dir)
         self.link = link
-        self.welcome = welcome
-        self.cfg = from_dict(welcome["config"])
+        self.address = welcome.address.model_dump()
+        self.cfg = from_dict(welcome.config)
         self.layout = layout_of(self.cfg)
         self.ident = ident
         self.warm: dict[str, StageRunner] = {}
-        self.stash: list[dict[str, Any]] = []
+        self.stash: list[Any] = []
 
     def run(self) -> None:
         base = rss_mb()
@@ -64,19 +65,19 @@ class Standby:
                 return
         while True:
             msg = self._next()
-            if msg["type"] == "join":
+            if isinstance(msg, Join):
                 worker = self._join(msg)
                 if worker is not None:
                     worker.run()
                     return
-            elif msg["type"] == "finish":
+            elif isinstance(msg, Finish):
                 return
 
     def _warm_role(self, role: str, base_rss: float) -> bool:
         path = recording_path(self.run_dir, role)
         deadline = time.monotonic() + self.cfg.runtime.connect_timeout_s
         while not path.exists():
-            if not self.link.inbox.empty() and self.link.get()["type"] == "finish":
+            if not self.link.inbox.empty() and isinstance(self.link.get(), Finish):
                 return False
             if time.monotonic() > deadline:
                 raise TmslurmError(f"sandbox recording {path} did not appear in {self.cfg.runtime.connect_timeout_s:.0f}s")
@@ -105,13 +106,13 @@ class Standby:
             return runner
         return build_runner(self.cfg, rank)
 
-    def _join(self, msg: dict[str, Any]) -> Worker | None:
-        rank, epoch = int(msg["rank"]), int(msg["epoch"])
+    def _join(self, msg: Join) -> Worker | None:
+        rank, epoch = msg.rank, msg.epoch
         LOG_CONTEXT["who"] = f"standby{self.ident}->rank{rank}"
         runner = self._runner_for(rank)
-        fabric = make_fabric(self.cfg, rank, self.link, self.welcome["address"])
-        gens = {k: int(v) for k, v in msg["groups"].items()}
-        xfer = msg["xfer"]
+        fabric = make_fabric(self.cfg, rank, self.link, self.address)
+        gens = dict(msg.groups)
+        xfer = msg.xfer
         t0 = time.monotonic()
         build = fabric.build_in_background(gens, {xfer: (epoch, 1)})
         while not build.done():
@@ -124,7 +125,7 @@ class Standby:
             self.link.send({"type": "join_failed", "epoch": epoch, "rank": rank, "error": str(exc)[:300]})
             return None
         phase1_s = time.monotonic() - t0
-        if not msg.get("activate", False):
+        if not msg.activate:
             self.link.send({"type": "prepared", "epoch": epoch, "rank": rank, "joiner": self.ident, "phase1_s": phase1_s})
             if not self._await_activate(epoch):
                 return None
@@ -141,19 +142,19 @@ class Standby:
         self.link.send({"type": "joined", "epoch": epoch, "rank": rank, "joiner": self.ident, "step": step,
                         "transfer_s": time.monotonic() - t1, "phase1_s": phase1_s, "bytes": nbytes, "rss_mb": rss_mb()})
         log.info("now rank %d at step %d (state %d bytes in %.3fs)", rank, step, nbytes, time.monotonic() - t1)
-        return Worker(self.run_dir, self.link, self.cfg, rank, runner, fabric, epoch, step, [], self.welcome["address"])
+        return Worker(self.run_dir, self.link, self.cfg, rank, runner, fabric, epoch, step, [], self.address)
 
-    def _next(self) -> dict[str, Any]:
+    def _next(self) -> Any:
         return self.stash.pop(0) if self.stash else self.link.get()
 
     def _cancelled(self, epoch: int) -> bool:
         """Check for a cancel without losing other messages (an early ``activate`` is kept)."""
         while not self.link.inbox.empty():
             msg = self.link.get()
-            if msg["type"] == "cancel" and int(msg["epoch"]) == epoch:
+            if isinstance(msg, Cancel) and msg.epoch == epoch:
                 log.info("join of epoch %d cancelled; back in the pool", epoch)
                 return True
-            if msg["type"] == "finish":
+            if isinstance(msg, Finish):
                 os._exit(0)
             self.stash.append(msg)
         return False
@@ -161,9 +162,9 @@ class Standby:
     def _await_activate(self, epoch: int) -> bool:
         while True:
             msg = self._next()
-            if msg["type"] == "activate" and int(msg["epoch"]) == epoch:
+            if isinstance(msg, Activate) and msg.epoch == epoch:
                 return True
-            if msg["type"] == "cancel" and int(msg["epoch"]) == epoch:
+            if isinstance(msg, Cancel) and msg.epoch == epoch:
                 return False
-            if msg["type"] == "finish":
+            if isinstance(msg, Finish):
                 os._exit(0)

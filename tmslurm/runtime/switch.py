@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tmslurm.errors import TmslurmError
+from tmslurm.messages import Join, Prepare, Recover
 from tmslurm.topology import Layout
 
 
@@ -112,32 +113,37 @@ def _greedy(layout: Layout, ranks: list[int], candidates: dict[str, set[str]], p
     return moves
 
 
-def planned_messages(layout: Layout, plan: Plan) -> dict[Any, dict[str, Any]]:
+def planned_messages(layout: Layout, plan: Plan) -> dict[Any, Prepare | Join]:
     """``prepare`` for stayers (keyed by rank) and leavers, ``join`` for joiners (keyed by standby id)."""
     leaving = set(plan.ranks)
-    out: dict[Any, dict[str, Any]] = {}
+    groups: dict[int, dict[str, int]] = {}
+    pairs: dict[int, dict[str, list[int]]] = {}
     for name in plan.groups:
         for member in layout.groups[name].members:
             if member not in leaving:
-                out.setdefault(member, {"type": "prepare", "epoch": plan.epoch, "groups": {}, "pairs": {}})["groups"][name] = plan.epoch
+                groups.setdefault(member, {})[name] = plan.epoch
     for m in plan.moves:
-        out.setdefault(m.rank, {"type": "prepare", "epoch": plan.epoch, "groups": {}, "pairs": {}})["pairs"][m.xfer] = (plan.epoch, 0)
+        pairs.setdefault(m.rank, {})[m.xfer] = [plan.epoch, 0]
+    out: dict[Any, Prepare | Join] = {r: Prepare(epoch=plan.epoch, groups=groups.get(r, {}), pairs=pairs.get(r, {}))
+                                      for r in [*groups, *(r for r in pairs if r not in groups)]}
+    for m in plan.moves:
         out[m.joiner] = join_message(layout, plan, m, activate=False)
     return out
 
 
-def recovery_messages(layout: Layout, plan: Plan, alive: list[int]) -> dict[Any, dict[str, Any]]:
+def recovery_messages(layout: Layout, plan: Plan, alive: list[int]) -> dict[Any, Recover | Join]:
     """``recover`` for every alive rank (possibly with nothing to rebuild) and ``join`` per joiner."""
-    out: dict[Any, dict[str, Any]] = {}
-    for rank in alive:
-        groups = {n: plan.epoch for n in plan.groups if rank in layout.groups[n].members}
-        out[rank] = {"type": "recover", "epoch": plan.epoch, "groups": groups, "pairs": {}}
+    pairs: dict[int, dict[str, list[int]]] = {rank: {} for rank in alive}
     for m in plan.moves:
-        out[m.source]["pairs"][m.xfer] = (plan.epoch, 0)
+        pairs[m.source][m.xfer] = [plan.epoch, 0]
+    out: dict[Any, Recover | Join] = {
+        rank: Recover(epoch=plan.epoch, groups={n: plan.epoch for n in plan.groups if rank in layout.groups[n].members},
+                      pairs=pairs[rank]) for rank in alive}
+    for m in plan.moves:
         out[m.joiner] = join_message(layout, plan, m, activate=True)
     return out
 
 
-def join_message(layout: Layout, plan: Plan, m: Move, activate: bool) -> dict[str, Any]:
+def join_message(layout: Layout, plan: Plan, m: Move, activate: bool) -> Join:
     groups = {g.name: plan.epoch for g in layout.groups_of(m.rank) if len(g.members) > 1}
-    return {"type": "join", "epoch": plan.epoch, "rank": m.rank, "groups": groups, "xfer": m.xfer, "activate": activate}
+    return Join(epoch=plan.epoch, rank=m.rank, groups=groups, xfer=m.xfer, activate=activate)

@@ -31,6 +31,8 @@ from tmslurm.comm.transfer import send_state
 from tmslurm.config import RunConfig, from_dict
 from tmslurm.errors import CommAborted, CommError
 from tmslurm.logs import LOG_CONTEXT
+from tmslurm.messages import Abort, Cancel, Decision, Finish, Prepare, Recover, SwitchSpec, Welcome
+from tmslurm.rundir import RunDir
 from tmslurm.runtime.link import Link
 from tmslurm.topology import Layout, split_layers
 from tmslurm.train import checkpoint
@@ -108,19 +110,21 @@ class Worker:
         LOG_CONTEXT["who"] = f"rank{rank}"
 
     @classmethod
-    def from_welcome(cls, run_dir: Path, link: Link, welcome: dict[str, Any], rank: int) -> "Worker":
-        cfg = from_dict(welcome["config"])
+    def from_welcome(cls, run_dir: Path, link: Link, welcome: Welcome, rank: int) -> "Worker":
+        cfg = from_dict(welcome.config)
         runner = build_runner(cfg, rank)
-        fabric = make_fabric(cfg, rank, link, welcome["address"])
-        step = int(welcome.get("resume_step") or 0)
+        address = welcome.address.model_dump()
+        fabric = make_fabric(cfg, rank, link, address)
+        step = welcome.resume_step
         t0 = time.monotonic()
         if step:
             checkpoint.load_stage(run_dir, step, layout_of(cfg).coord(rank).stage, runner)
         t1 = time.monotonic()
-        gens = {g.name: int(welcome["generation"]) for g in fabric.my_groups()}
+        gens = {g.name: welcome.generation for g in fabric.my_groups()}
         fabric.install(fabric.build(gens))
         link.send({"type": "started", "rank": rank, "step": step, "groups_s": time.monotonic() - t1, "ckpt_load_s": t1 - t0})
-        return cls(run_dir, link, cfg, rank, runner, fabric, int(welcome["epoch"]), step, welcome.get("faults", []), welcome["address"])
+        faults = [f.model_dump() for f in welcome.faults]
+        return cls(run_dir, link, cfg, rank, runner, fabric, welcome.epoch, step, faults, address)
 
     def _should_record(self) -> bool:
         if self.cfg.standby.count == 0 or self.coord.dp != 0:
@@ -151,7 +155,7 @@ class Worker:
                     self.link.send({"type": "comm_error", "rank": self.rank, "step": self.step, "epoch": self.epoch, "error": str(exc)[:1000]})
                 self._recover()
                 continue
-            if decision["decision"] == "commit":
+            if decision is not None:
                 self.runner.apply()
                 self._after_commit(decision)
             else:
@@ -159,7 +163,8 @@ class Worker:
                 self._recover()
         self._finish()
 
-    def _attempt(self) -> dict[str, Any]:
+    def _attempt(self) -> Decision | None:
+        """Compute step s and vote; the commit decision, or None when the step was aborted."""
         t0 = time.perf_counter()
         self.fabric.begin_step()
         comm = RecordingStageComm(self.comm, recording_path(self.run_dir, self.layout.role(self.rank))) if self.recording else self.comm
@@ -173,42 +178,41 @@ class Worker:
             vote["digest"] = self.runner.digest()
         if not self.cfg.runtime.commit_vote:
             self.link.send({**vote, "type": "progress"})
-            return {"decision": "commit", "step": self.step, "epoch": self.epoch}
+            return Decision(step=self.step, epoch=self.epoch)
         self.link.send(vote)
         return self._wait_decision()
 
-    def _wait_decision(self) -> dict[str, Any]:
+    def _wait_decision(self) -> Decision | None:
         while True:
             msg = self.link.get()
-            if msg["type"] == "decision" and msg["step"] == self.step:
+            if isinstance(msg, Decision) and msg.step == self.step:
                 return msg
-            if msg["type"] == "abort":
-                self.seen_abort = max(self.seen_abort, int(msg["epoch"]))
-                return {"decision": "abort"}
+            if isinstance(msg, Abort):
+                self.seen_abort = max(self.seen_abort, msg.epoch)
+                return None
             self._dispatch(msg)
 
-    def _after_commit(self, decision: dict[str, Any]) -> None:
+    def _after_commit(self, decision: Decision) -> None:
         self.step += 1
         every = self.cfg.train.checkpoint_every
-        if ((every and self.step % every == 0) or decision.get("checkpoint")) and self.coord.dp == 0:
+        if ((every and self.step % every == 0) or decision.checkpoint) and self.coord.dp == 0:
             checkpoint.save_stage(self.run_dir, self.step, self.coord.stage, self.runner)
-        self.final = bool(decision.get("final"))
-        switch = decision.get("switch")
-        if switch:
-            self._switch(switch)
-        self.epoch = int(decision.get("epoch", self.epoch))
+        self.final = decision.final
+        if decision.switch is not None:
+            self._switch(decision.switch)
+        self.epoch = decision.epoch
         if self.cfg.train.step_delay_s:
             time.sleep(self.cfg.train.step_delay_s)
 
     # ---- planned switch -----------------------------------------------------------------------
-    def _switch(self, switch: dict[str, Any]) -> None:
-        epoch = int(switch["epoch"])
+    def _switch(self, switch: SwitchSpec) -> None:
+        epoch = switch.epoch
         build = self.prepared.pop(epoch, None)
         if build is None:
             return
         t0 = time.monotonic()
         handles = build.join(self.cfg.runtime.connect_timeout_s)
-        leaving = [m for m in switch["moves"] if m["rank"] == self.rank]
+        leaving = [m for m in switch.moves if m.rank == self.rank]
         if leaving:
             self._leave(handles[f"xfer/r{self.rank}"], t0)
         self.fabric.install(handles)
@@ -230,26 +234,24 @@ class Worker:
         while not self.link.inbox.empty():
             self._dispatch(self.link.get())
 
-    def _dispatch(self, msg: dict[str, Any]) -> None:
-        kind = msg["type"]
-        if kind == "prepare":
+    def _dispatch(self, msg: Any) -> None:
+        if isinstance(msg, Prepare):
             self._prepare(msg)
-        elif kind == "cancel":
-            build = self.prepared.pop(int(msg["epoch"]), None)
-            if build is not None:
-                log.info("switch of epoch %s cancelled", msg["epoch"])
-        elif kind == "abort":
-            self.seen_abort = max(self.seen_abort, int(msg["epoch"]))
-        elif kind == "finish":
+        elif isinstance(msg, Cancel):
+            if self.prepared.pop(msg.epoch, None) is not None:
+                log.info("switch of epoch %s cancelled", msg.epoch)
+        elif isinstance(msg, Abort):
+            self.seen_abort = max(self.seen_abort, msg.epoch)
+        elif isinstance(msg, Finish):
             log.info("controller says finish")
             os._exit(0)
-        elif kind not in ("decision", "recover"):
-            log.warning("ignoring unexpected message %s", kind)
+        elif not isinstance(msg, (Decision, Recover)):
+            log.warning("ignoring unexpected message %s", msg.type)
 
-    def _prepare(self, msg: dict[str, Any]) -> None:
-        epoch = int(msg["epoch"])
-        gens = {k: int(v) for k, v in msg["groups"].items()}
-        pairs = {k: (int(v[0]), int(v[1])) for k, v in msg.get("pairs", {}).items()}
+    def _prepare(self, msg: Prepare) -> None:
+        epoch = msg.epoch
+        gens = dict(msg.groups)
+        pairs = {k: (v[0], v[1]) for k, v in msg.pairs.items()}
 
         def done(build: BackgroundBuild) -> None:
             self.link.send({"type": "prepared", "epoch": epoch, "rank": self.rank, "phase1_s": build.seconds,
@@ -261,8 +263,8 @@ class Worker:
     def _recover(self) -> None:
         while self.seen_abort <= self.epoch:
             msg = self.link.get()
-            if msg["type"] == "abort":
-                self.seen_abort = int(msg["epoch"])
+            if isinstance(msg, Abort):
+                self.seen_abort = msg.epoch
             else:
                 self._dispatch(msg)
         replied = -1
@@ -271,21 +273,21 @@ class Worker:
                 replied = self.seen_abort
                 self.link.send({"type": "aborted", "epoch": replied, "rank": self.rank, "step": self.step, "status": self.fabric.status()})
             msg = self.link.get()
-            if msg["type"] == "abort":
-                self.seen_abort = max(self.seen_abort, int(msg["epoch"]))
-            elif msg["type"] == "recover" and int(msg["epoch"]) == self.seen_abort:
+            if isinstance(msg, Abort):
+                self.seen_abort = max(self.seen_abort, msg.epoch)
+            elif isinstance(msg, Recover) and msg.epoch == self.seen_abort:
                 if self._apply_recover(msg):
                     return
             else:
                 self._dispatch(msg)
 
-    def _apply_recover(self, msg: dict[str, Any]) -> bool:
+    def _apply_recover(self, msg: Recover) -> bool:
         due = [f for f in self.faults if f.get("when") == "recover" and f["step"] <= self.step]
         if due:
             self._fire(due[0])()
-        epoch = int(msg["epoch"])
-        gens = {k: int(v) for k, v in msg["groups"].items()}
-        pairs = {k: (int(v[0]), int(v[1])) for k, v in msg.get("pairs", {}).items()}
+        epoch = msg.epoch
+        gens = dict(msg.groups)
+        pairs = {k: (v[0], v[1]) for k, v in msg.pairs.items()}
         t0 = time.monotonic()
         build = self.fabric.build_in_background(gens, pairs)
         while not build.done():
@@ -331,7 +333,7 @@ class Worker:
     def _finish(self) -> None:
         digest = self.runner.digest()
         if self.coord.dp == 0:
-            out = self.run_dir / "final"
+            out = RunDir(self.run_dir).final
             out.mkdir(exist_ok=True)
             torch.save(self.runner.module.state_dict(), out / f"stage{self.coord.stage}.pt")
         self.link.send({"type": "done", "rank": self.rank, "stage": self.coord.stage, "digest": digest,
@@ -342,7 +344,7 @@ class Worker:
                 msg = self.link.get(timeout=1.0)
             except Exception:
                 continue
-            if msg["type"] == "finish":
+            if isinstance(msg, Finish):
                 return
-            if msg["type"] == "prepare":
+            if isinstance(msg, Prepare):
                 continue

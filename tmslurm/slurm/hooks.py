@@ -64,8 +64,7 @@ class SlurmHooks:
             log.error("cannot inject %s on %s: %s", fault["kind"], node, exc)
         return True
 
-    def is_batch_host(self, notice: dict[str, Any]) -> bool:
-        node = notice.get("node")
+    def is_batch_host(self, node: str | None) -> bool:
         if node:
             self.spawner.bad_nodes.add(node)
         return bool(node) and node == self.batch_host

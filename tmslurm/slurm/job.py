@@ -14,6 +14,7 @@ that checkpoint. Exit status 0 when the run finished.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -81,8 +82,7 @@ def run_in_allocation(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
 
 
 def _on_slurm_notice(ctl: Any, notice: Any) -> None:
-    ctl.submit_notice({"kind": notice.kind, "node": notice.node, "source": "slurm", "deadline": notice.deadline,
-                       "reason": f"{notice.slurm_state} {notice.reason}".strip(), "t": notice.time})
+    ctl.submit_notice(dataclasses.replace(notice, reason=f"{notice.slurm_state} {notice.reason}".strip()))
 
 
 def submit_main(run_dir: Path, cfg: RunConfig) -> str:
@@ -112,7 +112,7 @@ def launch_slurm(cfg: RunConfig) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tmslurm.runprep import prepare_run_dir
+    from tmslurm.runprep import prepare_run_dir, warn_unprotected
     from tmslurm.logs import setup_logging
     from tmslurm.runtime.protocol import write_token
 
@@ -121,12 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv[:1] == ["--run-dir"]:
             run_dir = Path(argv[1])
-            cfg = from_dict(json.loads((run_dir / "config.json").read_text()))
+            cfg = from_dict(json.loads(RunDir(run_dir).config.read_text()))
         else:
             cfg = compose_config(["cluster=slurm", *argv])
+            warn_unprotected(cfg)
             if not cfg.run_dir:
                 cfg.run_dir = f"runs/job{os.environ.get('SLURM_JOB_ID', int(time.time()))}"
-            requeued = Path(cfg.run_dir, "token").exists()
+            requeued = RunDir(Path(cfg.run_dir)).token.exists()
             run_dir = Path(cfg.run_dir).resolve() if requeued else prepare_run_dir(cfg)
             if not requeued:
                 write_token(run_dir)

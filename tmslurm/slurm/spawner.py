@@ -26,6 +26,7 @@ from typing import Any
 
 from tmslurm.config import RunConfig
 from tmslurm.errors import SlurmError
+from tmslurm.rundir import RunDir
 from tmslurm.runtime.spawner import agent_env
 from tmslurm.slurm.client import SlurmClient
 from tmslurm.slurm.hostlist import expand_hostlist
@@ -49,7 +50,7 @@ class SlurmSpawner:
         self.spares: dict[str, dict[str, Any]] = {}
         self.bad_nodes: set[str] = set()
         self.spare_counter = 0
-        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        RunDir(self.run_dir).logs.mkdir(parents=True, exist_ok=True)
 
     def node_of_rank(self, rank: int) -> str:
         return self.rank_node[rank]
@@ -58,7 +59,7 @@ class SlurmSpawner:
     def _srun(self, job_id: str, node: str, who: str, args: list[str]) -> None:
         if args[:1] == ["--rank"]:
             self.rank_steps[int(args[1])] = (job_id, f"tmslurm-{who}")
-        log_path = self.run_dir / "logs" / f"{who}.log"
+        log_path = RunDir(self.run_dir).log(who)
         cmd = ["srun", f"--jobid={job_id}", "-N1", "-n1", f"-w{node}", "--no-kill", "--kill-on-bad-exit=0", "--overlap",
                f"--job-name=tmslurm-{who}", "--output", str(log_path), sys.executable, "-m", "tmslurm.runtime.agent",
                "--run-dir", str(self.run_dir), *args]

@@ -23,13 +23,14 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from tmslurm.errors import CheckpointError
+from tmslurm.rundir import RunDir
 from tmslurm.train.schedule import StageRunner
 
 log = logging.getLogger(__name__)
 
 
 def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
-    return Path(run_dir) / "checkpoints" / f"step_{step:06d}"
+    return RunDir(Path(run_dir)).checkpoint(step)
 
 
 def _flat_state(runner: StageRunner) -> dict[str, torch.Tensor]:
@@ -78,7 +79,7 @@ def state_digest(state: dict[str, torch.Tensor]) -> str:
 
 
 def latest_complete(run_dir: str | Path, num_stages: int) -> int | None:
-    root = Path(run_dir) / "checkpoints"
+    root = RunDir(Path(run_dir)).checkpoints
     if not root.is_dir():
         return None
     steps = []
