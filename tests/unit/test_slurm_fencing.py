@@ -1,0 +1,81 @@
+"""The Slurm side of fencing and of the cluster hooks, with Slurm's commands captured (no cluster).
+
+A rank is fenced by killing its own step (found by the step name the spawner gave it), a standby by
+cancelling its spare job; no command ever carries a pid. The hooks never give back the batch host.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from types import SimpleNamespace
+
+import pytest
+
+from tmslurm.config import compose_config
+from tmslurm.slurm import spawner as sp
+from tmslurm.slurm.hooks import SlurmHooks
+from tmslurm.slurm.watcher import NodeWatch
+
+
+class FakeClient:
+    def __init__(self) -> None:
+        self.cancelled: list[str] = []
+        self.nodelists: list[list[str]] = []
+        self.updates: list[tuple[str, str]] = []
+
+    def cancel(self, job_id):
+        self.cancelled.append(str(job_id))
+
+    def update_job_nodelist(self, job_id, nodes):
+        self.nodelists.append(list(nodes))
+
+    def update_node(self, name, state, reason=None):
+        self.updates.append((name, state))
+
+    def nodes(self, names=None):
+        return []
+
+
+@pytest.fixture
+def slurm(tmp_path, monkeypatch):
+    runs: list[list[str]] = []
+
+    def fake_run(cmd, **kwargs):
+        runs.append(list(cmd))
+        out = "77.3 tmslurm-rank1.0\n77.4 tmslurm-rank2.0\n" if cmd[0] == "squeue" else ""
+        return subprocess.CompletedProcess(cmd, 0, out, "")
+
+    monkeypatch.setattr(sp.subprocess, "run", fake_run)
+    monkeypatch.setattr(sp.subprocess, "Popen", lambda *a, **k: SimpleNamespace(poll=lambda: 0))
+    cfg = compose_config(["cluster=slurm", "parallel.dp=2", "parallel.pp=2"])
+    client = FakeClient()
+    spawner = sp.SlurmSpawner(tmp_path, cfg, client, "77", ["n1", "n2", "n3", "n4"])
+    return spawner, client, runs
+
+
+def test_a_rank_is_fenced_by_killing_its_own_step(slurm):
+    spawner, _, runs = slurm
+    for rank in range(4):
+        spawner.spawn_worker(rank, 0)
+    runs.clear()
+    spawner.fence("worker", 1)
+    assert runs == [["squeue", "-h", "-s", "-j", "77", "-o", "%i %j"], ["scancel", "--signal=KILL", "77.3"]]
+
+
+def test_a_standby_is_fenced_by_cancelling_its_spare_job(slurm):
+    spawner, client, runs = slurm
+    spawner.spares["90"] = {"job_id": "90", "index": 0, "node": "n9"}
+    spawner.fence("standby", 0)
+    spawner.fence("standby", 5)  # no spare job of ours: nothing to do
+    spawner.fence("worker", 3)  # never spawned: nothing to do
+    assert client.cancelled == ["90"] and runs == []
+
+
+def test_hooks_release_emptied_nodes_but_never_the_batch_host(slurm, tmp_path):
+    spawner, client, _ = slurm
+    hooks = SlurmHooks(client, spawner, NodeWatch({}), "77", batch_host="n1")
+    released = hooks.release_nodes(["n1", "n2", "n3"], lambda node: [3] if node == "n3" else [])
+    assert released == ["n2"] and client.nodelists == [["n1", "n3", "n4"]]
+    assert hooks.is_batch_host("n1") and not hooks.is_batch_host("n4") and spawner.bad_nodes == {"n1", "n4"}
+    assert hooks.inject_fault({"kind": "drain", "rank": 2, "step": 3}) and client.updates == [("n3", "drain")]
+    assert hooks.status() == {"main_job_id": "77", "spare_job_ids": []}
