@@ -49,7 +49,8 @@ def slurm(tmp_path, monkeypatch):
     monkeypatch.setattr(sp.subprocess, "Popen", lambda *a, **k: SimpleNamespace(poll=lambda: 0))
     cfg = compose_config(["cluster=slurm", "parallel.dp=2", "parallel.pp=2"])
     client = FakeClient()
-    spawner = sp.SlurmSpawner(tmp_path, cfg, client, "77", ["n1", "n2", "n3", "n4"])
+    # fencing runs in the background in production; here at once, so the commands can be checked
+    spawner = sp.SlurmSpawner(tmp_path, cfg, client, "77", ["n1", "n2", "n3", "n4"], background=lambda work, name: work())
     return spawner, client, runs
 
 
@@ -77,5 +78,7 @@ def test_hooks_release_emptied_nodes_but_never_the_batch_host(slurm, tmp_path):
     released = hooks.release_nodes(["n1", "n2", "n3"], lambda node: [3] if node == "n3" else [])
     assert released == ["n2"] and client.nodelists == [["n1", "n3", "n4"]]
     assert hooks.is_batch_host("n1") and not hooks.is_batch_host("n4") and spawner.bad_nodes == {"n1", "n4"}
-    assert hooks.inject_fault({"kind": "drain", "rank": 2, "step": 3}) and client.updates == [("n3", "drain")]
+    fired: list[tuple[float, str]] = []
+    assert hooks.inject_fault({"kind": "drain", "rank": 2, "step": 3}, lambda t, node: fired.append((t, node)))
+    assert client.updates == [("n3", "drain")] and fired == []  # Slurm's own faults are timed by the watcher
     assert hooks.status() == {"main_job_id": "77", "spare_job_ids": []}

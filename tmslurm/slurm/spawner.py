@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tmslurm.config import RunConfig
 from tmslurm.errors import SlurmError
@@ -37,7 +37,9 @@ log = logging.getLogger(__name__)
 
 
 class SlurmSpawner:
-    def __init__(self, run_dir: Path, cfg: RunConfig, client: SlurmClient, job_id: str, nodes: list[str]) -> None:
+    def __init__(self, run_dir: Path, cfg: RunConfig, client: SlurmClient, job_id: str, nodes: list[str], *,
+                 background: Callable[[Callable[[], None], str], None] | None = None) -> None:
+        self.background = background or _daemon_thread  # runs Slurm commands the caller must not wait for
         self.run_dir = Path(run_dir)
         self.cfg = cfg
         self.client = client
@@ -150,7 +152,7 @@ class SlurmSpawner:
         else:
             return
         log.info("fencing %s", what)
-        threading.Thread(target=work, name=f"fence-{kind}{ident}", daemon=True).start()
+        self.background(work, f"fence-{kind}{ident}")
 
     def _cancel(self, job: str) -> None:
         try:
@@ -206,3 +208,7 @@ def job_nodes() -> list[str]:
     if not text:
         raise SlurmError("SLURM_JOB_NODELIST is not set: the main job entry must run inside a Slurm allocation")
     return expand_hostlist(text)
+
+
+def _daemon_thread(work: Callable[[], None], name: str) -> None:
+    threading.Thread(target=work, name=name, daemon=True).start()
