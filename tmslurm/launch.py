@@ -22,6 +22,7 @@ from typing import Any
 
 from tmslurm.config import RunConfig, compose_config, to_dict
 from tmslurm.errors import TmslurmError
+from tmslurm.topology import Layout
 from tmslurm.runtime.protocol import write_token
 
 log = logging.getLogger(__name__)
@@ -40,18 +41,18 @@ def prepare_run_dir(cfg: RunConfig) -> Path:
     os.chmod(run_dir, 0o700)  # the token, checkpoints and logs inside are the owner's alone
     cfg.run_dir = str(run_dir)
     if cfg.train.resume_from:
-        copy_latest_checkpoint(Path(cfg.train.resume_from), run_dir, cfg.parallel.pp)
+        copy_latest_checkpoint(Path(cfg.train.resume_from), run_dir, Layout.from_config(cfg).shard_names)
     (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
     return run_dir
 
 
-def copy_latest_checkpoint(src: Path, run_dir: Path, pp: int) -> int:
+def copy_latest_checkpoint(src: Path, run_dir: Path, shards: int | list[str]) -> int:
     """Copy the newest complete checkpoint of ``src`` into ``run_dir``; returns its step."""
     import shutil
 
     from tmslurm.train.checkpoint import checkpoint_dir, latest_complete
 
-    step = latest_complete(src, pp)
+    step = latest_complete(src, shards)
     if step is None:
         raise TmslurmError(f"train.resume_from={src}: no complete checkpoint there (every stage needs meta.json)")
     if src.resolve() != run_dir.resolve():

@@ -79,7 +79,7 @@ class Controller(RecoveryMixin, RestartMixin):
         self.run_dir = Path(run_dir)
         self.token = token
         self.host = host
-        self.layout = Layout(cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp)
+        self.layout = Layout.from_config(cfg)
         self.world = self.layout.world
         self.journal = Journal(self.run_dir / "events.jsonl")
         self.events = EventLog(self.journal)
@@ -115,7 +115,7 @@ class Controller(RecoveryMixin, RestartMixin):
         if cfg.train.resume_from:
             from tmslurm.train.checkpoint import latest_complete
 
-            self.step = self.resume_step = latest_complete(self.run_dir, self.layout.pp) or 0
+            self.step = self.resume_step = latest_complete(self.run_dir, self.layout.shard_names) or 0
         self.requeued = False
         self.spawner = spawner_factory(self)
         self.resume_after_requeue()
@@ -292,7 +292,7 @@ class Controller(RecoveryMixin, RestartMixin):
         digests: dict[int, set[str]] = {}
         for r, v in self.votes.items():
             if "digest" in v:
-                digests.setdefault(self.layout.coord(r).stage, set()).add(v["digest"])
+                digests.setdefault(self.layout.shard(r), set()).add(v["digest"])
         if any(len(d) > 1 for d in digests.values()):
             self.replica_mismatch.append(self.step)
             log.error("data-parallel replicas differ before step %d", self.step)
@@ -497,7 +497,13 @@ class Controller(RecoveryMixin, RestartMixin):
         plan.parts["transfer_s"] = max(plan.parts.get("transfer_s", 0.0), float(msg.get("transfer_s", 0.0)))
         plan.info.setdefault("bytes", 0)
         plan.info["bytes"] += int(msg.get("bytes", 0))
-        self.journal.write("joined", agent=agent.aid, rank=rank, node=agent.node, epoch=plan.epoch)
+        rec = plan.info.get("event")
+        if rec is not None:  # warm only if every joiner of the plan was
+            rec["joiner_warm"] = rec.get("joiner_warm", True) and bool(msg.get("joiner_warm", True))
+            if msg.get("warm_reason"):
+                rec.setdefault("warm_reasons", []).append(f"rank {rank}: {msg['warm_reason']}")
+        self.journal.write("joined", agent=agent.aid, rank=rank, node=agent.node, epoch=plan.epoch,
+                           joiner_warm=msg.get("joiner_warm"), warm_reason=msg.get("warm_reason"))
         self._maybe_finish_plan()
         self._maybe_replenish()
 

@@ -228,8 +228,8 @@ class RecoveryMixin:
         if len(self.done) >= self.world:
             return True
         missing = [r for r in range(self.world) if r not in self.done]
-        stages = {int(m["stage"]) for m in self.done.values()}
-        return all(not self._rank_alive(r) for r in missing) and stages >= set(range(self.layout.pp))
+        shards = {int(m.get("shard", m["stage"])) for m in self.done.values()}
+        return all(not self._rank_alive(r) for r in missing) and shards >= set(range(self.layout.shards))
 
     def _on_done(self, agent: Any, msg: dict[str, Any]) -> None:
         self.done[int(msg["rank"])] = msg
@@ -261,7 +261,8 @@ class RecoveryMixin:
         for agent in self.agents.values():
             if agent.alive:
                 agent.channel.try_send({"type": "finish"})
-        hashes = final_hashes({r: (m["stage"], m["digest"], m["state_digest"]) for r, m in self.done.items()}, self.layout.pp)
+        hashes = final_hashes({r: (m.get("shard", m["stage"]), m["digest"], m["state_digest"]) for r, m in self.done.items()},
+                              self.layout.shards)
         if hashes["diverging"]:
             log.error("data-parallel replicas DIVERGED at the end: %s (no final hash)", hashes["diverging"])
             self.journal.write("replicas_diverged", diverging=hashes["diverging"])

@@ -40,7 +40,7 @@ class RestartMixin:
         target = self.step
         self._stop_all_ranks()
         self.epoch = self._new_epoch()
-        k = latest_complete(self.run_dir, self.layout.pp) or 0
+        k = latest_complete(self.run_dir, self.layout.shard_names) or 0
         mode = self.cfg.runtime.restart_mode
         rec = self._restart_record("restart" if mode == "tmslurm" else mode, kind, cause, ranks, detect_t, failure_t, target, k)
         rec["stop_s"] = time.time() - t0
@@ -141,6 +141,6 @@ class RestartMixin:
         pending = getattr(self, "batch_host_pending", None)
         if not pending or pending.get("checkpoint_step") is None:
             return
-        if latest_complete(self.run_dir, self.layout.pp) == pending["checkpoint_step"]:
+        if latest_complete(self.run_dir, self.layout.shard_names) == pending["checkpoint_step"]:
             self.requeue(f"batch host {pending['node']} leaving: {pending['reason']}", [], "planned",
                          pending["t"], pending["t"], exclude=[pending["node"]])

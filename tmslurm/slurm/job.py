@@ -52,13 +52,14 @@ def run_in_allocation(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
     from tmslurm.slurm.client import make_client
     from tmslurm.slurm.spawner import SlurmSpawner, job_nodes
     from tmslurm.slurm.watcher import NodeWatch, SlurmWatcher
+    from tmslurm.topology import Layout
     from tmslurm.train.checkpoint import latest_complete
 
     job_id = os.environ["SLURM_JOB_ID"]
     nodes = job_nodes()
     client = make_client(cfg.slurm.backend)
     token = (run_dir / "token").read_text().strip()
-    if latest_complete(run_dir, cfg.parallel.pp) is not None and not cfg.train.resume_from:
+    if latest_complete(run_dir, Layout.from_config(cfg).shard_names) is not None and not cfg.train.resume_from:
         cfg.train.resume_from = str(run_dir)  # a requeued main job resumes from its own checkpoint
         log.info("resuming from the run directory's latest checkpoint (requeued job)")
     ctl = Controller(cfg, run_dir, token, lambda c: SlurmSpawner(run_dir, cfg, client, job_id, nodes),
