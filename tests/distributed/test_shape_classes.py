@@ -24,7 +24,8 @@ LAYOUT = ("parallel.dp=1", f"parallel.pp={PP}", f"model.n_layer={PP}", "model.co
 def test_pp8_compiled_drain_of_every_stage_joins_warm(launch, baseline):
     faults = ",".join(f"{{step:{EVERY * (r + 1)},kind:drain,rank:{r}}}" for r in range(PP))
     ref = baseline(*LAYOUT)
-    s = launch(*LAYOUT, "standby.count=2", "standby.replenish=true", "standby.start_when_warm=true",
+    # one standby per drain, all warm before step 0 commits (a replenished one would still be compiling)
+    s = launch(*LAYOUT, f"standby.count={PP}", "standby.start_when_warm=true",
                "train.step_delay_s=0.05", "runtime.heartbeat_timeout_s=20", f"faults=[{faults}]").wait(timeout=600)
     assert_exact(s, ref)
     evs = events_of(s, "planned")
