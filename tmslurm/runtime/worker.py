@@ -34,9 +34,9 @@ from tmslurm.logs import LOG_CONTEXT
 from tmslurm.runtime.link import Link
 from tmslurm.topology import Layout, split_layers
 from tmslurm.train import checkpoint
-from tmslurm.train.task import load_task
 from tmslurm.train.schedule import StageRunner
-from tmslurm.train.task import StageSpec
+from tmslurm.train.task import StageSpec, load_task
+from tmslurm.train.tp import TPGroup
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,14 @@ def peak_rss_mb() -> float:
 
 
 def layout_of(cfg: RunConfig) -> Layout:
-    return Layout(cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp)
+    return Layout.from_config(cfg)
+
+
+def stage_spec(cfg: RunConfig, stage: int, tp_rank: int) -> StageSpec:
+    """The StageSpec of (stage, tp position), with a fresh TP handle for the module to hold."""
+    layout = layout_of(cfg)
+    return StageSpec(stage, layout.pp, layout.role_of_stage(stage), split_layers(cfg.model.n_layer, layout.pp)[stage],
+                     tp_rank=tp_rank, tp_size=layout.tp, tp_group=TPGroup(tp_rank, layout.tp))
 
 
 def device_of(cfg: RunConfig) -> torch.device:
@@ -57,12 +64,11 @@ def device_of(cfg: RunConfig) -> torch.device:
 
 
 def build_runner(cfg: RunConfig, rank: int, stage: int | None = None) -> StageRunner:
-    """The StageRunner of ``rank`` (or of ``stage`` for a standby's warm-up, as dp rank 0)."""
+    """The StageRunner of ``rank`` (or of ``stage`` for a standby's warm-up, as dp rank 0, tp rank 0)."""
     torch.set_num_threads(cfg.train.threads)
     layout = layout_of(cfg)
     c = layout.coord(rank) if stage is None else None
-    stage = c.stage if c is not None else stage
-    spec = StageSpec(stage, layout.pp, layout.role_of_stage(stage), split_layers(cfg.model.n_layer, layout.pp)[stage])
+    spec = stage_spec(cfg, c.stage, c.tp) if c is not None else stage_spec(cfg, stage, 0)
     task = load_task(cfg)
     return StageRunner(task, spec, c.dp if c is not None else 0, layout.dp, cfg.train.micro_batches, device_of(cfg))
 
@@ -115,7 +121,7 @@ class Worker:
         step = int(welcome.get("resume_step") or 0)
         t0 = time.monotonic()
         if step:
-            checkpoint.load_stage(run_dir, step, layout_of(cfg).coord(rank).stage, runner)
+            checkpoint.load_stage(run_dir, step, layout_of(cfg).shard_name(rank), runner)
         t1 = time.monotonic()
         gens = {g.name: int(welcome["generation"]) for g in fabric.my_groups()}
         fabric.install(fabric.build(gens))
@@ -123,12 +129,13 @@ class Worker:
         return cls(run_dir, link, cfg, rank, runner, fabric, int(welcome["epoch"]), step, welcome.get("faults", []), welcome["address"])
 
     def _should_record(self) -> bool:
-        if self.cfg.standby.count == 0 or self.coord.dp != 0:
+        """Rank (dp 0, tp 0) of each shape class's first stage records its first step for standbys."""
+        if self.cfg.standby.count == 0 or self.coord.dp != 0 or self.coord.tp != 0:
             return False
-        role = self.layout.role(self.rank)
-        if self.layout.representative_stage(role) != self.coord.stage:
+        shape = self.layout.shape_class(self.rank)
+        if shape.representative != self.coord.stage:
             return False
-        return not recording_path(self.run_dir, role).exists()
+        return not recording_path(self.run_dir, shape.name).exists()
 
     def report_groups(self) -> None:
         """Tell the controller which ProcessGroup object serves each group (tests check identity)."""
@@ -162,7 +169,7 @@ class Worker:
     def _attempt(self) -> dict[str, Any]:
         t0 = time.perf_counter()
         self.fabric.begin_step()
-        comm = RecordingStageComm(self.comm, recording_path(self.run_dir, self.layout.role(self.rank))) if self.recording else self.comm
+        comm = RecordingStageComm(self.comm, recording_path(self.run_dir, self.layout.shape_class(self.rank).name)) if self.recording else self.comm
         loss = self.runner.compute(self.step, comm, midstep=self._fault_hook())
         if self.recording:
             comm.save()
@@ -191,7 +198,7 @@ class Worker:
         self.step += 1
         every = self.cfg.train.checkpoint_every
         if ((every and self.step % every == 0) or decision.get("checkpoint")) and self.coord.dp == 0:
-            checkpoint.save_stage(self.run_dir, self.step, self.coord.stage, self.runner)
+            checkpoint.save_stage(self.run_dir, self.step, self.layout.shard_name(self.rank), self.runner)
         self.final = bool(decision.get("final"))
         switch = decision.get("switch")
         if switch:
@@ -333,8 +340,8 @@ class Worker:
         if self.coord.dp == 0:
             out = self.run_dir / "final"
             out.mkdir(exist_ok=True)
-            torch.save(self.runner.module.state_dict(), out / f"stage{self.coord.stage}.pt")
-        self.link.send({"type": "done", "rank": self.rank, "stage": self.coord.stage, "digest": digest,
+            torch.save(self.runner.module.state_dict(), out / f"{self.layout.shard_name(self.rank)}.pt")
+        self.link.send({"type": "done", "rank": self.rank, "stage": self.coord.stage, "shard": self.layout.shard(self.rank), "digest": digest,
                         "state_digest": self.runner.state_digest(), "step": self.step})
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
