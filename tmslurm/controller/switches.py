@@ -10,7 +10,8 @@ Contract (on the controller's thread):
 - The next commit decision after every ``prepared`` carries the switch (see
   :mod:`tmslurm.controller.commits`); ``left`` and ``joined`` finish it. A failed phase 1 cancels
   the switch and retries the notice; a failed joiner does the same before the switch was applied
-  and fails the step after. Reports for another epoch are ignored. Nothing here raises.
+  and fails the step after. Reports for another epoch are ignored, except a ``joined`` of a dropped
+  plan (see :meth:`~tmslurm.controller.recoveries.Recoveries.late_join`). Nothing here raises.
 """
 
 from __future__ import annotations
@@ -111,7 +112,9 @@ class Switches:
     def on_joined(self, agent: Agent, msg: Joined) -> None:
         plan = self.state.plan
         if plan is None or msg.epoch != plan.epoch or agent.aid not in plan.joiners():
+            self.recoveries.late_join(agent, msg)
             return
+        self.state.dropped_joins.pop(agent.aid, None)
         old = self.state.agent_of(msg.rank)
         if old is not None and old is not agent:
             old.expected_exit = True
