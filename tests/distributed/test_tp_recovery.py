@@ -67,3 +67,17 @@ def test_failure_during_a_switch_is_exact(launch, baseline):
                 "faults=[{step:12,kind:kill,rank:1},{step:12,kind:kill,rank:0,when:recover}]")
     evs = events_of(s, "unexpected")
     assert sorted(r for ev in evs for r in ev["ranks"]) == [0, 1], evs
+
+
+def test_second_death_outside_the_joiners_groups_during_recovery_is_exact(launch, baseline):
+    """Rank 1 dies; rank 6 (no group in common with rank 1) dies while the recovery runs. The joiner
+    for rank 1 may finish before the controller handles rank 6's death: it then owns rank 1 and is
+    never sent to join again (the run used to stall on 60 s rebuild timeouts there)."""
+    run, s = _run(launch, baseline, "standby.count=2",
+                  "faults=[{step:12,kind:kill,rank:1},{step:12,kind:kill,rank:6,when:recover}]")
+    journal = run.journal()
+    assert {1, 6} <= {r for e in journal if e["type"] == "abort" for r in e["dead"]}, s["events"]
+    assert [ev["ranks"] for ev in events_of(s, "unexpected")] in ([[1], [6]], [[1, 6]], [[6]]), s["events"]
+    # a late 'joined' (the race) is adopted: the joiner owns rank 1 and only rank 6 is replaced after it
+    for late in (e for e in journal if e["type"] == "late_join"):
+        assert late["outcome"] == "adopted" and late["rank"] == 1, late
