@@ -33,7 +33,8 @@ class ParallelConfig:
     pp: int = 2
     """Pipeline-parallel degree: number of stages each replica is split into."""
     tp: int = 1
-    """Tensor-parallel degree (only 1 is implemented; kept so layouts read the usual way)."""
+    """Tensor-parallel degree: heads and MLP hidden units of each block are split over this many ranks
+    (the Task must declare supports_tp = True; model.n_head must be a multiple of it)."""
     ranks_per_node: int = 1
     """Training ranks started on each node."""
     nodes: Optional[int] = None
@@ -93,7 +94,10 @@ class StandbyConfig:
     count: int = 0
     """Spare nodes: each holds parallel.ranks_per_node warm standby processes (a spare allocation on Slurm)."""
     warmup_iters: int = 2
-    """Shadow iterations a standby runs per role in its sandbox."""
+    """Shadow iterations a standby runs per shape class in its sandbox."""
+    max_classes: int = 8
+    """Most shape classes (first, last, each distinct middle size) a standby keeps a warm runner for;
+    a join into a class beyond the cap builds its runner in the pause (joiner_warm: false)."""
     start_when_warm: bool = False
     """Hold the commit of the first step until every standby is warm for every role (at most
     runtime.connect_timeout_s), so faults early in short runs always find a warm standby."""
@@ -223,8 +227,6 @@ def _one_of(value: str, valid: tuple[str, ...], override: str) -> None:
 def _validate_parallel(p: ParallelConfig) -> None:
     for name in ("dp", "pp", "tp", "ranks_per_node"):
         _positive(getattr(p, name), f"parallel.{name}")
-    if p.tp != 1:
-        raise ConfigError(f"parallel.tp={p.tp}: only tp=1 is implemented. Fix: pass parallel.tp=1.")
     world = world_size(p)
     if p.nodes is not None:
         _positive(p.nodes, "parallel.nodes")
@@ -244,6 +246,9 @@ def _validate_model(m: ModelConfig, p: ParallelConfig) -> None:
         _positive(getattr(m, name), f"model.{name}")
     if m.d_model % m.n_head:
         raise ConfigError(f"model.d_model={m.d_model} is not a multiple of model.n_head={m.n_head}. Fix: change model.n_head.")
+    if m.n_head % p.tp:
+        raise ConfigError(f"model.n_head={m.n_head} is not a multiple of parallel.tp={p.tp}: heads are split over the "
+                          f"tensor-parallel group. Fix: pass a parallel.tp that divides {m.n_head} (or change model.n_head).")
     if p.pp > m.n_layer:
         raise ConfigError(
             f"parallel.pp={p.pp} is greater than model.n_layer={m.n_layer}: every stage needs at least one "
@@ -276,6 +281,15 @@ def _check_task(spec: str) -> None:
         raise ConfigError(f"train.task={spec!r} cannot be imported ({exc}). Fix: pass train.task=package.module:ClassName") from None
 
 
+def _check_task_tp(spec: str, tp: int) -> None:
+    import importlib
+
+    module_name, _, cls_name = spec.partition(":")
+    if not getattr(getattr(importlib.import_module(module_name), cls_name), "supports_tp", False):
+        raise ConfigError(f"train.task={spec!r} does not support tensor parallelism (no supports_tp = True); "
+                          f"parallel.tp={tp}. Fix: pass parallel.tp=1 or make the Task tensor-parallel.")
+
+
 def _validate_faults(cfg: RunConfig) -> None:
     world = world_size(cfg.parallel)
     for i, f in enumerate(cfg.faults):
@@ -295,6 +309,9 @@ def validate(cfg: RunConfig) -> RunConfig:
     _validate_parallel(cfg.parallel)
     _validate_model(cfg.model, cfg.parallel)
     _validate_train(cfg.train)
+    _positive(cfg.standby.max_classes, "standby.max_classes")
+    if cfg.parallel.tp > 1:
+        _check_task_tp(cfg.train.task, cfg.parallel.tp)
     _positive(cfg.standby.count, "standby.count", 0)
     _positive(cfg.standby.warmup_iters, "standby.warmup_iters")
     _one_of(cfg.cluster, CLUSTERS, "cluster")

@@ -220,14 +220,25 @@ class Done(Msg):
     type: Literal["done"]
     rank: Count
     stage: Count
+    shard: Count | None = None
+    """(stage, tp) shard index; None means the stage (tp = 1)."""
     digest: Digest
     state_digest: Digest
     step: Count
 
+    @property
+    def shard_index(self) -> int:
+        """The (stage, tp) shard this report is for (the stage when ``shard`` is absent)."""
+        return self.stage if self.shard is None else self.shard
+
 
 class Ready(Msg):
     type: Literal["ready"]
-    role: Literal["only", "first", "middle", "last"]
+    role: Name
+    """A shape class of the layout: only, first, last, middle or middle-<n>b."""
+    warm: bool = True
+    """False: listed beyond standby.max_classes; a join builds this class in the pause."""
+    stages: list[Count] = []
     warmup_s: Seconds
     rss_mb: MiB
     role_rss_mb: Annotated[float, Field(ge=-1e9, le=1e9, allow_inf_nan=False)]
@@ -244,6 +255,9 @@ class Joined(Msg):
     phase1_s: Seconds
     bytes: Annotated[int, Field(ge=0, le=2**50)]
     rss_mb: MiB
+    joiner_warm: bool = True
+    """The runner was warm (no module build or compile in the pause)."""
+    warm_reason: Text | None = None
 
 
 class JoinFailed(Msg):

@@ -17,6 +17,7 @@ from pathlib import Path
 from tmslurm.config import RunConfig, to_dict
 from tmslurm.errors import TmslurmError
 from tmslurm.rundir import RunDir
+from tmslurm.topology import Layout
 
 log = logging.getLogger(__name__)
 
@@ -28,20 +29,20 @@ def prepare_run_dir(cfg: RunConfig) -> Path:
     RunDir(run_dir).create()  # 0700: the token, checkpoints and logs inside are the owner's alone
     cfg.run_dir = str(run_dir)
     if cfg.train.resume_from:
-        copy_latest_checkpoint(Path(cfg.train.resume_from), run_dir, cfg.parallel.pp)
+        copy_latest_checkpoint(Path(cfg.train.resume_from), run_dir, Layout.from_config(cfg).shard_names)
     RunDir(run_dir).config.write_text(json.dumps(to_dict(cfg), indent=1))
     return run_dir
 
 
-def copy_latest_checkpoint(src: Path, run_dir: Path, pp: int) -> int:
+def copy_latest_checkpoint(src: Path, run_dir: Path, shards: int | list[str]) -> int:
     """Copy the newest complete checkpoint of ``src`` into ``run_dir``; returns its step."""
     import shutil
 
     from tmslurm.train.checkpoint import checkpoint_dir, latest_complete
 
-    step = latest_complete(src, pp)
+    step = latest_complete(src, shards)
     if step is None:
-        raise TmslurmError(f"train.resume_from={src}: no complete checkpoint there (every stage needs meta.json)")
+        raise TmslurmError(f"train.resume_from={src}: no complete checkpoint there (every shard needs meta.json)")
     if src.resolve() != run_dir.resolve():
         shutil.copytree(checkpoint_dir(src, step), checkpoint_dir(run_dir, step), dirs_exist_ok=True)
     return step

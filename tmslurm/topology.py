@@ -1,18 +1,28 @@
-"""Layout of a DP x PP (x TP) run: rank coordinates, roles, and the named groups each rank needs.
+"""Layout of a DP x PP x TP run: rank coordinates, roles, shape classes, and the named groups each rank needs.
 
-Contract: ranks are *logical* slots ``0..world-1`` ordered ``rank = (dp * pp + stage) * tp + tp_rank``.
-A slot keeps its number when the process serving it is replaced, so group membership is stated in
-slots and never changes; only the generation of a group changes when a member is replaced.
+Contract: ranks are *logical* slots ``0..world-1`` ordered ``rank = (dp * pp + stage) * tp + tp_rank``,
+so every rank is named by its (dp, pp, tp) coordinates. A slot keeps its number when the process
+serving it is replaced, so group membership is stated in slots and never changes; only the
+generation of a group changes when a member is replaced.
 
-Group names are stable and readable: ``dp/stage{j}`` (ranks holding stage j across replicas) and
-``pp/replica{i}/{j}-{j+1}`` (neighbouring stages of replica i). Invalid coordinates raise
-:class:`~tmslurm.errors.ConfigError`.
+Group names are stable and readable: ``dp/stage{j}`` (ranks holding stage j across replicas),
+``pp/replica{i}/{j}-{j+1}`` (neighbouring stages of replica i) and, with ``tp > 1``,
+``tp/replica{i}/stage{j}`` (the tensor-parallel group of stage j of replica i); the dp and pp names
+then get a ``/tp{t}`` suffix (only ranks of the same TP position exchange activations or reduce
+gradients). A *shard* is what one rank holds of the model: (stage, tp position); replicas of a shard
+are the DP peers with the same (pp, tp) coordinates.
+
+A *shape class* groups the stages whose runner (module, optimizer, compiled graphs) has the same
+shapes: the same role and the same number of blocks (``n_layer`` split with :func:`split_layers`).
+A universal standby warms one runner per class. Without ``n_layer`` every role is one class.
+Invalid coordinates raise :class:`~tmslurm.errors.ConfigError` naming the override.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 from tmslurm.errors import ConfigError
 
@@ -38,15 +48,41 @@ class GroupSpec:
 
 
 @dataclass(frozen=True)
+class ShapeClass:
+    """Stages whose runners have identical shapes: one warm runner serves every stage of the class."""
+
+    name: str
+    """``only``/``first``/``last``, ``middle``, or ``middle-<n>b`` when middle stages differ in size."""
+    role: str
+    blocks: int
+    """Blocks per stage of this class (0 when the layout was built without ``n_layer``)."""
+    stages: tuple[int, ...]
+
+    @property
+    def representative(self) -> int:
+        """The stage a standby warms up for this class (and whose dp=0, tp=0 rank records it)."""
+        return self.stages[0]
+
+
+@dataclass(frozen=True)
 class Layout:
     dp: int
     pp: int
     tp: int = 1
+    n_layer: int | None = None
+    """Blocks of the model; gives the shape classes (None: one class per role)."""
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> "Layout":
+        """The layout of a RunConfig (``parallel.*`` and ``model.n_layer``)."""
+        return cls(cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp, n_layer=cfg.model.n_layer)
 
     def __post_init__(self) -> None:
         for name in ("dp", "pp", "tp"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"parallel.{name}={getattr(self, name)} must be >= 1. Fix: pass parallel.{name}=<n>.")
+        if self.n_layer is not None:
+            split_layers(self.n_layer, self.pp)
 
     @property
     def world(self) -> int:
@@ -74,22 +110,63 @@ class Layout:
     def role(self, rank: int) -> str:
         return self.role_of_stage(self.coord(rank).stage)
 
+    def stage_blocks(self, stage: int) -> int:
+        return 0 if self.n_layer is None else len(split_layers(self.n_layer, self.pp)[stage])
+
+    @cached_property
+    def shape_classes(self) -> tuple[ShapeClass, ...]:
+        """The distinct shape classes, in pipeline order of their first stage."""
+        by_key: dict[tuple[str, int], list[int]] = {}
+        for stage in range(self.pp):
+            by_key.setdefault((self.role_of_stage(stage), self.stage_blocks(stage)), []).append(stage)
+        sizes: dict[str, int] = {}
+        for role, _ in by_key:
+            sizes[role] = sizes.get(role, 0) + 1
+        return tuple(ShapeClass(role if sizes[role] == 1 else f"{role}-{blocks}b", role, blocks, tuple(stages))
+                     for (role, blocks), stages in by_key.items())
+
+    def class_of_stage(self, stage: int) -> ShapeClass:
+        return next(c for c in self.shape_classes if stage in c.stages)
+
+    def shape_class(self, rank: int) -> ShapeClass:
+        return self.class_of_stage(self.coord(rank).stage)
+
     @cached_property
     def roles(self) -> tuple[str, ...]:
-        """Distinct roles of this layout, in pipeline order (what a universal standby warms up)."""
-        seen: list[str] = []
-        for stage in range(self.pp):
-            role = self.role_of_stage(stage)
-            if role not in seen:
-                seen.append(role)
-        return tuple(seen)
+        """Names of the shape classes in pipeline order: what a universal standby warms up, one runner each."""
+        return tuple(c.name for c in self.shape_classes)
 
-    def representative_stage(self, role: str) -> int:
-        """The stage a standby warms up for ``role`` (the first stage having that role)."""
-        for stage in range(self.pp):
-            if self.role_of_stage(stage) == role:
-                return stage
-        raise ConfigError(f"role {role!r} does not exist in {self}; valid roles: {', '.join(self.roles)}.")
+    def class_named(self, name: str) -> ShapeClass:
+        for c in self.shape_classes:
+            if c.name == name:
+                return c
+        raise ConfigError(f"role {name!r} does not exist in {self}; valid roles: {', '.join(self.roles)}.")
+
+    def representative_stage(self, name: str) -> int:
+        """The stage a standby warms up for shape class ``name`` (its first stage)."""
+        return self.class_named(name).representative
+
+    def stages_of_class(self, name: str) -> tuple[int, ...]:
+        return self.class_named(name).stages
+
+    # ---- shards: what one rank holds ----------------------------------------------------------
+    @property
+    def shards(self) -> int:
+        return self.pp * self.tp
+
+    def shard(self, rank: int) -> int:
+        """Index of the (stage, tp) shard ``rank`` holds: ``stage * tp + tp_rank`` (= stage when tp = 1)."""
+        c = self.coord(rank)
+        return c.stage * self.tp + c.tp
+
+    def shard_name(self, rank: int) -> str:
+        """``stage{j}`` (tp = 1) or ``stage{j}-tp{t}``: file and directory name of a shard."""
+        c = self.coord(rank)
+        return f"stage{c.stage}" + (f"-tp{c.tp}" if self.tp > 1 else "")
+
+    @cached_property
+    def shard_names(self) -> list[str]:
+        return [self.shard_name(self.rank(0, j, t)) for j in range(self.pp) for t in range(self.tp)]
 
     @cached_property
     def groups(self) -> dict[str, GroupSpec]:
@@ -104,10 +181,15 @@ class Layout:
                 for t in range(self.tp):
                     name = f"pp/replica{d}/{stage}-{stage + 1}" + (f"/tp{t}" if self.tp > 1 else "")
                     out[name] = GroupSpec(name, (self.rank(d, stage, t), self.rank(d, stage + 1, t)))
+        if self.tp > 1:
+            for d in range(self.dp):
+                for stage in range(self.pp):
+                    name = f"tp/replica{d}/stage{stage}"
+                    out[name] = GroupSpec(name, tuple(self.rank(d, stage, t) for t in range(self.tp)))
         return out
 
     def groups_of(self, rank: int) -> list[GroupSpec]:
-        """Named groups that ``rank`` is a member of (dp group first, then its pipeline pairs)."""
+        """Named groups that ``rank`` is a member of (dp group first, then its pipeline pairs, then tp)."""
         return [g for g in self.groups.values() if rank in g.members]
 
     def affected_groups(self, ranks: set[int] | list[int]) -> list[str]:
@@ -126,6 +208,11 @@ class Layout:
     def dp_group(self, rank: int) -> str:
         c = self.coord(rank)
         return f"dp/stage{c.stage}" + (f"/tp{c.tp}" if self.tp > 1 else "")
+
+    def tp_group(self, rank: int) -> str | None:
+        """The tensor-parallel group of ``rank`` (None when tp = 1)."""
+        c = self.coord(rank)
+        return f"tp/replica{c.dp}/stage{c.stage}" if self.tp > 1 else None
 
     def _pair_name(self, dp: int, stage: int, tp: int) -> str:
         return f"pp/replica{dp}/{stage}-{stage + 1}" + (f"/tp{tp}" if self.tp > 1 else "")

@@ -99,8 +99,62 @@ def test_group_rank_is_the_position_in_members():
 def test_tensor_parallel_names_carry_the_tp_rank():
     layout = Layout(1, 2, 2)
     assert sorted(layout.groups) == ["dp/stage0/tp0", "dp/stage0/tp1", "dp/stage1/tp0", "dp/stage1/tp1",
-                                     "pp/replica0/0-1/tp0", "pp/replica0/0-1/tp1"]
+                                     "pp/replica0/0-1/tp0", "pp/replica0/0-1/tp1",
+                                     "tp/replica0/stage0", "tp/replica0/stage1"]
     assert layout.groups["pp/replica0/0-1/tp1"].members == (1, 3)
+    assert layout.groups["tp/replica0/stage1"].members == (2, 3)
+
+
+def test_dp2_pp2_tp2_names_every_rank_by_its_coordinates_and_groups():
+    layout = Layout(2, 2, 2)
+    assert [(c.dp, c.stage, c.tp) for c in map(layout.coord, range(8))] == [
+        (0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1), (1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1)]
+    # rank 3 = (dp 0, stage 1, tp 1): its DP group (same pp, tp), its pipeline pair (same tp), its TP group
+    assert [g.name for g in layout.groups_of(3)] == ["dp/stage1/tp1", "pp/replica0/0-1/tp1", "tp/replica0/stage1"]
+    assert layout.groups["dp/stage1/tp1"].members == (3, 7)
+    assert layout.tp_group(3) == "tp/replica0/stage1" and Layout(2, 2).tp_group(3) is None
+    assert layout.dp_group(3) == "dp/stage1/tp1"
+    assert layout.pp_prev(3) == "pp/replica0/0-1/tp1" and layout.pp_next(1) == "pp/replica0/0-1/tp1"
+    # the delta switch rebuilds the leaver's groups only
+    assert layout.affected_groups({5}) == ["dp/stage0/tp1", "pp/replica1/0-1/tp1", "tp/replica1/stage0"]
+    assert len(layout.groups) == 4 + 4 + 4
+
+
+def test_shards_name_stage_and_tp_position():
+    layout = Layout(2, 2, 2)
+    assert layout.shards == 4
+    assert [layout.shard(r) for r in range(8)] == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert layout.shard_names == ["stage0-tp0", "stage0-tp1", "stage1-tp0", "stage1-tp1"]
+    assert Layout(2, 3).shard_names == ["stage0", "stage1", "stage2"]  # tp = 1 keeps the stage names
+    assert [Layout(2, 3).shard(r) for r in range(6)] == [0, 1, 2, 0, 1, 2]
+
+
+@pytest.mark.parametrize("n_layer, pp, classes", [
+    (None, 4, [("first", (0,)), ("middle", (1, 2)), ("last", (3,))]),
+    (8, 8, [("first", (0,)), ("middle", tuple(range(1, 7))), ("last", (7,))]),
+    (4, 1, [("only", (0,))]),
+    (10, 4, [("first", (0,)), ("middle-3b", (1,)), ("middle-2b", (2,)), ("last", (3,))]),
+    (11, 6, [("first", (0,)), ("middle", (1, 2, 3, 4)), ("last", (5,))]),
+    (14, 6, [("first", (0,)), ("middle-3b", (1,)), ("middle-2b", (2, 3, 4)), ("last", (5,))]),
+    (9, 6, [("first", (0,)), ("middle-2b", (1, 2)), ("middle-1b", (3, 4)), ("last", (5,))]),
+])
+def test_shape_classes_group_stages_by_role_and_size(n_layer, pp, classes):
+    layout = Layout(1, pp, n_layer=n_layer)
+    assert [(c.name, c.stages) for c in layout.shape_classes] == classes
+    assert layout.roles == tuple(name for name, _ in classes)
+    for c in layout.shape_classes:
+        assert layout.representative_stage(c.name) == c.stages[0] == c.representative
+        assert {layout.shape_class(layout.rank(0, j)).name for j in c.stages} == {c.name}
+        assert len({layout.stage_blocks(j) for j in c.stages}) == 1
+
+
+def test_layout_from_config_and_pp_beyond_layers():
+    from types import SimpleNamespace as NS
+
+    cfg = NS(parallel=NS(dp=2, pp=2, tp=2), model=NS(n_layer=4))
+    assert Layout.from_config(cfg) == Layout(2, 2, 2, n_layer=4)
+    with pytest.raises(ConfigError, match="parallel.pp=5"):
+        Layout(1, 5, n_layer=4)
 
 
 def test_dp1_groups_are_single_member():

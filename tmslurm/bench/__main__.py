@@ -1,4 +1,4 @@
-"""``python -m tmslurm.bench {downtime,scaling,overhead,memory,project}`` (also ``scripts/bench``)."""
+"""``python -m tmslurm.bench {downtime,scaling,overhead,memory,roles,project}`` (also ``scripts/bench``)."""
 
 from __future__ import annotations
 
@@ -34,11 +34,16 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--model", default="small")
     m.add_argument("--steps", type=int, default=60)
     m.add_argument("--json", default="docs/bench/memory.json")
+    r = sub.add_parser("roles", help="planned-join downtime per role and TP position, standby cost per shape class (local)")
+    r.add_argument("--model", default="tiny")
+    r.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False)
+    r.add_argument("--repeats", type=int, default=3)
+    r.add_argument("--json", default="docs/bench/roles.json")
     t = sub.add_parser("tables", help="render docs/bench/*.json as markdown")
     t.add_argument("--dir", default="docs/bench")
     sub.add_parser("project", help="wasted GPU-hours per week at scale (uses docs/bench/downtime.json); "
                                    "options are tmslurm.sim.projection's")
-    for sp in (d, s, o, m):
+    for sp in (d, s, o, m, r):
         sp.add_argument("--out", default=f"runs/bench-{stamp}")
     return ap
 

@@ -1,7 +1,8 @@
 """Stage communicators: what the pipeline schedule calls to move activations, gradients and reductions.
 
-Contract: a :class:`StageComm` gives the schedule five operations (receive/send activations,
-receive/send gradients, all-reduce the flat gradient) and nothing else, so the same schedule runs
+Contract: a :class:`StageComm` gives the schedule six operations (receive/send activations,
+receive/send gradients, all-reduce the flat gradient over DP, all-reduce a tensor over the stage's
+tensor-parallel group) and nothing else, so the same schedule runs
 
 - over the real fabric (:class:`FabricStageComm`), where failures raise CommError/CommAborted;
 - over the real fabric while *recording* the values that cross the stage boundary
@@ -11,6 +12,10 @@ receive/send gradients, all-reduce the flat gradient) and nothing else, so the s
   peer is *replayed* from a recording and every send is skipped: the sandbox talks to nobody, and
   never invents zeros or random values that could produce NaNs. A missing or mismatched recording
   raises :class:`~tmslurm.errors.CommError` naming the file.
+
+Tensor-parallel reductions are recorded and replayed like boundary values: the n-th ``tp_allreduce``
+of a step is stored as ``tp/<n>`` (the schedule is deterministic, so the order is too), which is how
+a standby warms a TP role without a TP peer.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ class StageComm(Protocol):
     def recv_grad(self, micro: int) -> torch.Tensor: ...
     def send_grad(self, t: torch.Tensor, micro: int) -> None: ...
     def allreduce(self, flat: torch.Tensor) -> torch.Tensor: ...
+    def tp_allreduce(self, t: torch.Tensor) -> torch.Tensor: ...
     def end_step(self) -> None: ...
 
 
@@ -51,6 +57,7 @@ class FabricStageComm:
         self.prev_rank = layout.rank(c.dp, c.stage - 1, c.tp) if self.prev else None
         self.next_rank = layout.rank(c.dp, c.stage + 1, c.tp) if self.next else None
         self.dp = layout.dp_group(rank) if layout.dp > 1 else None
+        self.tp = layout.tp_group(rank)
         self.shape = act_shape
         self.device = device
 
@@ -71,6 +78,11 @@ class FabricStageComm:
     def allreduce(self, flat: torch.Tensor) -> torch.Tensor:
         return flat if self.dp is None else self.f.allreduce(self.dp, flat)
 
+    def tp_allreduce(self, t: torch.Tensor) -> torch.Tensor:
+        if self.tp is None:
+            raise CommError("tp_allreduce called in a layout with parallel.tp=1")
+        return self.f.allreduce(self.tp, t)
+
     def end_step(self) -> None:
         self.f.flush_sends()
 
@@ -86,6 +98,7 @@ class RecordingStageComm:
         self.inner = inner
         self.path = path
         self.rec: dict[str, torch.Tensor] = {}
+        self.tp_calls = 0
 
     def recv_act(self, micro: int) -> torch.Tensor:
         t = self.inner.recv_act(micro)
@@ -106,6 +119,12 @@ class RecordingStageComm:
     def allreduce(self, flat: torch.Tensor) -> torch.Tensor:
         out = self.inner.allreduce(flat)
         self.rec["allreduce"] = out.detach().clone().cpu()
+        return out
+
+    def tp_allreduce(self, t: torch.Tensor) -> torch.Tensor:
+        out = self.inner.tp_allreduce(t)
+        self.rec[f"tp/{self.tp_calls}"] = out.detach().clone().cpu()
+        self.tp_calls += 1
         return out
 
     def end_step(self) -> None:
@@ -130,6 +149,7 @@ class SandboxStageComm:
         self.path = path
         self.device = device
         self.sent = 0
+        self.tp_calls = 0
 
     def _get(self, key: str) -> torch.Tensor:
         try:
@@ -158,5 +178,12 @@ class SandboxStageComm:
         flat.copy_(out)
         return flat
 
+    def tp_allreduce(self, t: torch.Tensor) -> torch.Tensor:
+        out = self._get(f"tp/{self.tp_calls}")
+        self.tp_calls += 1
+        if out.shape != t.shape:
+            raise CommError(f"sandbox recording {self.path}: tp all-reduce shape {tuple(out.shape)} != {tuple(t.shape)}")
+        return out
+
     def end_step(self) -> None:
-        pass
+        self.tp_calls = 0

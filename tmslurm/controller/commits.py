@@ -108,7 +108,7 @@ class Commits:
         digests: dict[int, set[str]] = {}
         for r, v in votes:
             if v.digest is not None:
-                digests.setdefault(layout.coord(r).stage, set()).add(v.digest)
+                digests.setdefault(layout.shard(r), set()).add(v.digest)
         if any(len(d) > 1 for d in digests.values()):
             st.replica_mismatch.append(st.step)
             log.error("data-parallel replicas differ before step %d", st.step)

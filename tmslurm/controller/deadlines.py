@@ -73,10 +73,10 @@ class Deadlines:
 
     def _drained(self) -> bool:
         """Every rank reported its final digest, or the missing ones died after the final commit and
-        a data-parallel replica reported their stage (replicas are identical)."""
+        a data-parallel replica reported their shard (replicas are identical)."""
         st, world = self.state, self.ctx.layout.world
         if len(st.done) >= world:
             return True
         missing = [r for r in range(world) if r not in st.done]
-        stages = {m.stage for m in st.done.values()}
-        return all(not st.rank_alive(r) for r in missing) and stages >= set(range(self.ctx.layout.pp))
+        shards = {m.shard_index for m in st.done.values()}
+        return all(not st.rank_alive(r) for r in missing) and shards >= set(range(self.ctx.layout.shards))

@@ -52,12 +52,12 @@ log = logging.getLogger(__name__)
 
 class Controller:
     def __init__(self, cfg: RunConfig, run_dir: Path, spawner: Spawner, hooks: ClusterHooks, address: dict[str, Any]) -> None:
-        layout = Layout(cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp)
+        layout = Layout.from_config(cfg)
         rundir = RunDir(Path(run_dir))
         journal = Journal(rundir.events)
         state = RunState(world=layout.world)
         if cfg.train.resume_from:
-            state.step = state.resume_step = state.start_step = latest_complete(rundir.path, layout.pp) or 0
+            state.step = state.resume_step = state.start_step = latest_complete(rundir.path, layout.shard_names) or 0
         self.ctx = Context(cfg, layout, rundir, journal, EventLog(journal), spawner, hooks, state, queue.Queue())
         self.state = state
         self.members = Membership(self.ctx, address)

@@ -5,7 +5,9 @@ planned switch was applied): the event record gets its parts, the nodes it empti
 the cluster hooks, the mode returns to running and pending notices are retried.
 :meth:`PlanBook.cancel` abandons the plan: every participant gets ``cancel`` (joiners go back to
 the pool, still warm), the event is marked cancelled and, with ``requeue``, a planned move whose
-ranks are still alive becomes a pending notice again. Neither raises.
+ranks are still alive becomes a pending notice again. A joiner that had not reported ``joined`` is
+remembered in ``state.dropped_joins``: it may have finished before the ``cancel`` reached it, and
+its late ``joined`` is then handled by ``Recoveries.late_join``. Neither raises.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ class PlanBook:
         plan, self.state.plan = self.state.plan, None
         if plan is None:
             return
+        for move in plan.moves:
+            if move.joiner and self.state.slots.get(move.rank) != move.joiner:
+                self.state.dropped_joins[move.joiner] = (plan.epoch, move.rank)  # it may have finished anyway
         for aid in plan.joiners():
             self.ctx.send_to(aid, Cancel(epoch=plan.epoch))
             if aid in self.state.agents:

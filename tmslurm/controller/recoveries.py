@@ -8,7 +8,13 @@ Contract (on the controller's thread):
   standby and a data-parallel state source, and waits for ``recovered`` / ``joined``. With no
   switch possible it falls back to :meth:`~tmslurm.controller.restarts.Restarts.restart`.
 - A failure during a recovery replans under a newer epoch. A lost joiner cancels a planned switch
-  not yet applied (the notice is retried) or fails the step otherwise. Nothing here raises.
+  not yet applied (the notice is retried) or fails the step otherwise.
+- A joiner can finish its join while the controller drops its plan (a second death handled before
+  its ``joined``): it is a worker by then and ignores any further ``join``. Its late ``joined``
+  (:meth:`late_join`) makes it the owner of the rank when the current recovery still counts that
+  rank as dead, and the recovery is redone under a newer epoch with it as an alive rank (whatever
+  the dropped plan picked it for again is replanned); when another process serves the rank, it is
+  fenced. A ``joined`` matching no dropped join is ignored. Nothing here raises.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from tmslurm.controller.planbook import PlanBook
 from tmslurm.controller.plans import PlannedSwitch, Recovery
 from tmslurm.controller.restarts import Restarts
 from tmslurm.controller.state import Agent, Mode
-from tmslurm.messages import Abort, Aborted, CommErrorReport, FaultFired, Recovered
+from tmslurm.messages import Abort, Aborted, CommErrorReport, FaultFired, Joined, Recovered
 from tmslurm.runtime import switch as sw
 
 log = logging.getLogger(__name__)
@@ -128,6 +134,31 @@ class Recoveries:
         plan.part("phase1_s", msg.build_s)
         plan.part("transfer_s", msg.transfer_s)
         self.plans.maybe_finish()
+
+    def late_join(self, agent: Agent, msg: Joined) -> None:
+        """``joined`` for a plan that was dropped before it arrived: the process serves ``msg.rank`` now."""
+        st = self.state
+        if st.dropped_joins.get(agent.aid) != (msg.epoch, msg.rank):
+            return  # not a join we asked for and dropped: an old or bogus report
+        del st.dropped_joins[agent.aid]
+        plan, rank = st.plan, msg.rank
+        adopt = isinstance(plan, Recovery) and rank in plan.dead and not st.rank_alive(rank)
+        self.ctx.journal.write("late_join", agent=agent.aid, rank=rank, epoch=msg.epoch, node=agent.node,
+                               outcome="adopted" if adopt else "fenced")
+        if not adopt:
+            log.warning("%s joined rank %d in dropped epoch %d, which another process serves: fencing it", agent.aid, rank, msg.epoch)
+            self.members.kill(agent)
+            self.ctx.journal.write("fenced", agent=agent.aid, rank=rank, node=agent.node, cause="late join")
+            self.members.replenish()
+            return
+        log.warning("%s finished joining rank %d in dropped epoch %d: it owns the rank; recovering again with it",
+                    agent.aid, rank, msg.epoch)
+        old = st.agent_of(rank)
+        if old is not None and old is not agent:
+            old.expected_exit = True
+        agent.rank, agent.busy = rank, False
+        st.slots[rank] = agent.aid
+        self.fail(set(), f"rank {rank} joined late (epoch {msg.epoch})", time.time())
 
     def on_comm_error(self, agent: Agent, msg: CommErrorReport) -> None:
         self.ctx.journal.write("comm_error", rank=msg.rank, step=msg.step, error=msg.error[:300])

@@ -46,7 +46,7 @@ class Restarts:
         target = self.state.step
         self._stop_all_ranks()
         self.state.epoch = self.state.new_epoch()
-        k = latest_complete(self.ctx.rundir.path, self.ctx.layout.pp) or 0
+        k = latest_complete(self.ctx.rundir.path, self.ctx.layout.shard_names) or 0
         rec = self._record("restart" if mode == "tmslurm" else mode, trigger, cause, ranks, detect_t, failure_t, target, k)
         rec["stop_s"] = time.time() - t0
         self.ctx.journal.write("restart", epoch=self.state.epoch, cause=cause, from_step=k, lost_steps=target - k)
@@ -155,7 +155,7 @@ class Restarts:
         then = self.state.checkpoint_then
         if then is None or then.checkpoint_step is None or self.state.requeued:
             return
-        if latest_complete(self.ctx.rundir.path, self.ctx.layout.pp) != then.checkpoint_step:
+        if latest_complete(self.ctx.rundir.path, self.ctx.layout.shard_names) != then.checkpoint_step:
             return
         self.state.checkpoint_then = None
         if then.action == "requeue":

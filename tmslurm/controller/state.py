@@ -2,7 +2,8 @@
 
 Contract: :class:`RunState` holds every mutable fact of a run (epoch, step, :class:`Mode`, slots,
 agents, votes, the current plan, pending notices, the step log, the reports collected at the end);
-it is created once, complete, and only the controller's thread touches it. :class:`Agent` is one
+it is created once, complete, and only the controller's thread touches it. ``dropped_joins`` remembers
+the joins a dropped plan left unconfirmed, so a late ``joined`` is recognised. :class:`Agent` is one
 connected process as the controller sees it. Queries here never fail: an unknown rank or agent
 id reads as "no agent" / "not alive".
 """
@@ -90,6 +91,9 @@ class RunState:
     pending_notices: list[Notice] = field(default_factory=list)
     retry_notices: bool = False
     """Set when a plan ends or a standby warms up: the loop then retries a pending notice."""
+    dropped_joins: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Joiner agent id -> (epoch, rank) of a dropped plan it never reported ``joined`` for: it may
+    have finished that join anyway (its ``joined`` still in flight), see ``Recoveries.late_join``."""
     fired: set[int] = field(default_factory=set)
     fault_t: dict[int, float] = field(default_factory=dict)
     done: dict[int, Done] = field(default_factory=dict)

@@ -44,7 +44,7 @@ class Summary:
 
     def write(self) -> dict[str, Any]:
         st, layout = self.state, self.ctx.layout
-        hashes = final_hashes({r: (m.stage, m.digest, m.state_digest) for r, m in st.done.items()}, layout.pp)
+        hashes = final_hashes({r: (m.shard_index, m.digest, m.state_digest) for r, m in st.done.items()}, layout.shards)
         if hashes["diverging"]:
             log.error("data-parallel replicas DIVERGED at the end: %s (no final hash)", hashes["diverging"])
             self.ctx.journal.write("replicas_diverged", diverging=hashes["diverging"])

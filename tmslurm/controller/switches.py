@@ -1,7 +1,7 @@
 """Planned switches: move the ranks of a leaving node to warm standbys while training goes on.
 
 Contract (on the controller's thread):
-- :meth:`Switches.start` picks one warm standby per leaving rank (same roles; all on one spare node
+- :meth:`Switches.start` picks one warm standby per leaving rank (same shape class; all on one spare node
   when they fit), takes a new epoch, and sends phase 1 (``prepare`` to the stayers in the affected
   groups and the leaver, ``join`` with ``activate=false`` to the joiners). With no warm standby
   yet but one warming, the notice waits (retried when a standby is ready); with none at all it
@@ -10,7 +10,8 @@ Contract (on the controller's thread):
 - The next commit decision after every ``prepared`` carries the switch (see
   :mod:`tmslurm.controller.commits`); ``left`` and ``joined`` finish it. A failed phase 1 cancels
   the switch and retries the notice; a failed joiner does the same before the switch was applied
-  and fails the step after. Reports for another epoch are ignored. Nothing here raises.
+  and fails the step after. Reports for another epoch are ignored, except a ``joined`` of a dropped
+  plan (see :meth:`~tmslurm.controller.recoveries.Recoveries.late_join`). Nothing here raises.
 """
 
 from __future__ import annotations
@@ -111,7 +112,9 @@ class Switches:
     def on_joined(self, agent: Agent, msg: Joined) -> None:
         plan = self.state.plan
         if plan is None or msg.epoch != plan.epoch or agent.aid not in plan.joiners():
+            self.recoveries.late_join(agent, msg)
             return
+        self.state.dropped_joins.pop(agent.aid, None)
         old = self.state.agent_of(msg.rank)
         if old is not None and old is not agent:
             old.expected_exit = True
@@ -121,7 +124,13 @@ class Switches:
         plan.waiting.discard(agent.aid)
         plan.part("transfer_s", msg.transfer_s)
         plan.bytes += msg.bytes
-        self.ctx.journal.write("joined", agent=agent.aid, rank=msg.rank, node=agent.node, epoch=plan.epoch)
+        rec = plan.event
+        if rec is not None:  # warm only if every joiner of the plan was
+            rec["joiner_warm"] = rec.get("joiner_warm", True) and msg.joiner_warm
+            if msg.warm_reason:
+                rec.setdefault("warm_reasons", []).append(f"rank {msg.rank}: {msg.warm_reason}")
+        self.ctx.journal.write("joined", agent=agent.aid, rank=msg.rank, node=agent.node, epoch=plan.epoch,
+                               joiner_warm=msg.joiner_warm, warm_reason=msg.warm_reason)
         self.plans.maybe_finish()
         self.members.replenish()
 

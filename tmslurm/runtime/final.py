@@ -1,11 +1,13 @@
 """The run's final hashes from every rank's ``done`` report: exactness you can check.
 
-Contract: :func:`final_hashes` takes ``{rank: (stage, params digest, state digest)}`` and the number
-of stages and returns the summary fields ``final_params_sha256`` (parameters of every stage),
-``final_state_sha256`` (parameters and optimizer state of every stage), ``stage_digests``,
-``stage_state_digests``, ``replicas_equal`` and ``diverging`` (per stage whose data-parallel
-replicas disagree: which ranks hold which digest). A missing stage or a replica divergence gives
-``None`` for both hashes: a run whose replicas differ never looks equal to another run.
+Contract: :func:`final_hashes` takes ``{rank: (shard, params digest, state digest)}`` and the number
+of shards (``Layout.shards``: the stages when tp = 1) and returns the summary fields
+``final_params_sha256`` (parameters of every shard), ``final_state_sha256`` (parameters and
+optimizer state of every shard), ``stage_digests``, ``stage_state_digests`` (per shard, in shard
+order; the names predate TP) and ``diverging`` (per shard whose data-parallel replicas disagree:
+which ranks hold which digest; its ``stage`` key is the shard index), ``replicas_equal``. A missing
+shard or a replica divergence gives ``None`` for both hashes: a run whose replicas differ never
+looks equal to another run.
 """
 
 from __future__ import annotations

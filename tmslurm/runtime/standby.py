@@ -1,17 +1,24 @@
 """The standby agent: a universal, sandboxed, warm replacement for any training rank.
 
 Contract:
-- Warm-up: for every distinct role of the layout (first / middle / last, or the only stage) the
-  standby builds that role's stage module and optimizer and runs ``standby.warmup_iters`` shadow
-  iterations of the real schedule through a :class:`~tmslurm.comm.stage_comm.SandboxStageComm`:
-  every value that would come from a peer is replayed from the recording a designated rank made of
-  its first step, sends are skipped, and the sandbox talks to nobody. It reports readiness and its
-  RSS per role. Its own sandbox parameters and moments are overwritten at switch-in (module and
-  optimizer ``load_state_dict`` replace every tensor), so nothing of the warm-up leaks into training.
-- Join: told to take slot r at epoch e, it builds all of r's groups at generation e plus a
-  two-member transfer group to its state source (phase 1), then receives the state (at once after an
-  unexpected failure, or on ``activate`` for a planned switch), installs the groups and continues as
-  the :class:`~tmslurm.runtime.worker.Worker` of slot r. ``cancel`` returns it to the pool, still warm.
+- Warm-up: for every *shape class* of the layout (``Layout.shape_classes``: first, last, and each
+  distinct middle size; or the only stage), up to ``standby.max_classes``, the standby builds one
+  runner (stage module, optimizer, compiled graphs) for the class's first stage as dp rank 0, TP
+  position 0, and runs ``standby.warmup_iters`` shadow iterations of the real schedule through a
+  :class:`~tmslurm.comm.stage_comm.SandboxStageComm`: every value that would come from a peer
+  (activations, gradients, DP and TP reductions) is replayed from the recording rank (dp 0, tp 0)
+  of that stage made of its first step, sends are skipped, and the sandbox talks to nobody. It
+  reports ``ready`` per class with its warm-up time and RSS; classes beyond the cap are reported
+  with ``warm: false``.
+- Join: told to take slot r at epoch e, it retargets the warm runner of r's class to r's stage, DP
+  rank and TP position (same shapes, so the module and its compiled graphs serve as they are), builds
+  all of r's groups at generation e plus a two-member transfer group to its state source (phase 1),
+  then receives the state (at once after an unexpected failure, or on ``activate`` for a planned
+  switch), loads it, installs the groups and continues as the
+  :class:`~tmslurm.runtime.worker.Worker` of slot r. ``joined`` carries ``joiner_warm: true``, or
+  ``false`` with the reason when the runner had to be built during the join (class beyond the cap).
+  Module and optimizer ``load_state_dict`` replace every parameter and moment and the gradients are
+  dropped, so nothing of the warm-up leaks into training. ``cancel`` returns it to the pool, still warm.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from tmslurm.errors import CommError, TmslurmError
 from tmslurm.logs import LOG_CONTEXT
 from tmslurm.messages import Activate, Cancel, Finish, Join, Welcome
 from tmslurm.runtime.link import Link
-from tmslurm.runtime.worker import Worker, build_runner, layout_of, make_fabric
+from tmslurm.runtime.worker import Worker, build_runner, layout_of, make_fabric, stage_spec
 from tmslurm.train.schedule import StageRunner
 
 log = logging.getLogger(__name__)
@@ -60,9 +67,15 @@ class Standby:
 
     def run(self) -> None:
         base = rss_mb()
-        for role in self.layout.roles:
-            if not self._warm_role(role, base):
+        cap = self.cfg.standby.max_classes
+        for shape in self.layout.shape_classes[:cap]:
+            if not self._warm_role(shape.name, base):
                 return
+            base = rss_mb()
+        for shape in self.layout.shape_classes[cap:]:
+            log.warning("shape class %s not warmed (standby.max_classes=%d): a join there builds in the pause", shape.name, cap)
+            self.link.send({"type": "ready", "role": shape.name, "warm": False, "stages": list(shape.stages), "warmup_s": 0.0,
+                            "rss_mb": rss_mb(), "role_rss_mb": 0.0, "sandbox_sends_skipped": 0})
         while True:
             msg = self._next()
             if isinstance(msg, Join):
@@ -91,25 +104,28 @@ class Standby:
             runner.apply()
         self.warm[role] = runner
         rss = rss_mb()
-        self.link.send({"type": "ready", "role": role, "warmup_s": time.monotonic() - t0, "rss_mb": rss,
+        stages = list(self.layout.stages_of_class(role))
+        self.link.send({"type": "ready", "role": role, "stages": stages, "warmup_s": time.monotonic() - t0, "rss_mb": rss,
                         "role_rss_mb": rss - base_rss, "sandbox_sends_skipped": sandbox.sent})
         log.info("role %s warm in %.2fs (RSS %.0f MiB)", role, time.monotonic() - t0, rss)
         return True
 
-    def _runner_for(self, rank: int) -> StageRunner:
-        role = self.layout.role(rank)
-        stage = self.layout.coord(rank).stage
-        runner = self.warm.get(role)
-        if runner is not None and runner.spec.stage == stage:
-            runner.dp_rank = self.layout.coord(rank).dp
-            runner.drop()
-            return runner
-        return build_runner(self.cfg, rank)
+    def _runner_for(self, rank: int) -> tuple[StageRunner, str | None]:
+        """The runner for slot ``rank`` and, when it is not a warm one, why."""
+        c = self.layout.coord(rank)
+        shape = self.layout.shape_class(rank)
+        runner = self.warm.get(shape.name)  # kept: a cancelled join leaves the standby warm
+        if runner is not None:
+            runner.retarget(stage_spec(self.cfg, c.stage, c.tp), c.dp)
+            return runner, None
+        reason = f"shape class {shape.name} was not warmed (standby.max_classes={self.cfg.standby.max_classes})"
+        log.warning("joining rank %d cold: %s", rank, reason)
+        return build_runner(self.cfg, rank), reason
 
     def _join(self, msg: Join) -> Worker | None:
         rank, epoch = msg.rank, msg.epoch
         LOG_CONTEXT["who"] = f"standby{self.ident}->rank{rank}"
-        runner = self._runner_for(rank)
+        runner, cold_reason = self._runner_for(rank)
         fabric = make_fabric(self.cfg, rank, self.link, self.address)
         gens = dict(msg.groups)
         xfer = msg.xfer
@@ -138,9 +154,11 @@ class Standby:
             return None
         runner.load_state(state["state"])
         fabric.install(handles)
+        self.warm = {}  # the other classes' runners are not needed any more
         step = int(state["step"])
         self.link.send({"type": "joined", "epoch": epoch, "rank": rank, "joiner": self.ident, "step": step,
-                        "transfer_s": time.monotonic() - t1, "phase1_s": phase1_s, "bytes": nbytes, "rss_mb": rss_mb()})
+                        "transfer_s": time.monotonic() - t1, "phase1_s": phase1_s, "bytes": nbytes, "rss_mb": rss_mb(),
+                        "joiner_warm": cold_reason is None, "warm_reason": cold_reason})
         log.info("now rank %d at step %d (state %d bytes in %.3fs)", rank, step, nbytes, time.monotonic() - t1)
         return Worker(self.run_dir, self.link, self.cfg, rank, runner, fabric, epoch, step, [], self.address)
 

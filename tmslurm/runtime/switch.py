@@ -85,7 +85,7 @@ def dp_source(layout: Layout, rank: int, dead: set[int]) -> int:
 
 
 def pick_joiners(layout: Layout, ranks: list[int], pool: dict[str, set[str]], nodes: dict[str, str] | None = None) -> list[Move]:
-    """One warm standby per rank; ``pool`` maps standby id -> roles it has warmed.
+    """One warm standby per rank; ``pool`` maps standby id -> shape classes it has warmed (``Layout.roles``).
 
     With ``nodes`` (standby id -> node), ranks that leave together are placed on one spare node
     when one node's standbys can take them all (a drained node moves to a spare node in one switch).
@@ -103,7 +103,7 @@ def _greedy(layout: Layout, ranks: list[int], candidates: dict[str, set[str]], p
     free = dict(candidates)
     moves = []
     for rank in ranks:
-        role = layout.role(rank)
+        role = layout.shape_class(rank).name
         choice = next((sid for sid, roles in sorted(free.items()) if role in roles), None)
         if choice is None:
             raise PlanError(f"no warm standby for role {role!r} (rank {rank}); standbys: "

@@ -36,9 +36,9 @@ from tmslurm.rundir import RunDir
 from tmslurm.runtime.link import Link
 from tmslurm.topology import Layout, split_layers
 from tmslurm.train import checkpoint
-from tmslurm.train.task import load_task
 from tmslurm.train.schedule import StageRunner
-from tmslurm.train.task import StageSpec
+from tmslurm.train.task import StageSpec, load_task
+from tmslurm.train.tp import TPGroup
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,14 @@ def peak_rss_mb() -> float:
 
 
 def layout_of(cfg: RunConfig) -> Layout:
-    return Layout(cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp)
+    return Layout.from_config(cfg)
+
+
+def stage_spec(cfg: RunConfig, stage: int, tp_rank: int) -> StageSpec:
+    """The StageSpec of (stage, tp position), with a fresh TP handle for the module to hold."""
+    layout = layout_of(cfg)
+    return StageSpec(stage, layout.pp, layout.role_of_stage(stage), split_layers(cfg.model.n_layer, layout.pp)[stage],
+                     tp_rank=tp_rank, tp_size=layout.tp, tp_group=TPGroup(tp_rank, layout.tp))
 
 
 def device_of(cfg: RunConfig) -> torch.device:
@@ -59,12 +66,11 @@ def device_of(cfg: RunConfig) -> torch.device:
 
 
 def build_runner(cfg: RunConfig, rank: int, stage: int | None = None) -> StageRunner:
-    """The StageRunner of ``rank`` (or of ``stage`` for a standby's warm-up, as dp rank 0)."""
+    """The StageRunner of ``rank`` (or of ``stage`` for a standby's warm-up, as dp rank 0, tp rank 0)."""
     torch.set_num_threads(cfg.train.threads)
     layout = layout_of(cfg)
     c = layout.coord(rank) if stage is None else None
-    stage = c.stage if c is not None else stage
-    spec = StageSpec(stage, layout.pp, layout.role_of_stage(stage), split_layers(cfg.model.n_layer, layout.pp)[stage])
+    spec = stage_spec(cfg, c.stage, c.tp) if c is not None else stage_spec(cfg, stage, 0)
     task = load_task(cfg)
     return StageRunner(task, spec, c.dp if c is not None else 0, layout.dp, cfg.train.micro_batches, device_of(cfg))
 
@@ -118,7 +124,7 @@ class Worker:
         step = welcome.resume_step
         t0 = time.monotonic()
         if step:
-            checkpoint.load_stage(run_dir, step, layout_of(cfg).coord(rank).stage, runner)
+            checkpoint.load_stage(run_dir, step, layout_of(cfg).shard_name(rank), runner)
         t1 = time.monotonic()
         gens = {g.name: welcome.generation for g in fabric.my_groups()}
         fabric.install(fabric.build(gens))
@@ -127,12 +133,13 @@ class Worker:
         return cls(run_dir, link, cfg, rank, runner, fabric, welcome.epoch, step, faults, address)
 
     def _should_record(self) -> bool:
-        if self.cfg.standby.count == 0 or self.coord.dp != 0:
+        """Rank (dp 0, tp 0) of each shape class's first stage records its first step for standbys."""
+        if self.cfg.standby.count == 0 or self.coord.dp != 0 or self.coord.tp != 0:
             return False
-        role = self.layout.role(self.rank)
-        if self.layout.representative_stage(role) != self.coord.stage:
+        shape = self.layout.shape_class(self.rank)
+        if shape.representative != self.coord.stage:
             return False
-        return not recording_path(self.run_dir, role).exists()
+        return not recording_path(self.run_dir, shape.name).exists()
 
     def report_groups(self) -> None:
         """Tell the controller which ProcessGroup object serves each group (tests check identity)."""
@@ -167,7 +174,7 @@ class Worker:
         """Compute step s and vote; the commit decision, or None when the step was aborted."""
         t0 = time.perf_counter()
         self.fabric.begin_step()
-        comm = RecordingStageComm(self.comm, recording_path(self.run_dir, self.layout.role(self.rank))) if self.recording else self.comm
+        comm = RecordingStageComm(self.comm, recording_path(self.run_dir, self.layout.shape_class(self.rank).name)) if self.recording else self.comm
         loss = self.runner.compute(self.step, comm, midstep=self._fault_hook())
         if self.recording:
             comm.save()
@@ -196,7 +203,7 @@ class Worker:
         self.step += 1
         every = self.cfg.train.checkpoint_every
         if ((every and self.step % every == 0) or decision.checkpoint) and self.coord.dp == 0:
-            checkpoint.save_stage(self.run_dir, self.step, self.coord.stage, self.runner)
+            checkpoint.save_stage(self.run_dir, self.step, self.layout.shard_name(self.rank), self.runner)
         self.final = decision.final
         if decision.switch is not None:
             self._switch(decision.switch)
@@ -335,8 +342,8 @@ class Worker:
         if self.coord.dp == 0:
             out = RunDir(self.run_dir).final
             out.mkdir(exist_ok=True)
-            torch.save(self.runner.module.state_dict(), out / f"stage{self.coord.stage}.pt")
-        self.link.send({"type": "done", "rank": self.rank, "stage": self.coord.stage, "digest": digest,
+            torch.save(self.runner.module.state_dict(), out / f"{self.layout.shard_name(self.rank)}.pt")
+        self.link.send({"type": "done", "rank": self.rank, "stage": self.coord.stage, "shard": self.layout.shard(self.rank), "digest": digest,
                         "state_digest": self.runner.state_digest(), "step": self.step})
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

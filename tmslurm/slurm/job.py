@@ -56,6 +56,7 @@ def run_in_allocation(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
     from tmslurm.slurm.hooks import SlurmHooks
     from tmslurm.slurm.spawner import SlurmSpawner, job_nodes
     from tmslurm.slurm.watcher import NodeWatch, SlurmWatcher
+    from tmslurm.topology import Layout
     from tmslurm.train.checkpoint import latest_complete
 
     job_id = os.environ["SLURM_JOB_ID"]
@@ -63,7 +64,7 @@ def run_in_allocation(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
     client = make_client(cfg.slurm.backend)
     rundir = RunDir(run_dir)
     token = read_token(run_dir)
-    if latest_complete(run_dir, cfg.parallel.pp) is not None and not cfg.train.resume_from:
+    if latest_complete(run_dir, Layout.from_config(cfg).shard_names) is not None and not cfg.train.resume_from:
         cfg.train.resume_from = str(run_dir)  # a requeued main job resumes from its own checkpoint
         log.info("resuming from the run directory's latest checkpoint (requeued job)")
     spawner = SlurmSpawner(run_dir, cfg, client, job_id, nodes)

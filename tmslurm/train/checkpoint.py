@@ -1,9 +1,10 @@
 """Checkpoints of one pipeline stage with torch.distributed.checkpoint (DCP).
 
-Contract: :func:`save_stage` writes ``<run_dir>/checkpoints/step_<k>/stage<j>/`` (DCP files plus
+Contract: :func:`save_stage` writes ``<run_dir>/checkpoints/step_<k>/<shard>/`` (``stage<j>``, or
+``stage<j>-tp<t>`` with tensor parallelism; DCP files plus
 ``meta.json`` with the step, the data position and the parameter digest), written by the stage's
 data-parallel rank 0 only, without any process group (``no_dist=True``). A checkpoint is *complete*
-when every stage has its ``meta.json``; :func:`latest_complete` finds the newest complete one.
+when every shard has its ``meta.json``; :func:`latest_complete` finds the newest complete one.
 :func:`load_stage` restores model and optimizer in place and checks the parameter digest; a missing
 directory, an unreadable/corrupt DCP file or a digest mismatch raises
 :class:`~tmslurm.errors.CheckpointError` naming the file. Saving never touches the live tensors.
@@ -54,9 +55,13 @@ def _optim_keys(runner: StageRunner) -> tuple[str, ...]:
     return ("step", "exp_avg", "exp_avg_sq")
 
 
-def save_stage(run_dir: str | Path, step: int, stage: int, runner: StageRunner) -> Path:
-    """Save stage ``stage`` after ``step`` committed steps (the next step to run is ``step``)."""
-    path = checkpoint_dir(run_dir, step) / f"stage{stage}"
+def _shard_dir(stage: int | str) -> str:
+    return stage if isinstance(stage, str) else f"stage{stage}"
+
+
+def save_stage(run_dir: str | Path, step: int, stage: int | str, runner: StageRunner) -> Path:
+    """Save a stage (its index, or a shard name such as ``stage1-tp0``) after ``step`` committed steps."""
+    path = checkpoint_dir(run_dir, step) / _shard_dir(stage)
     path.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().clone() for k, v in _flat_state(runner).items()}
     dcp.save(state, checkpoint_id=str(path), no_dist=True)
@@ -78,19 +83,21 @@ def state_digest(state: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def latest_complete(run_dir: str | Path, num_stages: int) -> int | None:
+def latest_complete(run_dir: str | Path, shards: int | list[str]) -> int | None:
+    """Newest step with every shard saved; ``shards`` is the number of stages (tp = 1) or the shard names."""
     root = RunDir(Path(run_dir)).checkpoints
     if not root.is_dir():
         return None
+    names = [f"stage{j}" for j in range(shards)] if isinstance(shards, int) else list(shards)
     steps = []
     for d in root.glob("step_*"):
-        if all((d / f"stage{j}" / "meta.json").is_file() for j in range(num_stages)):
+        if all((d / name / "meta.json").is_file() for name in names):
             steps.append(int(d.name.split("_")[1]))
     return max(steps) if steps else None
 
 
-def load_stage(run_dir: str | Path, step: int, stage: int, runner: StageRunner) -> None:
-    path = checkpoint_dir(run_dir, step) / f"stage{stage}"
+def load_stage(run_dir: str | Path, step: int, stage: int | str, runner: StageRunner) -> None:
+    path = checkpoint_dir(run_dir, step) / _shard_dir(stage)
     meta_file = path / "meta.json"
     try:
         meta = json.loads(meta_file.read_text())

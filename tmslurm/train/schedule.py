@@ -6,10 +6,15 @@ the stage's data-parallel group (SUM; each micro-batch loss is pre-scaled by 1/(
 the mean) and leaves the result in ``.grad``. It does NOT apply the optimizer: the caller does that
 with :meth:`apply` only after the run decided the step commits, or :meth:`drop` on abort. Any
 communication failure propagates as CommError/CommAborted with the gradients left to be dropped.
+Before each step the stage's TP handle (``spec.tp_group``) is bound to the step's communicator, so
+the module's tensor-parallel reductions go wherever the step's boundary values go (the fabric, a
+recording, a sandbox). :meth:`retarget` lets a warm runner serve another stage of its shape class
+and another TP position; the caller then loads that stage's state.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from typing import Any, Callable
 
@@ -37,6 +42,7 @@ class StageRunner:
 
         ``midstep`` (fault injection) is called between the forward and the backward passes.
         """
+        self.spec.tp_group.bind(comm)
         scale = 1.0 / (self.m * self.dp)
         outs, ins, loss_sum = [], [], 0.0
         for micro in range(self.m):
@@ -73,6 +79,14 @@ class StageRunner:
         flat = comm.allreduce(flat)
         for p, g in zip(self.params, _unflatten_dense_tensors(flat, grads)):
             p.grad = g
+
+    def retarget(self, spec: StageSpec, dp_rank: int) -> None:
+        """Serve ``spec`` (same shape class) as data-parallel rank ``dp_rank``; gradients are dropped."""
+        group = self.spec.tp_group
+        group.rank = spec.tp_rank
+        self.spec = dataclasses.replace(spec, tp_group=group)
+        self.dp_rank = dp_rank
+        self.drop()
 
     def apply(self) -> None:
         self.optimizer.step()

@@ -6,27 +6,41 @@ must be deterministic: ``build_stage`` gives the same initial parameters for the
 time (seed them from ``seed`` and the block index, not from global RNG state), and ``batch`` is a pure
 function of its arguments. That is what lets a replacement rank compute bit-for-bit what the old one
 would have. A Task raising an exception makes the rank fail like any crash (the run recovers).
+
+Tensor parallelism: with ``parallel.tp > 1`` the spec carries the rank's TP position
+(``tp_rank``, ``tp_size``) and ``tp_group`` (:class:`~tmslurm.train.tp.TPGroup`), the handle its
+module reduces over. A Task opts in with a class attribute ``supports_tp = True``; a Task without it
+is refused at ``tp > 1`` by config validation (a ConfigError naming ``parallel.tp``). A stage's
+module may be reused (warm) for any stage of the same shape class and any TP position: its forward must depend only on
+the role, the number of blocks and ``tp_group`` (parameter values are loaded at the switch).
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
 from tmslurm.errors import ConfigError
+from tmslurm.train.tp import TPGroup
 
 
 @dataclass(frozen=True)
 class StageSpec:
-    """Where a stage sits: its index, the number of stages, its role and its block range."""
+    """Where a stage sits: its index, the number of stages, its role, its block range and its TP position."""
 
     stage: int
     num_stages: int
     role: str
     blocks: range
+    tp_rank: int = 0
+    """This rank's tensor-parallel position (use it to cut the initial parameters)."""
+    tp_size: int = 1
+    """``parallel.tp``."""
+    tp_group: TPGroup = field(default_factory=TPGroup, compare=False, repr=False)
+    """The handle the module reduces over (rank and size as above; bound to a communicator per step)."""
 
     @property
     def is_first(self) -> bool:

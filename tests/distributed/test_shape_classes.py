@@ -1,0 +1,48 @@
+"""Warm by shape, not by stage index: at pp=8 with torch.compile, a join into any stage is warm.
+
+A standby warms one runner per shape class (first, middle, last for 8 layers over 8 stages) and a join
+into any stage loads that stage's state into the warm runner of its class: no module build and no
+compile in the pause (``joiner_warm: true``), and each join's downtime stays within 1.5x of the
+first-stage join's (plus 0.1 s of slack for two shared cores). The run ends bit-identical to the
+uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from test_recovery import assert_exact, events_of
+
+pytestmark = [pytest.mark.dist, pytest.mark.heavy]
+
+PP = 8
+EVERY = 3
+STEPS = EVERY * (PP + 1)
+LAYOUT = ("parallel.dp=1", f"parallel.pp={PP}", f"model.n_layer={PP}", "model.compile=true", f"train.steps={STEPS}")
+
+
+def test_pp8_compiled_drain_of_every_stage_joins_warm(launch, baseline):
+    faults = ",".join(f"{{step:{EVERY * (r + 1)},kind:drain,rank:{r}}}" for r in range(PP))
+    ref = baseline(*LAYOUT)
+    # one standby per drain, all warm before step 0 commits (a replenished one would still be compiling)
+    s = launch(*LAYOUT, f"standby.count={PP}", "standby.start_when_warm=true",
+               "train.step_delay_s=0.05", "runtime.heartbeat_timeout_s=20", f"faults=[{faults}]").wait(timeout=600)
+    assert_exact(s, ref)
+    evs = events_of(s, "planned")
+    assert [ev["ranks"] for ev in evs] == [[r] for r in range(PP)], evs
+    assert all(ev["joiner_warm"] is True for ev in evs), [(ev["ranks"], ev.get("warm_reasons")) for ev in evs]
+    first = evs[0]["downtime_s"]
+    for ev in evs[1:]:
+        assert ev["downtime_s"] <= max(1.5 * first, first + 0.1), (ev["ranks"], ev["downtime_s"], first)
+    assert not events_of(s, "restart")
+
+
+def test_class_beyond_the_cap_joins_cold_and_says_why(launch, baseline):
+    layout = ("parallel.dp=1", "parallel.pp=3", "train.steps=12")
+    ref = baseline(*layout)
+    s = launch(*layout, "standby.count=1", "standby.max_classes=2", "standby.start_when_warm=true",
+               "train.step_delay_s=0.05", "faults=[{step:6,kind:drain,rank:2}]").wait()
+    assert_exact(s, ref)
+    (ev,) = events_of(s, "planned")
+    assert ev["joiner_warm"] is False
+    assert ev["warm_reasons"] == ["rank 2: shape class last was not warmed (standby.max_classes=2)"]
