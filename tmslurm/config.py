@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from tmslurm.errors import ConfigError
 
-FAULT_KINDS = ("drain", "kill", "stop", "node_down", "power_off", "partition")
+FAULT_KINDS = ("drain", "kill", "stop", "hang", "node_down", "power_off", "partition")
 CLUSTER_FAULTS = ("node_down", "power_off", "partition")  # driven through Slurm / the failure lab
 BACKENDS = ("gloo", "nccl")
 DEVICES = ("cpu", "cuda")
@@ -147,6 +147,11 @@ class RuntimeConfig:
     switch_mode: str = "delta"
     """delta (rebuild only affected groups, in the background) | full (rebuild every group inside
     the pause, what a naive re-initialisation does; for the scaling benchmark)."""
+    hang_factor: float = 10.0
+    """A rank whose vote is the only one missing for longer than hang_factor x the median step time
+    (at least runtime.hang_floor_s) is declared hung, fenced and replaced, even if it heartbeats."""
+    hang_floor_s: float = 2.0
+    """The least time a rank may lag behind all the others' votes before it is declared hung."""
     heartbeats: bool = True
     """Agents send heartbeats (off only to measure their cost; hangs are then not detected)."""
     commit_vote: bool = True
@@ -322,7 +327,8 @@ def validate(cfg: RunConfig) -> RunConfig:
     _one_of(cfg.slurm.backend, ("auto", "cli", "pyslurm"), "slurm.backend")
     if cfg.runtime.backend == "nccl" and cfg.runtime.device != "cuda":
         raise ConfigError("runtime.backend=nccl needs runtime.device=cuda. Fix: pass runtime.device=cuda or runtime.backend=gloo.")
-    for name in ("heartbeat_interval_s", "heartbeat_timeout_s", "collective_timeout_s", "wait_slice_s", "connect_timeout_s"):
+    for name in ("heartbeat_interval_s", "heartbeat_timeout_s", "collective_timeout_s", "wait_slice_s", "connect_timeout_s",
+                 "hang_factor", "hang_floor_s"):
         if getattr(cfg.runtime, name) <= 0:
             raise ConfigError(f"runtime.{name} must be > 0. Fix: pass runtime.{name}=<seconds>.")
     if cfg.runtime.heartbeat_timeout_s <= 2 * cfg.runtime.heartbeat_interval_s:

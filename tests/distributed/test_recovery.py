@@ -67,6 +67,13 @@ def test_unexpected_failure_is_exact(launch, baseline, kind, cause):
     assert not events_of(s, "restart")
 
 
+def test_rank_that_heartbeats_but_stops_training_is_hung_and_replaced_exactly(launch, baseline):
+    """Its training thread sleeps before voting while its heartbeat thread goes on (fault ``hang``)."""
+    s = _run(launch, baseline, "standby.count=1", "runtime.hang_floor_s=1.0", "faults=[{step:12,kind:hang,rank:2}]")
+    (ev,) = events_of(s, "unexpected")
+    assert ev["ranks"] == [2] and ev["cause"] == "no progress" and not events_of(s, "restart")
+
+
 def test_second_rank_killed_during_the_switch(launch, baseline):
     s = _run(launch, baseline, "standby.count=2",
              "faults=[{step:12,kind:kill,rank:1},{step:12,kind:kill,rank:2,when:recover}]")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
-from typing import Any
+from typing import Any, Callable
 
 from tmslurm.config import compose_config
 from tmslurm.controller import Controller, LocalHooks
@@ -65,18 +65,21 @@ class FakeCluster(LocalHooks):
     def __init__(self) -> None:
         self.released: list[list[str]] = []
 
-    def release_nodes(self, nodes, ranks_of_node):
+    def release_nodes(self, nodes, released):
         self.released.append(nodes)
-        return [n for n in nodes if not ranks_of_node(n)]
+        for n in nodes:
+            released(n)
 
 
 class Harness:
     """dp x pp workers on nodes n<rank>, ``standbys`` warm standbys on nodes s<i>, all connected."""
 
-    def __init__(self, tmp_path, dp: int = 2, pp: int = 2, standbys: int = 1, *overrides: str) -> None:
+    def __init__(self, tmp_path, dp: int = 2, pp: int = 2, standbys: int = 1, *overrides: str,
+                 cluster: Callable[[Any], tuple[Any, Any]] | None = None) -> None:
+        """``cluster(cfg)`` builds another (spawner, hooks) pair than the fakes."""
         cfg = copy.deepcopy(_config((f"parallel.dp={dp}", f"parallel.pp={pp}", f"standby.count={standbys}",
                                      "train.steps=50", *overrides)))
-        self.spawner, self.cluster = FakeSpawner(), FakeCluster()
+        self.spawner, self.cluster = cluster(cfg) if cluster is not None else (FakeSpawner(), FakeCluster())
         self.ctl = Controller(cfg, tmp_path, self.spawner, self.cluster, ADDRESS)
         self.state = self.ctl.state
         self.world = self.ctl.ctx.layout.world
@@ -112,6 +115,12 @@ class Harness:
         self.send(who, {"type": "vote", "step": self.state.step if step is None else step,
                         "epoch": self.state.epoch if epoch is None else epoch, "rank": who if rank is None else rank,
                         "loss": 1.0, "dt": 0.01, "peak_rss_mb": 1.0})
+
+    def commit_all(self, who: dict[int, Any] | None = None) -> dict[str, Any]:
+        """Every rank votes for the current step (``who`` maps a rank to another connection); the decision."""
+        for r in range(self.world):
+            self.vote((who or {}).get(r, r), rank=r)
+        return self.got((who or {}).get(0, 0), "decision")[-1]
 
     def disconnect(self, who: Any) -> None:
         self.ctl.handle(("disconnect", self.conns[who], None))

@@ -33,7 +33,7 @@ BAD = [
     pytest.param(["model.n_head=3"], ["model.n_head=3", "model.d_model"], id="heads-do-not-divide-width"),
     pytest.param(["train.lr=0"], ["train.lr"], id="zero-lr"),
     pytest.param(["train.optimizer=lamb"], ["train.optimizer='lamb'", "adamw, sgd"], id="unknown-optimizer"),
-    pytest.param(["faults=[{step:1,kind:explode,rank:0}]"], ["faults[0].kind='explode'", "drain, kill, stop, node_down"],
+    pytest.param(["faults=[{step:1,kind:explode,rank:0}]"], ["faults[0].kind='explode'", "drain, kill, stop, hang, node_down"],
                  id="unknown-fault-kind"),
     pytest.param(["faults=[{step:1,kind:kill,rank:4}]"], ["faults[0].rank=4", "0..3"], id="fault-rank-out-of-range"),
     pytest.param(["faults=[{step:1,kind:kill,rank:-1}]"], ["faults[0].rank=-1"], id="fault-rank-negative"),

@@ -40,6 +40,7 @@ class Commits:
         if st.mode is not Mode.RUNNING or msg.epoch != st.epoch or msg.step != st.step or not st.owns_slot(agent, msg.rank):
             return
         st.votes[msg.rank] = msg
+        st.vote_t[msg.rank] = time.monotonic()
         self.maybe_commit()
 
     def on_progress(self, agent: Agent, msg: Progress) -> None:

@@ -1,7 +1,9 @@
 """Deadlines: nothing waits forever. Checked by the loop between queue items.
 
 Contract (on the controller's thread): an agent silent for ``runtime.heartbeat_timeout_s`` is
-fenced (its own handle) and handled as lost; ranks silent during an abort past the recovery's
+fenced (its own handle) and handled as lost; so is a rank that heartbeats but makes no progress:
+its vote is the only one missing for longer than ``runtime.hang_factor`` x the median step time
+(at least ``runtime.hang_floor_s``) after every other rank voted (cause ``no progress``); ranks silent during an abort past the recovery's
 deadline are declared dead and the failure is replanned; a phase 1 that does not finish within
 ``runtime.connect_timeout_s`` cancels its switch (the notice is retried); a communication error
 nobody explains within ``heartbeat_timeout_s`` aborts the step; a drained run finishes; a held
@@ -40,6 +42,7 @@ class Deadlines:
         now = time.time() if now is None else now
         now_m = time.monotonic() if now_m is None else now_m
         self._heartbeats(now_m)
+        self._progress(now_m)
         self._plan(now)
         rt, st = self.ctx.cfg.runtime, self.state
         if st.comm_error_since is not None and st.mode is Mode.RUNNING and now - st.comm_error_since > rt.heartbeat_timeout_s:
@@ -61,6 +64,25 @@ class Deadlines:
                 self.ctx.journal.write("hung", agent=agent.aid, node=agent.node, silent_s=silent)
                 self.members.kill(agent)
                 self.recoveries.lost(agent, "heartbeat timeout")
+
+    def hang_limit_s(self) -> float:
+        rt = self.ctx.cfg.runtime
+        return max(rt.hang_floor_s, rt.hang_factor * self.commits.median_step())
+
+    def _progress(self, now_m: float) -> None:
+        st, world = self.state, self.ctx.layout.world
+        if st.mode is not Mode.RUNNING or len(st.votes) != world - 1 or not self.ctx.cfg.runtime.commit_vote:
+            return
+        (rank,) = set(range(world)) - set(st.votes)
+        agent = st.agent_of(rank)
+        lag = now_m - max(st.vote_t.get(r, now_m) for r in st.votes)
+        if agent is None or not agent.alive or agent.expected_exit or lag <= self.hang_limit_s():
+            return
+        log.warning("rank %d has not voted for step %d %.1fs after all the others: hung, fencing it", rank, st.step, lag)
+        self.ctx.journal.write("hung", agent=agent.aid, node=agent.node, rank=rank, step=st.step, lag_s=lag,
+                               limit_s=self.hang_limit_s())
+        self.members.kill(agent)
+        self.recoveries.lost(agent, "no progress")
 
     def _plan(self, now: float) -> None:
         plan = self.state.plan

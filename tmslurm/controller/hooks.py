@@ -1,7 +1,9 @@
 """What the controller asks of the cluster it runs on: the :class:`ClusterHooks` protocol.
 
 Contract: the controller calls these on its own thread; an implementation never raises into it
-(failures are logged) and never blocks for long. :class:`LocalHooks` is the ``cluster=local``
+(failures are logged) and never waits on the cluster: a slow command runs off the caller's thread
+and any result the controller needs comes back through a callback that queues an item for it.
+:meth:`ClusterHooks.flush` is the one exception, called after the loop ended. :class:`LocalHooks` is the ``cluster=local``
 implementation (nothing to do: faults are raised as notices, there is no job to requeue); the
 Slurm one is :class:`tmslurm.slurm.hooks.SlurmHooks`.
 """
@@ -15,8 +17,9 @@ class ClusterHooks(Protocol):
     def on_step(self, step: int, nodes: dict[str, str]) -> None:
         """A step committed; ``nodes`` maps every node in use to ``main`` or ``spare``."""
 
-    def release_nodes(self, nodes: list[str], ranks_of_node: Callable[[str], list[int]]) -> list[str]:
-        """A switch finished; give back those of ``nodes`` left without ranks. Returns those released."""
+    def release_nodes(self, nodes: list[str], released: Callable[[str], None]) -> None:
+        """A switch finished and left ``nodes`` without ranks: give them back; ``released(node)``
+        is called (from any thread) for each one the cluster took back."""
 
     def inject_fault(self, fault: dict[str, Any], fired: Callable[[float, str], None]) -> bool:
         """Raise an injected fault through the cluster (drain/node_down through Slurm, power_off/
@@ -27,7 +30,11 @@ class ClusterHooks(Protocol):
         """Remember a noticed node as bad; True when it is the main job's batch host."""
 
     def requeue(self, exclude: list[str]) -> bool:
-        """Requeue the run's own job away from ``exclude``; False when the cluster cannot."""
+        """Requeue the run's own job away from ``exclude`` (sent in the background; :meth:`flush`
+        waits for it); False when the cluster cannot."""
+
+    def flush(self, timeout_s: float) -> bool:
+        """After the loop ended: wait up to ``timeout_s`` for cluster commands still running."""
 
     def can_requeue(self) -> bool:
         """Whether :meth:`requeue` is possible here."""
@@ -40,8 +47,8 @@ class LocalHooks:
     def on_step(self, step: int, nodes: dict[str, str]) -> None:
         return None
 
-    def release_nodes(self, nodes: list[str], ranks_of_node: Callable[[str], list[int]]) -> list[str]:
-        return []
+    def release_nodes(self, nodes: list[str], released: Callable[[str], None]) -> None:
+        return None
 
     def inject_fault(self, fault: dict[str, Any], fired: Callable[[float, str], None]) -> bool:
         return False
@@ -51,6 +58,9 @@ class LocalHooks:
 
     def requeue(self, exclude: list[str]) -> bool:
         return False
+
+    def flush(self, timeout_s: float) -> bool:
+        return True
 
     def can_requeue(self) -> bool:
         return False

@@ -9,7 +9,8 @@ Contract:
 - The work is done by collaborators built here, in dependency order, over one
   :class:`~tmslurm.controller.state.RunState`: membership, plan book, restarts, recoveries,
   switches, commits, intake, deadlines, summary. Cluster specifics come in as
-  :class:`~tmslurm.controller.hooks.ClusterHooks`.
+  :class:`~tmslurm.controller.hooks.ClusterHooks`, which never wait on the cluster: their results
+  come back as queue items (``released``), so no Slurm command delays a vote.
 - :meth:`Controller.run` spawns the ranks and standbys, loops until the run finished (checking
   deadlines between items) and returns the summary (``summary.json``).
 """
@@ -132,6 +133,8 @@ class Controller:
             self.intake.notice(a)
         elif kind == "fault_at":
             self.recoveries.on_cluster_fault(a, b)
+        elif kind == "released":  # the cluster hooks gave a node back, off this thread
+            self.ctx.journal.write("node_released", node=a)
 
     def _on_ready(self, agent: Agent, msg: m.Ready) -> None:
         agent.roles[msg.role] = msg.model_dump(exclude={"type"})
@@ -148,6 +151,7 @@ class Controller:
     # ---- the end ------------------------------------------------------------------------------
     def finish(self, server: ControlServer) -> dict[str, Any]:
         if self.state.requeued:
+            self.ctx.hooks.flush(60.0)  # the requeue command runs off the loop: send it before exiting
             self.ctx.spawner.stop_all()
             server.close()
             return {"requeued": True, "final_params_sha256": None}

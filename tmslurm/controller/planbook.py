@@ -2,7 +2,7 @@
 
 Contract: :meth:`PlanBook.maybe_finish` closes the current plan once nobody is waited for (and a
 planned switch was applied): the event record gets its parts, the nodes it emptied are handed to
-the cluster hooks, the mode returns to running and pending notices are retried.
+the cluster hooks (which answer with a ``released`` queue item), the mode returns to running and pending notices are retried.
 :meth:`PlanBook.cancel` abandons the plan: every participant gets ``cancel`` (joiners go back to
 the pool, still warm), the event is marked cancelled and, with ``requeue``, a planned move whose
 ranks are still alive becomes a pending notice again. A joiner that had not reported ``joined`` is
@@ -39,8 +39,8 @@ class PlanBook:
         self.ctx.events.switched(plan)
         self.state.plan = None
         emptied = sorted({n for n in str((plan.event or {}).get("node", "")).split(",") if n})
-        for node in self.ctx.hooks.release_nodes(emptied, self.members.ranks_of_node):
-            self.ctx.journal.write("node_released", node=node)
+        empty = [n for n in emptied if not self.members.ranks_of_node(n)]
+        self.ctx.hooks.release_nodes(empty, lambda node: self.ctx.submit(("released", node, None)))
         self.state.mode = Mode.RUNNING
         self.state.retry_notices = True
 

@@ -86,6 +86,8 @@ class RunState:
     """(kind, ident) spawned by us and not yet connected: the only hellos accepted."""
     standbys_started: int = 0
     votes: dict[int, Any] = field(default_factory=dict)
+    vote_t: dict[int, float] = field(default_factory=dict)
+    """When each rank's vote in ``votes`` arrived (monotonic); read only for ranks in ``votes``."""
     step_log: list[dict[str, Any]] = field(default_factory=list)
     plan: PlannedSwitch | Recovery | None = None
     pending_notices: list[Notice] = field(default_factory=list)

@@ -186,6 +186,7 @@ class Worker:
         if not self.cfg.runtime.commit_vote:
             self.link.send({**vote, "type": "progress"})
             return Decision(step=self.step, epoch=self.epoch)
+        self._hang_if_due()
         self.link.send(vote)
         return self._wait_decision()
 
@@ -326,6 +327,16 @@ class Worker:
     def _fault_hook(self) -> Any:
         due = [f for f in self.faults if f["step"] == self.step and f["kind"] in ("kill", "stop") and f.get("when", "midstep") == "midstep"]
         return self._fire(due[0]) if due else None
+
+    def _hang_if_due(self) -> None:
+        """Injected ``hang``: the training thread stops just before voting, the heartbeats go on."""
+        due = [f for f in self.faults if f["step"] == self.step and f["kind"] == "hang"]
+        if due:
+            self.faults.remove(due[0])
+            self.link.send({"type": "fault", "index": due[0]["index"], "rank": self.rank, "step": self.step, "kind": "hang"})
+            log.warning("injecting fault hang at step %d: the training thread stops, heartbeats go on", self.step)
+            while True:
+                time.sleep(3600)
 
     def _fire(self, fault: dict[str, Any]) -> Any:
         def fire() -> None:

@@ -1,16 +1,18 @@
 """The Slurm side of :class:`~tmslurm.controller.hooks.ClusterHooks`: spares, node give-back, batch host.
 
-Contract (called on the controller's thread; Slurm command failures are logged, never raised):
+Contract (called on the controller's thread, and none of them waits on Slurm: every command runs on
+the spawner's :class:`~tmslurm.slurm.lane.Lane`; Slurm command failures are logged, never raised):
 - :meth:`SlurmHooks.on_step` refreshes the watcher's node set and, every 20 steps, the spare
-  jobs' nodes (one blocking ``scontrol`` per unknown spare);
+  jobs' nodes (one ``scontrol`` per unknown spare, on the lane);
 - :meth:`release_nodes` cuts each node a switch emptied out of the main job (never the batch host),
-  so a draining node becomes DRAINED while training goes on;
+  so a draining node becomes DRAINED while training goes on; ``released(node)`` comes from the lane;
 - :meth:`inject_fault` raises an injected ``drain`` / ``node_down`` through ``scontrol`` (the
   watcher then sees it like a real one), and ``power_off`` / ``partition`` through the failure lab
   (:mod:`tmslurm.slurm.lab`, in a thread of its own);
 - :meth:`is_batch_host` remembers every noticed node as bad (new spares avoid it until it is
   healthy) and says whether it is the batch host;
-- :meth:`requeue` requeues the main job (Slurm ends this batch task), excluding nodes.
+- :meth:`requeue` requeues the main job (Slurm ends this batch task), excluding nodes;
+- :meth:`flush` (after the loop ended) waits for the lane, so a requeue is sent before exiting.
 """
 
 from __future__ import annotations
@@ -41,38 +43,42 @@ class SlurmHooks:
             self.spawner.note_spare_node("")
         self.watch.set_nodes(nodes)
 
-    def release_nodes(self, nodes: list[str], ranks_of_node: Callable[[str], list[int]]) -> list[str]:
-        released = []
+    def release_nodes(self, nodes: list[str], released: Callable[[str], None]) -> None:
         for node in nodes:
-            if ranks_of_node(node) or node == self.batch_host:
-                continue
-            if self.spawner.release_node(node):
-                log.info("node %s released from job %s", node, self.job_id)
-                released.append(node)
-        return released
+            if node != self.batch_host:
+                self.spawner.release_node(node, released)
 
     def inject_fault(self, fault: dict[str, Any], fired: Callable[[float, str], None]) -> bool:
         node = self.spawner.node_of_rank(fault["rank"])
         if fault["kind"] in LAB_FAULTS:
             inject_lab_fault(self.spawner.cfg, fault["kind"], node, fired)
             return True
-        state = "drain" if fault["kind"] == "drain" else "down"
-        try:
-            self.client.update_node(node, state, reason=f"tmslurm-fault-{fault['kind']}")
-            log.info("fault %s injected on %s through scontrol", fault["kind"], node)
-        except SlurmError as exc:
-            log.error("cannot inject %s on %s: %s", fault["kind"], node, exc)
+        self.spawner.lane.submit(lambda: self._update_node(node, fault["kind"]), f"inject-{fault['kind']}")
         return True
+
+    def _update_node(self, node: str, kind: str) -> None:
+        try:
+            self.client.update_node(node, "drain" if kind == "drain" else "down", reason=f"tmslurm-fault-{kind}")
+            log.info("fault %s injected on %s through scontrol", kind, node)
+        except SlurmError as exc:
+            log.error("cannot inject %s on %s: %s", kind, node, exc)
 
     def is_batch_host(self, node: str | None) -> bool:
         if node:
-            self.spawner.bad_nodes.add(node)
+            self.spawner.add_bad_node(node)
         return bool(node) and node == self.batch_host
 
     def can_requeue(self) -> bool:
         return True
 
     def requeue(self, exclude: list[str]) -> bool:
+        self.spawner.lane.submit(lambda: self._requeue(exclude), "requeue")
+        return True
+
+    def flush(self, timeout_s: float) -> bool:
+        return self.spawner.lane.flush(timeout_s)
+
+    def _requeue(self, exclude: list[str]) -> None:
         cmds = [["scontrol", "requeue", self.job_id]]
         if exclude:
             cmds.append(["scontrol", "update", f"jobid={self.job_id}", f"ExcNodeList={','.join(exclude)}"])
@@ -84,7 +90,6 @@ class SlurmHooks:
                 continue
             if r.returncode != 0:
                 log.error("%s failed: %s", " ".join(cmd), r.stderr.strip())
-        return True
 
     def status(self) -> dict[str, Any]:
         return {"main_job_id": self.job_id, "spare_job_ids": self.spawner.spare_job_ids()}

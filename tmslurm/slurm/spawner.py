@@ -11,6 +11,12 @@ Contract (same interface as :class:`~tmslurm.runtime.spawner.LocalSpawner`):
   spare job instead;
 - :meth:`fence` kills only what it launched: a rank's own step (``scancel --signal=KILL`` of that
   step) or a standby's spare job; :meth:`stop_all` ends every step and cancels every spare job.
+- Nothing the controller's thread calls waits on Slurm: spare submission (with the node-state read
+  that picks the nodes to exclude), reading spare jobs' nodes, node give-back and a standby's fence
+  run in order on the :class:`~tmslurm.slurm.lane.Lane`; a rank's fence runs on ``background`` (in
+  parallel, a dead node's ``scancel`` can take seconds). A rank spawned on the controller's thread
+  avoids the nodes known bad so far (the lane refreshes which ones healed). Results the controller
+  needs come back through a callback (:meth:`release_node`'s ``released``).
 Slurm command failures are logged and never raised into the controller's loop.
 """
 
@@ -30,6 +36,7 @@ from tmslurm.rundir import RunDir
 from tmslurm.runtime.spawner import agent_env
 from tmslurm.slurm.client import SlurmClient
 from tmslurm.slurm.hostlist import expand_hostlist
+from tmslurm.slurm.lane import Lane
 from tmslurm.slurm.parse import OK, classify
 from tmslurm.slurm.submit import submit_spare
 
@@ -38,8 +45,10 @@ log = logging.getLogger(__name__)
 
 class SlurmSpawner:
     def __init__(self, run_dir: Path, cfg: RunConfig, client: SlurmClient, job_id: str, nodes: list[str], *,
-                 background: Callable[[Callable[[], None], str], None] | None = None) -> None:
+                 background: Callable[[Callable[[], None], str], None] | None = None, lane: Lane | None = None) -> None:
         self.background = background or _daemon_thread  # runs Slurm commands the caller must not wait for
+        self.lane = lane or Lane()  # the other Slurm commands, in order, off the controller's thread
+        self.lock = threading.Lock()  # spares, bad_nodes and main_nodes are shared with the lane
         self.run_dir = Path(run_dir)
         self.cfg = cfg
         self.client = client
@@ -74,10 +83,14 @@ class SlurmSpawner:
         """Start rank's step on its node; off a bad node onto a spare when one is there; False when
         the rank has nowhere to run (its node left the job and no spare allocation is up)."""
         node = self.rank_node[rank]
-        if node in self.main_nodes and node not in self.still_bad():
+        with self.lock:
+            bad = set(self.bad_nodes)
+        self.lane.submit(self.still_bad, "refresh-bad-nodes")
+        if node in self.main_nodes and node not in bad:
             self._srun(self.job_id, node, f"rank{rank}.{incarnation}", ["--rank", str(rank)])
             return True
-        spare = next((s for s in self.spares.values() if s.get("node") and not s.get("used_for_restart")), None)
+        with self.lock:
+            spare = next((s for s in self.spares.values() if s.get("node") and not s.get("used_for_restart")), None)
         if spare is None:
             if node in self.main_nodes:  # a draining node still belongs to the job: restart there
                 log.warning("rank %d restarts on %s (leaving, but no spare allocation is up)", rank, node)
@@ -92,40 +105,60 @@ class SlurmSpawner:
 
     # ---- spares -------------------------------------------------------------------------------
     def spawn_standby(self, index: int) -> None:
-        """Standby ``index`` lives in spare job ``index // ranks_per_node``; submit it when first needed."""
+        """Standby ``index`` lives in spare job ``index // ranks_per_node``; submit it when first needed
+        (on the lane: returns at once)."""
         job_index = index // self.rpn
         if index % self.rpn:
             return
+        self.lane.submit(lambda: self._submit_spare(index, job_index), f"submit-spare{job_index}")
+
+    def _submit_spare(self, index: int, job_index: int) -> None:
         try:
             job_id = submit_spare(self.run_dir, self.cfg, job_index, first_standby=index, exclude=self.still_bad())
         except SlurmError as exc:
             log.error("cannot submit spare job %d: %s", job_index, exc)
             return
-        self.spares[job_id] = {"job_id": job_id, "index": job_index, "node": None}
+        with self.lock:
+            self.spares[job_id] = {"job_id": job_id, "index": job_index, "node": None}
         log.info("spare job %s submitted (standbys %d..%d)", job_id, index, index + self.rpn - 1)
 
     def still_bad(self) -> list[str]:
-        """Nodes that had a notice and are still not healthy now (a repaired node is usable again)."""
-        if not self.bad_nodes:
+        """Nodes that had a notice and are still not healthy now (a repaired node is usable again).
+        Reads Slurm's node states: blocking, run on the lane only."""
+        with self.lock:
+            bad = sorted(self.bad_nodes)
+        if not bad:
             return []
         try:
-            infos = {n.name: n for n in self.client.nodes(sorted(self.bad_nodes))}
+            infos = {n.name: n for n in self.client.nodes(bad)}
         except SlurmError as exc:
             log.warning("cannot read node states (%s); excluding every node that had a notice", exc)
-            return sorted(self.bad_nodes)
+            return bad
         healed = {name for name, info in infos.items() if classify(info) == OK}
-        self.bad_nodes -= healed
-        return sorted(self.bad_nodes)
+        with self.lock:
+            self.bad_nodes -= healed
+            return sorted(self.bad_nodes)
+
+    def add_bad_node(self, node: str) -> None:
+        with self.lock:
+            self.bad_nodes.add(node)
 
     def spare_job_ids(self) -> list[str]:
-        return list(self.spares)
+        with self.lock:
+            return list(self.spares)
 
     def note_spare_node(self, node: str) -> None:
-        for info in self.spares.values():
-            if info["node"] is None:
-                job = self._job(info["job_id"])
-                if job is not None and job.nodes:
-                    info["node"] = job.nodes[0]
+        """Learn the nodes of spare jobs that started (on the lane: returns at once)."""
+        self.lane.submit(self._note_spare_nodes, "note-spare-nodes")
+
+    def _note_spare_nodes(self) -> None:
+        with self.lock:
+            unknown = [info["job_id"] for info in self.spares.values() if info["node"] is None]
+        for job_id in unknown:
+            job = self._job(job_id)
+            if job is not None and job.nodes:
+                with self.lock:
+                    self.spares[job_id]["node"] = job.nodes[0]
 
     def _job(self, job_id: str) -> Any:
         try:
@@ -143,16 +176,17 @@ class SlurmSpawner:
         went silent block for seconds (measured on the failure lab: ~6 s), and the caller does not
         need to wait, because a fenced process is already shut out by its stale epoch."""
         if kind == "worker" and ident in self.rank_steps:
-            work, what = (lambda step=self.rank_steps[ident]: self._kill_step(*step)), f"rank {ident}'s step"
-        elif kind == "standby":
+            log.info("fencing rank %d's step", ident)
+            self.background(lambda step=self.rank_steps[ident]: self._kill_step(*step), f"fence-{kind}{ident}")
+        elif kind == "standby":  # on the lane: after its spare job's submission, which may still be queued
+            self.lane.submit(lambda: self._fence_spare(ident), f"fence-{kind}{ident}")
+
+    def _fence_spare(self, ident: int) -> None:
+        with self.lock:
             job = next((j for j, s in self.spares.items() if s["index"] == ident // self.rpn), None)
-            if job is None:
-                return
-            work, what = (lambda: self._cancel(job)), f"spare job {job} of standby {ident}"
-        else:
-            return
-        log.info("fencing %s", what)
-        self.background(work, f"fence-{kind}{ident}")
+        if job is not None:
+            log.info("fencing spare job %s of standby %d", job, ident)
+            self._cancel(job)
 
     def _cancel(self, job: str) -> None:
         try:
@@ -169,21 +203,31 @@ class SlurmSpawner:
         except (subprocess.TimeoutExpired, OSError, IndexError) as exc:  # a dead node: Slurm ends the step anyway
             log.warning("fencing step %s of job %s failed: %s", name, job, exc)
 
-    def release_node(self, node: str) -> bool:
-        """Cut ``node`` out of the main job (it becomes DRAINED if it was draining)."""
-        if node not in self.main_nodes:
-            return False
-        rest = [n for n in self.main_nodes if n != node]
+    def release_node(self, node: str, released: Callable[[str], None]) -> None:
+        """Cut ``node`` out of the main job (it becomes DRAINED if it was draining), on the lane;
+        ``released(node)`` is called from the lane once Slurm accepted it."""
+        self.lane.submit(lambda: self._release(node, released), f"release-{node}")
+
+    def _release(self, node: str, released: Callable[[str], None]) -> None:
+        with self.lock:
+            rest = [n for n in self.main_nodes if n != node]
+            if node not in self.main_nodes:
+                return
         try:
             self.client.update_job_nodelist(self.job_id, rest)
         except SlurmError as exc:
             log.error("cannot release node %s from job %s: %s", node, self.job_id, exc)
-            return False
-        self.main_nodes = rest
-        return True
+            return
+        with self.lock:
+            self.main_nodes = [n for n in self.main_nodes if n != node]
+        log.info("node %s released from job %s", node, self.job_id)
+        released(node)
 
     def stop_all(self) -> None:
-        for job_id in list(self.spares):
+        """At the end (off the loop): let queued Slurm commands finish, then end everything."""
+        if not self.lane.flush(60.0):
+            log.warning("queued Slurm commands still running after 60s; stopping anyway")
+        for job_id in self.spare_job_ids():
             try:
                 self.client.cancel(job_id)
             except SlurmError as exc:

@@ -1,0 +1,46 @@
+"""Hang detection by progress: a rank that heartbeats but does not vote while all others did is
+fenced and replaced once it lags past max(hang_floor_s, hang_factor x median step); never before."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.controller_harness import Harness
+from tmslurm.config import compose_config
+from tmslurm.controller.plans import Recovery
+from tmslurm.errors import ConfigError
+
+
+@pytest.mark.parametrize("voters,lag_s,median_s,hung", [
+    ((0, 1, 3), 2.5, 0.0, True),     # past the 2 s floor, no step time known yet
+    ((0, 1, 3), 1.5, 0.0, False),    # within the floor
+    ((0, 1, 3), 5.0, 1.0, False),    # 10 x a 1 s median step is 10 s: still waiting
+    ((0, 1, 3), 10.5, 1.0, True),    # past 10 x the median step
+    ((0, 1), 30.0, 0.0, False),      # two ranks missing: a slow step, not one hung rank
+])
+def test_a_rank_lagging_behind_every_other_vote_is_hung(tmp_path, voters, lag_s, median_s, hung):
+    h = Harness(tmp_path)
+    h.state.step_log = [{"step": i, "t_end": i * median_s} for i in range(5)] if median_s else []
+    h.state.step = 5 if median_s else 0
+    for r in voters:
+        h.vote(r)
+        h.state.vote_t[r] -= lag_s
+    h.ctl.deadlines.tick()
+    assert (h.spawner.fenced == [("worker", 2)]) is hung
+    if hung:
+        assert isinstance(h.state.plan, Recovery) and h.state.plan.reason == "no progress"
+        (entry,) = h.journal("hung")
+        assert entry["rank"] == 2 and entry["lag_s"] >= lag_s
+    else:
+        assert h.state.plan is None and not h.journal("hung")
+
+
+@pytest.mark.parametrize("override,field", [("runtime.hang_factor=0", "runtime.hang_factor"),
+                                            ("runtime.hang_floor_s=-1", "runtime.hang_floor_s")])
+def test_hang_settings_are_validated(override, field):
+    with pytest.raises(ConfigError, match=field):
+        compose_config([override])
+
+
+def test_hang_fault_kind_is_accepted():
+    assert compose_config(["faults=[{step:3,kind:hang,rank:1}]"]).faults[0].kind == "hang"
