@@ -129,26 +129,24 @@ class Groups(Msg):
     peak_rss_mb: MiB
 
 
-class Vote(Msg):
+class _StepReport(Msg):
+    """What a rank reports about a step it computed (a vote, or progress while votes are off)."""
+
+    step: Count
+    epoch: Count
+    rank: Count
+    loss: float | None = None
+    dt: Seconds
+    peak_rss_mb: MiB
+    digest: Digest | None = None
+
+
+class Vote(_StepReport):
     type: Literal["vote"]
-    step: Count
-    epoch: Count
-    rank: Count
-    loss: float | None = None
-    dt: Seconds
-    peak_rss_mb: MiB
-    digest: Digest | None = None
 
 
-class Progress(Msg):
+class Progress(_StepReport):
     type: Literal["progress"]
-    step: Count
-    epoch: Count
-    rank: Count
-    loss: float | None = None
-    dt: Seconds
-    peak_rss_mb: MiB
-    digest: Digest | None = None
 
 
 class Prepared(Msg):
