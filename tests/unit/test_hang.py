@@ -44,3 +44,12 @@ def test_hang_settings_are_validated(override, field):
 
 def test_hang_fault_kind_is_accepted():
     assert compose_config(["faults=[{step:3,kind:hang,rank:1}]"]).faults[0].kind == "hang"
+
+
+def test_a_lone_rank_is_never_hung_by_progress(tmp_path):
+    """dp=1 x pp=1: no peer votes to be late against (the deadline tick once crashed on it)."""
+    h = Harness(tmp_path, 1, 1, 0)
+    h.state.step_log = [{"step": i, "t_end": float(i)} for i in range(5)]
+    h.state.step = 5
+    h.ctl.deadlines.tick()
+    assert h.spawner.fenced == [] and h.state.plan is None and not h.journal("hung")

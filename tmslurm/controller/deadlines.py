@@ -71,8 +71,9 @@ class Deadlines:
 
     def _progress(self, now_m: float) -> None:
         st, world = self.state, self.ctx.layout.world
-        if st.mode is not Mode.RUNNING or len(st.votes) != world - 1 or not self.ctx.cfg.runtime.commit_vote:
-            return
+        if (st.mode is not Mode.RUNNING or world < 2 or len(st.votes) != world - 1
+                or not self.ctx.cfg.runtime.commit_vote):
+            return  # a lone rank has no peers to be late against: its heartbeats are its liveness
         (rank,) = set(range(world)) - set(st.votes)
         agent = st.agent_of(rank)
         lag = now_m - max(st.vote_t.get(r, now_m) for r in st.votes)
