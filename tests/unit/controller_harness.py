@@ -54,7 +54,7 @@ class FakeSpawner:
     def fence(self, kind: str, ident: int) -> None:
         self.fenced.append((kind, ident))
 
-    def stop_all(self) -> None:
+    def stop_all(self, grace_s: float = 0.0) -> None:
         return None
 
     def node_of_rank(self, rank: int) -> str:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -161,8 +160,7 @@ class Controller:
         if self.state.plan is not None:  # a switch the run ended before: no event, no downtime
             self.ctx.events.cancel(self.state.plan)
         summary = self.summary.write()
-        time.sleep(0.3)  # let the agents read "finish" before their processes are stopped
-        self.ctx.spawner.stop_all()
+        self.ctx.spawner.stop_all(grace_s=5.0)  # agents exit on "finish"; what is left after 5 s is killed
         server.close()
         return summary
 

@@ -15,6 +15,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Protocol
 
@@ -28,7 +29,8 @@ class Spawner(Protocol):
     def spawn_worker(self, rank: int, incarnation: int) -> bool: ...
     def spawn_standby(self, index: int) -> None: ...
     def fence(self, kind: str, ident: int) -> None: ...
-    def stop_all(self) -> None: ...
+    def stop_all(self, grace_s: float = 0.0) -> None:
+        """End every process/step/job this spawner started, after up to ``grace_s`` for them to exit on their own."""
     def node_of_rank(self, rank: int) -> str: ...
 
 
@@ -73,7 +75,8 @@ class LocalSpawner:
         if proc.poll() is None:
             proc.kill()  # Popen.kill: only our own child, and never after it was reaped
 
-    def stop_all(self) -> None:
+    def stop_all(self, grace_s: float = 0.0) -> None:
+        wait_for_exit(self.procs, grace_s)
         for p in self.procs:
             if p.poll() is None:
                 p.kill()
@@ -86,3 +89,13 @@ class LocalSpawner:
 
     def reap(self) -> None:
         self.procs = [p for p in self.procs if p.poll() is None]
+
+
+def wait_for_exit(procs: list[subprocess.Popen], grace_s: float) -> None:
+    """Wait until every process in ``procs`` exited, or ``grace_s`` passed (whichever is first)."""
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            return

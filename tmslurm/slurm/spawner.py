@@ -33,7 +33,7 @@ from typing import Any, Callable
 from tmslurm.config import RunConfig
 from tmslurm.errors import SlurmError
 from tmslurm.rundir import RunDir
-from tmslurm.runtime.spawner import agent_env
+from tmslurm.runtime.spawner import agent_env, wait_for_exit
 from tmslurm.slurm.client import SlurmClient
 from tmslurm.slurm.hostlist import expand_hostlist
 from tmslurm.slurm.lane import Lane
@@ -223,8 +223,9 @@ class SlurmSpawner:
         log.info("node %s released from job %s", node, self.job_id)
         released(node)
 
-    def stop_all(self) -> None:
-        """At the end (off the loop): let queued Slurm commands finish, then end everything."""
+    def stop_all(self, grace_s: float = 0.0) -> None:
+        """At the end (off the loop): let queued Slurm commands finish, give the rank steps up to
+        ``grace_s`` to end on their own, then end everything."""
         if not self.lane.flush(60.0):
             log.warning("queued Slurm commands still running after 60s; stopping anyway")
         for job_id in self.spare_job_ids():
@@ -232,6 +233,7 @@ class SlurmSpawner:
                 self.client.cancel(job_id)
             except SlurmError as exc:
                 log.warning("cannot cancel spare job %s: %s", job_id, exc)
+        wait_for_exit(self.steps, grace_s)
         for p in self.steps:
             if p.poll() is None:
                 p.terminate()
