@@ -149,6 +149,7 @@ class Controller:
 
     # ---- the end ------------------------------------------------------------------------------
     def finish(self, server: ControlServer) -> dict[str, Any]:
+        self._refuse_requests(server)
         if self.state.requeued:
             self.ctx.hooks.flush(60.0)  # the requeue command runs off the loop: send it before exiting
             self.ctx.spawner.stop_all()
@@ -163,6 +164,21 @@ class Controller:
         self.ctx.spawner.stop_all(grace_s=5.0)  # agents exit on "finish"; what is left after 5 s is killed
         server.close()
         return summary
+
+
+    def _refuse_requests(self, server: ControlServer) -> None:
+        """Answer every queued and later request with an error: the loop reads no more of them."""
+        why = ("the run is ending (requeued: it resumes in the next allocation)" if self.state.requeued
+               else "the run has finished; it takes no more requests")
+        server.close_requests(why)
+        while True:
+            try:
+                kind, _, ch = self.ctx.queue.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "request":
+                ch.try_send(m.ErrorReply(error=why))
+                ch.close()
 
 
 def _verifier(ctx: Context) -> NoticeVerifier | None:

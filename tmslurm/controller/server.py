@@ -42,6 +42,11 @@ class ControlServer:
         self.gate = Gate(self.sock, token, verifier, journal, submit, touch, GateLimits())
         self.gate.start()
 
+    def close_requests(self, why: str) -> None:
+        """Answer further one-shot requests with an error (the run is ending)."""
+        if self.gate is not None:
+            self.gate.close_requests(why)
+
     def close(self) -> None:
         if self.gate is not None:
             self.gate.stop()

@@ -15,6 +15,8 @@ Contract:
   ``("request", Request, ch)``, ``("msg", conn, message)``, ``("disconnect", conn, None)``.
   ``conn`` is a number unique per connection, so a second client can never speak for another's.
   ``touch(conn)`` is called for every line read from an agent (heartbeats included).
+- After :meth:`Gate.close_requests` (the run is ending) a one-shot request is answered with an
+  ``error`` by the gate itself and never queued; agents' lines still flow.
 """
 
 from __future__ import annotations
@@ -45,6 +47,13 @@ class GateLimits:
     """Connections waiting for their first line at once; more are dropped."""
 
 
+@dataclass(frozen=True)
+class _Dropped:
+    """An oversize or slow first line: the connection is closed without an answer."""
+
+    why: str
+
+
 class Gate:
     def __init__(self, server: socket.socket, token: str, verifier: NoticeVerifier | None, journal: Journal,
                  submit: Callable[[tuple[str, Any, Any]], None], touch: Callable[[int], None], limits: GateLimits) -> None:
@@ -59,9 +68,16 @@ class Gate:
         self.verify_lock = threading.Lock()
         self.conns = itertools.count(1)
         self.stopped = threading.Event()
+        self.requests_lock = threading.Lock()
+        self.requests_closed: str | None = None
 
     def start(self) -> None:
         threading.Thread(target=self._accept, name="ctl-accept", daemon=True).start()
+
+    def close_requests(self, why: str) -> None:
+        """From now on answer one-shot requests with ``why``; none is queued after this returns."""
+        with self.requests_lock:
+            self.requests_closed = why
 
     def stop(self) -> None:
         self.stopped.set()
@@ -85,6 +101,9 @@ class Gate:
             first = self._first_line(ch, peer)
         finally:
             self.preauth.release()
+        if isinstance(first, _Dropped):  # journalled after the slot is free: the journal never runs ahead of it
+            self.journal.write("preauth_dropped", peer=peer, why=first.why)
+            first = None
         if first is None:
             ch.close()
             return
@@ -94,16 +113,21 @@ class Gate:
             self.submit(("hello", first, (conn, ch)))
             self._read_agent(conn, ch)
         else:
-            self.submit(("request", first, ch))
+            with self.requests_lock:
+                why = self.requests_closed
+                if why is None:
+                    self.submit(("request", first, ch))
+            if why is not None:
+                ch.try_send({"type": "error", "error": why})
+                ch.close()
 
     def _first_line(self, ch: Channel, peer: str) -> Any:
-        """The authenticated, validated first message, or None (answered and journalled)."""
+        """The authenticated, validated first message; None (answered and journalled); or _Dropped."""
         ch.sock.settimeout(self.limits.auth_timeout_s)
         try:
             raw = ch.recv(self.limits.preauth_max_line)
         except (LineTooLong, ReadTimeout) as exc:
-            self.journal.write("preauth_dropped", peer=peer, why=str(exc))
-            return None
+            return _Dropped(str(exc))
         except ProtocolError as exc:
             return self._refuse(ch, "bad_message", f"malformed request: {exc}", peer=peer)
         if raw is None:
