@@ -152,6 +152,13 @@ class RuntimeConfig:
     (at least runtime.hang_floor_s) is declared hung, fenced and replaced, even if it heartbeats."""
     hang_floor_s: float = 2.0
     """The least time a rank may lag behind all the others' votes before it is declared hung."""
+    switch_timeout_s: float = 60.0
+    """A switch or recovery whose plan was applied (groups being rebuilt, state in flight) must
+    finish within this; whoever has not reported by then is fenced and the step is recovered again."""
+    controller_lost_s: float = 15.0
+    """An agent that hears nothing from its controller (no decision, no beat) for this long, or
+    whose connection closed, exits by itself (status 3); the controller beats every
+    controller_lost_s / 5, so a live but idle controller is never mistaken for a lost one."""
     heartbeats: bool = True
     """Agents send heartbeats (off only to measure their cost; hangs are then not detected)."""
     commit_vote: bool = True
@@ -328,7 +335,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     if cfg.runtime.backend == "nccl" and cfg.runtime.device != "cuda":
         raise ConfigError("runtime.backend=nccl needs runtime.device=cuda. Fix: pass runtime.device=cuda or runtime.backend=gloo.")
     for name in ("heartbeat_interval_s", "heartbeat_timeout_s", "collective_timeout_s", "wait_slice_s", "connect_timeout_s",
-                 "hang_factor", "hang_floor_s"):
+                 "hang_factor", "hang_floor_s", "switch_timeout_s", "controller_lost_s"):
         if getattr(cfg.runtime, name) <= 0:
             raise ConfigError(f"runtime.{name} must be > 0. Fix: pass runtime.{name}=<seconds>.")
     if cfg.runtime.heartbeat_timeout_s <= 2 * cfg.runtime.heartbeat_interval_s:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ def run_local(cfg: RunConfig) -> dict[str, Any]:
     spawner = LocalSpawner(run_dir, cfg)
     server = ControlServer.open("127.0.0.1")
     ctl = Controller(cfg, run_dir, spawner, LocalHooks(), server.address)
-    RunDir(run_dir).controller.write_text(json.dumps(server.address))
+    RunDir(run_dir).controller.write_text(json.dumps({**server.address, "pid": os.getpid()}))
     log.info("run %s: %d ranks (dp=%d pp=%d), %d standby(s); logs in %s/logs", run_dir.name, ctl.ctx.layout.world,
              cfg.parallel.dp, cfg.parallel.pp, cfg.standby.count, run_dir)
     try:

@@ -360,6 +360,12 @@ class Finish(Msg):
     type: Literal["finish"] = "finish"
 
 
+class Beat(Msg):
+    """The controller is alive (sent every ``runtime.controller_lost_s`` / 5)."""
+
+    type: Literal["beat"] = "beat"
+
+
 class ErrorReply(Msg):
     type: Literal["error"] = "error"
     error: Text
@@ -378,7 +384,7 @@ class StatusReply(Msg):
     status: dict[str, Any]
 
 
-ControllerMessage = Annotated[Union[Welcome, Decision, Abort, Prepare, Join, Activate, Recover, Cancel, Finish,
+ControllerMessage = Annotated[Union[Welcome, Decision, Abort, Prepare, Join, Activate, Recover, Cancel, Finish, Beat,
                                     ErrorReply, OkReply, StatusReply], Field(discriminator="type")]
 
 _AGENT: TypeAdapter[Any] = TypeAdapter(AgentMessage)

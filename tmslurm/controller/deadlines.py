@@ -7,7 +7,9 @@ its vote is the only one missing for longer than ``runtime.hang_factor`` x the m
 deadline are declared dead and the failure is replanned; a phase 1 that does not finish within
 ``runtime.connect_timeout_s`` cancels its switch (the notice is retried); a communication error
 nobody explains within ``heartbeat_timeout_s`` aborts the step; a drained run finishes; a held
-first commit is released; the batch-host checkpoint is watched. Nothing here raises.
+first commit is released; the batch-host checkpoint is watched; a plan applied but not finished
+within ``runtime.switch_timeout_s`` fences whoever has not reported and recovers again
+(``stuck``); every agent gets a ``beat`` each ``runtime.controller_lost_s`` / 5. Nothing here raises.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from tmslurm.controller.plans import PlannedSwitch, Recovery
 from tmslurm.controller.recoveries import Recoveries
 from tmslurm.controller.restarts import Restarts
 from tmslurm.controller.state import Mode
+from tmslurm.messages import Beat
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +40,7 @@ class Deadlines:
         self.recoveries = recoveries
         self.restarts = restarts
         self.commits = commits
+        self.last_beat_m = 0.0
 
     def tick(self, now: float | None = None, now_m: float | None = None) -> None:
         now = time.time() if now is None else now
@@ -44,6 +48,8 @@ class Deadlines:
         self._heartbeats(now_m)
         self._progress(now_m)
         self._plan(now)
+        self._stuck(now)
+        self._beat(now_m)
         rt, st = self.ctx.cfg.runtime, self.state
         if st.comm_error_since is not None and st.mode is Mode.RUNNING and now - st.comm_error_since > rt.heartbeat_timeout_s:
             self.recoveries.fail(set(), "unexplained communication error", now)
@@ -93,6 +99,39 @@ class Deadlines:
               and now - plan.times["pick"] > self.ctx.cfg.runtime.connect_timeout_s):
             log.warning("phase 1 of epoch %d did not finish; cancelling", plan.epoch)
             self.plans.cancel(requeue=True)
+
+    def _stuck(self, now: float) -> None:
+        """An applied plan that has not finished within ``runtime.switch_timeout_s``: fence who has
+        not reported and recover the step again (a new epoch) without them."""
+        plan, limit = self.state.plan, self.ctx.cfg.runtime.switch_timeout_s
+        if plan is None or not plan.applied or self.state.mode.ending:
+            return
+        started = plan.times.get("decision", plan.times.get("pick"))
+        if started is None or now - started <= limit or not plan.waiting:
+            return
+        waiting = sorted(plan.waiting)
+        ranks = {int(w[1:]) for w in waiting if w.startswith("r")}
+        for m in plan.moves:
+            if m.joiner in plan.waiting:
+                ranks.add(m.rank)
+                joiner = self.state.agents.get(m.joiner)
+                if joiner is not None and joiner.alive:
+                    self.members.kill(joiner)
+                    self.ctx.journal.write("fenced", agent=joiner.aid, rank=m.rank, node=joiner.node, cause="stuck in switch")
+        log.warning("epoch %d: %s did not finish within %.0fs (runtime.switch_timeout_s): fencing them",
+                    plan.epoch, ", ".join(waiting), limit)
+        self.ctx.journal.write("stuck", epoch=plan.epoch, kind=plan.kind, waiting=waiting, after_s=now - started)
+        self.recoveries.fail(ranks, "stuck in switch", now)
+
+    def _beat(self, now_m: float) -> None:
+        """Tell every agent the controller lives (they exit after ``runtime.controller_lost_s`` without it)."""
+        if now_m - self.last_beat_m < self.ctx.cfg.runtime.controller_lost_s / 5:
+            return
+        self.last_beat_m = now_m
+        beat = Beat()
+        for agent in self.state.agents.values():
+            if agent.alive:
+                agent.channel.try_send(beat)
 
     def _drained(self) -> bool:
         """Every rank reported its final digest, or the missing ones died after the final commit and

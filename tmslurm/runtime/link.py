@@ -5,8 +5,11 @@ authenticates with the run token and returns the :class:`Link` and the validated
 (TmslurmError when refused). The reader thread validates every controller message
 (:func:`~tmslurm.messages.decode_controller`; a bad one is logged and dropped), queues it, and
 raises the abort flag the moment an ``abort`` arrives, so a rank blocked in a collective stops
-waiting. When the controller goes away, :meth:`Link.get` ends the process (status 3): a rank never
-trains on without its controller.
+waiting. ``beat`` messages only prove the controller alive and are not queued. When the controller
+goes away, :meth:`Link.get` ends the process (status 3): a rank never trains on without its
+controller. The watchdog thread ends it too, whatever the training thread is doing: when the
+connection closed and the process has not exited :data:`LOST_GRACE_S` later, or when nothing at all
+came from the controller for ``runtime.controller_lost_s`` (a silent controller host sends no FIN).
 """
 
 from __future__ import annotations
@@ -22,12 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from tmslurm.errors import ProtocolError, TmslurmError
-from tmslurm.messages import Abort, BadMessage, Welcome, decode_controller
+from tmslurm.messages import Abort, BadMessage, Beat, Welcome, decode_controller
 from tmslurm.runtime.protocol import Channel, connect, controller_address, read_token
 
 log = logging.getLogger(__name__)
 LOST = object()
 """Put in the inbox when the controller's connection closed."""
+LOST_GRACE_S = 2.0
+"""After the connection closed, the training thread gets this long to exit on its own."""
 
 
 @dataclass
@@ -36,16 +41,21 @@ class Link:
 
     channel: Channel
     heartbeat_s: float
+    controller_lost_s: float
+    """Exit when nothing came from the controller for this long (0: never)."""
     inbox: "queue.Queue[Any]" = field(default_factory=queue.Queue)
     """Typed controller messages (:data:`~tmslurm.messages.ControllerMessage`), or :data:`LOST`."""
     abort_event: threading.Event = field(default_factory=threading.Event)
     abort_epoch: int = -1
     lost: threading.Event = field(default_factory=threading.Event)
     abort_lock: threading.Lock = field(default_factory=threading.Lock)
+    heard_m: float = field(default_factory=time.monotonic)
+    """When the last line came from the controller (monotonic)."""
 
     def start(self) -> None:
         threading.Thread(target=self._read, name="ctl-reader", daemon=True).start()
         threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
+        threading.Thread(target=self._watch, name="ctl-watchdog", daemon=True).start()
 
     def send(self, msg: dict[str, Any]) -> None:
         if not self.channel.try_send(msg):
@@ -63,10 +73,13 @@ class Link:
                 self.abort_event.set()
                 self.inbox.put(LOST)
                 return
+            self.heard_m = time.monotonic()
             try:
                 typed = decode_controller(msg)
             except BadMessage as exc:
                 log.error("ignoring a bad message from the controller: %s", exc)
+                continue
+            if isinstance(typed, Beat):
                 continue
             if isinstance(typed, Abort):
                 with self.abort_lock:
@@ -80,6 +93,18 @@ class Link:
         while not self.lost.is_set():
             self.send({"type": "hb"})
             time.sleep(self.heartbeat_s)
+
+    def _watch(self) -> None:
+        while True:
+            if self.lost.wait(timeout=0.5):
+                time.sleep(LOST_GRACE_S)  # the training thread normally exits through get() first
+                log.error("lost the controller (connection closed); exiting")
+                os._exit(3)
+            silent = time.monotonic() - self.heard_m
+            if self.controller_lost_s and silent > self.controller_lost_s:
+                log.error("heard nothing from the controller for %.1fs (runtime.controller_lost_s=%g); exiting",
+                          silent, self.controller_lost_s)
+                os._exit(3)
 
     def get(self, timeout: float | None = None) -> Any:
         """Next controller message (typed); a lost controller ends the process."""
@@ -105,7 +130,9 @@ def hello(run_dir: Path, kind: str, ident: int, node: str) -> tuple[Link, Welcom
         raise TmslurmError(f"controller refused {kind} {ident}: {reply}")
     welcome = decode_controller(reply)
     cfg = welcome.config
-    link = Link(ch, float(cfg["runtime"]["heartbeat_interval_s"]) if cfg["runtime"].get("heartbeats", True) else 0.0)
+    rt = cfg["runtime"]
+    link = Link(ch, float(rt["heartbeat_interval_s"]) if rt.get("heartbeats", True) else 0.0,
+                float(rt["controller_lost_s"]))
     link.start()
     return link, welcome
 

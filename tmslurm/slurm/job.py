@@ -71,7 +71,7 @@ def run_in_allocation(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
     watch = NodeWatch({n: "main" for n in nodes})
     server = ControlServer.open(_advertise_host(client, nodes[0]))
     ctl = Controller(cfg, run_dir, spawner, SlurmHooks(client, spawner, watch, job_id, nodes[0]), server.address)
-    rundir.controller.write_text(json.dumps({**server.address, "main_job_id": job_id}))
+    rundir.controller.write_text(json.dumps({**server.address, "main_job_id": job_id, "pid": os.getpid()}))
     watcher = SlurmWatcher(client, watch, cfg.slurm.poll_interval_s, on_notice=lambda n: _on_slurm_notice(ctl, n))
     if cfg.slurm.watch:
         watcher.start()

@@ -1,0 +1,67 @@
+"""Agents never outlive their controller: a killed controller (its sockets close) and a silent one
+(stopped: no FIN, nothing more on the wire) both leave no rank or standby process behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from tests.distributed.test_recovery import BASE
+
+LAYOUT = ("parallel.dp=2", "parallel.pp=1", "standby.count=1", "train.steps=100000", "train.step_delay_s=0.05")
+
+
+def children(pid: int) -> set[int]:
+    out: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out |= {int(c) for c in (task / "children").read_text().split()}
+    return out
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan that exited may wait for its new parent to reap it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def agents_up(run, n: int) -> set[int]:
+    run.wait_for(lambda e: e["type"] == "standby_ready")
+    deadline = time.monotonic() + 60
+    while len(pids := children(run.proc.pid)) < n:
+        assert time.monotonic() < deadline, f"only {len(pids)} of {n} agents spawned"
+        time.sleep(0.05)
+    return pids
+
+
+def wait_gone(pids: set[int], timeout_s: float) -> float:
+    t0 = time.monotonic()
+    while left := {p for p in pids if running(p)}:
+        assert time.monotonic() - t0 < timeout_s, f"agents {sorted(left)} outlived their controller by {timeout_s}s"
+        time.sleep(0.05)
+    return time.monotonic() - t0
+
+
+def test_agents_exit_when_the_controller_is_killed(launch):
+    run = launch(*LAYOUT, *[o for o in BASE if not o.startswith("train.")], "runtime.controller_lost_s=120")
+    pids = agents_up(run, 3)
+    os.kill(run.proc.pid, signal.SIGKILL)
+    run.proc.wait()
+    took = wait_gone(pids, 30)
+    assert took < 20, took  # the connection closed: well before runtime.controller_lost_s=120
+
+
+def test_agents_exit_when_the_controller_goes_silent(launch):
+    run = launch(*LAYOUT, *[o for o in BASE if not o.startswith("train.")], "runtime.controller_lost_s=3")
+    pids = agents_up(run, 3)
+    os.kill(run.proc.pid, signal.SIGSTOP)  # alive, sockets open, nothing sent: like a frozen controller host
+    try:
+        took = wait_gone(pids, 30)
+    finally:
+        os.kill(run.proc.pid, signal.SIGKILL)
+        run.proc.wait()
+    assert took >= 2.0, took  # not before runtime.controller_lost_s (less the last beat's age)
