@@ -152,6 +152,14 @@ class RuntimeConfig:
     (at least runtime.hang_floor_s) is declared hung, fenced and replaced, even if it heartbeats."""
     hang_floor_s: float = 2.0
     """The least time a rank may lag behind all the others' votes before it is declared hung."""
+    monitors: bool = True
+    """Run one node monitor per node (a tiny process that trains nothing): it heartbeats every
+    runtime.monitor_interval_s and reports the exit of the node's tmslurm processes at once (pidfd)."""
+    monitor_interval_s: float = 0.1
+    """Node monitor -> controller heartbeat period."""
+    node_timeout_s: float = 0.8
+    """A node whose monitor and processes were all silent this long, while other nodes were heard,
+    is declared lost (a power-off or a cut link sends nothing)."""
     switch_timeout_s: float = 60.0
     """A switch or recovery whose plan was applied (groups being rebuilt, state in flight) must
     finish within this; whoever has not reported by then is fenced and the step is recovered again."""
@@ -335,11 +343,15 @@ def validate(cfg: RunConfig) -> RunConfig:
     if cfg.runtime.backend == "nccl" and cfg.runtime.device != "cuda":
         raise ConfigError("runtime.backend=nccl needs runtime.device=cuda. Fix: pass runtime.device=cuda or runtime.backend=gloo.")
     for name in ("heartbeat_interval_s", "heartbeat_timeout_s", "collective_timeout_s", "wait_slice_s", "connect_timeout_s",
-                 "hang_factor", "hang_floor_s", "switch_timeout_s", "controller_lost_s"):
+                 "hang_factor", "hang_floor_s", "switch_timeout_s", "controller_lost_s", "monitor_interval_s",
+                 "node_timeout_s"):
         if getattr(cfg.runtime, name) <= 0:
             raise ConfigError(f"runtime.{name} must be > 0. Fix: pass runtime.{name}=<seconds>.")
     if cfg.runtime.heartbeat_timeout_s <= 2 * cfg.runtime.heartbeat_interval_s:
         raise ConfigError("runtime.heartbeat_timeout_s must exceed 2 x runtime.heartbeat_interval_s. Fix: raise runtime.heartbeat_timeout_s.")
+    if cfg.runtime.node_timeout_s <= 2 * max(cfg.runtime.monitor_interval_s, cfg.runtime.heartbeat_interval_s):
+        raise ConfigError("runtime.node_timeout_s must exceed 2 x runtime.monitor_interval_s and 2 x "
+                          "runtime.heartbeat_interval_s. Fix: raise runtime.node_timeout_s.")
     _validate_faults(cfg)
     if not cfg.runtime.commit_vote and (cfg.faults or cfg.standby.count):
         raise ConfigError("runtime.commit_vote=false only measures the vote's cost: it cannot abort or switch. "

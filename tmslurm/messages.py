@@ -51,7 +51,7 @@ class Msg(BaseModel):
 class Hello(Msg):
     type: Literal["hello"]
     token: Token
-    kind: Literal["worker", "standby"]
+    kind: Literal["worker", "standby", "monitor"]
     id: Count
     pid: AnyInt = 0
     """Reported for logs only: the controller never signals it."""
@@ -265,8 +265,17 @@ class JoinFailed(Msg):
     error: Text
 
 
+class Exited(Msg):
+    """A node monitor saw a process it was told to watch exit (pidfd), whether or not a socket closed."""
+
+    type: Literal["exited"]
+    agent: Name
+    pid: AnyInt
+
+
 AgentMessage = Annotated[Union[Heartbeat, Started, Groups, Vote, Progress, Prepared, Switched, Left, Aborted, Recovered,
-                               CommErrorReport, FaultFired, Done, Ready, Joined, JoinFailed], Field(discriminator="type")]
+                               CommErrorReport, FaultFired, Done, Ready, Joined, JoinFailed, Exited],
+                         Field(discriminator="type")]
 
 
 # ---- controller -> agent / requester ------------------------------------------------------------
@@ -360,6 +369,14 @@ class Finish(Msg):
     type: Literal["finish"] = "finish"
 
 
+class Watch(Msg):
+    """To a node monitor: watch this agent's process (the pid it reported; watched, never signalled)."""
+
+    type: Literal["watch"] = "watch"
+    agent: Name
+    pid: AnyInt
+
+
 class Beat(Msg):
     """The controller is alive (sent every ``runtime.controller_lost_s`` / 5)."""
 
@@ -385,7 +402,7 @@ class StatusReply(Msg):
 
 
 ControllerMessage = Annotated[Union[Welcome, Decision, Abort, Prepare, Join, Activate, Recover, Cancel, Finish, Beat,
-                                    ErrorReply, OkReply, StatusReply], Field(discriminator="type")]
+                                    Watch, ErrorReply, OkReply, StatusReply], Field(discriminator="type")]
 
 _AGENT: TypeAdapter[Any] = TypeAdapter(AgentMessage)
 _FIRST: TypeAdapter[Any] = TypeAdapter(FirstMessage)

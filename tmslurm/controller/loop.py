@@ -8,7 +8,7 @@ Contract:
   handler that still fails is journalled (``handler_error``) and the run goes on.
 - The work is done by collaborators built here, in dependency order, over one
   :class:`~tmslurm.controller.state.RunState`: membership, plan book, restarts, recoveries,
-  switches, commits, intake, deadlines, summary. Cluster specifics come in as
+  switches, commits, intake, deadlines, node watch (node monitors), summary. Cluster specifics come in as
   :class:`~tmslurm.controller.hooks.ClusterHooks`, which never wait on the cluster: their results
   come back as queue items (``released``), so no Slurm command delays a vote.
 - :meth:`Controller.run` spawns the ranks and standbys, loops until the run finished (checking
@@ -29,6 +29,7 @@ from tmslurm.controller.deadlines import Deadlines
 from tmslurm.controller.hooks import ClusterHooks
 from tmslurm.controller.intake import Intake
 from tmslurm.controller.membership import Membership
+from tmslurm.controller.nodewatch import NodeWatch
 from tmslurm.controller.planbook import PlanBook
 from tmslurm.controller.recoveries import Recoveries
 from tmslurm.controller.restarts import Restarts
@@ -69,6 +70,7 @@ class Controller:
         self.summary = Summary(self.ctx, self.commits)
         self.intake = Intake(self.ctx, self.members, self.switches, self.recoveries, self.restarts, self.summary.status)
         self.deadlines = Deadlines(self.ctx, self.members, self.plans, self.recoveries, self.restarts, self.commits)
+        self.nodewatch = NodeWatch(self.ctx, self.members, self.recoveries)
         self.handlers: dict[type, Callable[[Agent, Any], None]] = {
             m.Vote: self.commits.on_vote, m.Progress: self.commits.on_progress, m.Groups: self.commits.on_groups,
             m.Prepared: self.switches.on_prepared, m.Switched: self.switches.on_switched, m.Left: self.switches.on_left,
@@ -89,7 +91,7 @@ class Controller:
 
     # ---- the loop -----------------------------------------------------------------------------
     def run(self, server: ControlServer, token: str) -> dict[str, Any]:
-        server.serve(token, _verifier(self.ctx), self.ctx.journal, self.ctx.submit, self.members.touch)
+        server.serve(token, _verifier(self.ctx), self.ctx.journal, self.ctx.submit, self.touch)
         for rank in range(self.ctx.layout.world):
             self.members.spawn_worker(rank, 0)
         for _ in range(self.members.standby_target):
@@ -101,7 +103,15 @@ class Controller:
             except queue.Empty:
                 pass
             self.deadlines.tick()
+            self.nodewatch.tick()
         return self.finish(server)
+
+    def touch(self, conn: int) -> None:
+        """A line arrived on ``conn`` (called from the gate's reader threads: only stamps a time)."""
+        if self.nodewatch.owns(conn):
+            self.nodewatch.touch(conn)
+        else:
+            self.members.touch(conn)
 
     def handle(self, item: tuple[str, Any, Any]) -> None:
         """Handle one queue item; a failing handler is journalled, never raised."""
@@ -118,8 +128,16 @@ class Controller:
             self.intake.retry_pending()
 
     def _dispatch(self, kind: str, a: Any, b: Any) -> None:
-        if kind == "hello":
-            self.members.hello(a, *b)
+        if kind == "hello" and a.kind == "monitor":
+            self.nodewatch.hello(a, *b)
+        elif kind == "hello":
+            agent = self.members.hello(a, *b)
+            if agent is not None:
+                self.nodewatch.watch(agent)
+        elif kind == "msg" and self.nodewatch.owns(a):
+            self.nodewatch.on_msg(a, b)
+        elif kind == "disconnect" and self.nodewatch.owns(a):
+            self.nodewatch.disconnect(a)
         elif kind == "msg":
             agent = self.members.agent_of_conn(a)
             if agent is not None and agent.alive:
@@ -158,6 +176,7 @@ class Controller:
         for agent in self.state.agents.values():
             if agent.alive:
                 agent.channel.try_send(m.Finish())
+        self.nodewatch.finish()
         if self.state.plan is not None:  # a switch the run ended before: no event, no downtime
             self.ctx.events.cancel(self.state.plan)
         summary = self.summary.write()

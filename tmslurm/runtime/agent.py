@@ -1,9 +1,10 @@
 """An agent process: one training rank (worker) or one standby, connected to the run's controller.
 
-Contract: ``python -m tmslurm.runtime.agent --run-dir D (--rank R | --standby N) [--node NAME]``
+Contract: ``python -m tmslurm.runtime.agent --run-dir D (--rank R | --standby N | --monitor) [--node NAME]``
 connects to the controller named in ``D/controller.json``, authenticates with ``D/token``, receives
 its assignment (the run config, the generation of each group, the step to start at) and then runs
-as a :class:`~tmslurm.runtime.worker.Worker` or a :class:`~tmslurm.runtime.standby.Standby`.
+as a :class:`~tmslurm.runtime.worker.Worker`, a :class:`~tmslurm.runtime.standby.Standby` or the
+node's :class:`~tmslurm.runtime.monitor.Monitor` (which imports no torch).
 A heartbeat thread reports liveness; a reader thread queues controller messages and raises the
 abort flag the moment an ``abort`` arrives, so a rank blocked in a collective stops waiting.
 If the controller goes away the agent exits (status 3): a rank never trains on without it.
@@ -31,14 +32,22 @@ def main(argv: list[str] | None = None) -> int:
     who = ap.add_mutually_exclusive_group(required=True)
     who.add_argument("--rank", type=int)
     who.add_argument("--standby", type=int)
+    who.add_argument("--monitor", action="store_true")
     ap.add_argument("--node", default=None)
     args = ap.parse_args(argv)
     setup_logging()
     LOG_CONTEXT["run"] = args.run_dir.name
-    kind, ident = ("worker", args.rank) if args.rank is not None else ("standby", args.standby)
-    LOG_CONTEXT["who"] = f"rank{ident}" if kind == "worker" else f"standby{ident}"
+    if args.monitor:
+        kind, ident = "monitor", 0
+    else:
+        kind, ident = ("worker", args.rank) if args.rank is not None else ("standby", args.standby)
+    LOG_CONTEXT["who"] = {"worker": f"rank{ident}", "standby": f"standby{ident}", "monitor": "monitor"}[kind]
     try:
         link, welcome = hello(args.run_dir, kind, ident, node_name(args.node))
+        if kind == "monitor":
+            from tmslurm.runtime.monitor import Monitor
+
+            return Monitor(args.run_dir, link, node_name(args.node)).run()
         if kind == "worker":
             from tmslurm.runtime.worker import Worker
 

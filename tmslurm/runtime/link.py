@@ -131,8 +131,8 @@ def hello(run_dir: Path, kind: str, ident: int, node: str) -> tuple[Link, Welcom
     welcome = decode_controller(reply)
     cfg = welcome.config
     rt = cfg["runtime"]
-    link = Link(ch, float(rt["heartbeat_interval_s"]) if rt.get("heartbeats", True) else 0.0,
-                float(rt["controller_lost_s"]))
+    beat_s = float(rt["monitor_interval_s"] if kind == "monitor" else rt["heartbeat_interval_s"])
+    link = Link(ch, beat_s if rt.get("heartbeats", True) else 0.0, float(rt["controller_lost_s"]))
     link.start()
     return link, welcome
 

@@ -4,7 +4,10 @@ Contract: a spawner starts a worker for a rank or a standby, both running
 ``python -m tmslurm.runtime.agent``; :meth:`fence` makes the process it started for a worker rank
 or a standby index unable to come back (SIGKILL through its own handle, also delivered to a
 SIGSTOPped process). A spawner never signals a pid it did not start itself, whatever an agent
-reports: there is no pid argument. :meth:`stop_all` ends everything it started and waits for it. :class:`LocalSpawner` runs processes on this host (``cluster=local``); the Slurm spawner in
+reports: there is no pid argument. :meth:`stop_all` ends everything it started and waits for it.
+With :func:`wants_monitors`, the first process placed on a node also starts that node's monitor
+(``--monitor``), which stays until the run ends. :class:`LocalSpawner` runs processes on this host
+(``cluster=local``); the Slurm spawner in
 ``tmslurm.slurm`` implements the same interface with ``srun`` steps. Agent output goes to
 ``<run_dir>/logs/<who>.log``.
 """
@@ -41,18 +44,27 @@ def agent_env(cfg: RunConfig) -> dict[str, str]:
     return env
 
 
+def wants_monitors(cfg: RunConfig) -> bool:
+    """Node monitors run when enabled and heartbeats are on (a silent monitor would look dead)."""
+    return cfg.runtime.monitors and cfg.runtime.heartbeats
+
+
 class LocalSpawner:
     def __init__(self, run_dir: Path, cfg: RunConfig) -> None:
         self.run_dir = Path(run_dir)
         self.cfg = cfg
         self.procs: list[subprocess.Popen] = []
         self.handles: dict[tuple[str, int], subprocess.Popen] = {}
+        self.monitored: set[str] = set()
         RunDir(self.run_dir).logs.mkdir(parents=True, exist_ok=True)
 
     def node_of_rank(self, rank: int) -> str:
         return f"local{rank // self.cfg.parallel.ranks_per_node}"
 
     def _start(self, who: str, args: list[str], node: str) -> subprocess.Popen:
+        if wants_monitors(self.cfg) and node not in self.monitored:  # the node's monitor, once per node
+            self.monitored.add(node)
+            self._start(f"monitor-{node}", ["--monitor"], node)
         logf = open(RunDir(self.run_dir).log(who), "ab")
         cmd = [sys.executable, "-m", "tmslurm.runtime.agent", "--run-dir", str(self.run_dir), *args, "--node", node]
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=agent_env(self.cfg), start_new_session=True)

@@ -5,8 +5,10 @@ Contract (same interface as :class:`~tmslurm.runtime.spawner.LocalSpawner`):
   --kill-on-bad-exit=0 --overlap python -m tmslurm.runtime.agent --rank R``, so it can end (after a
   migration) or die without touching any other step, and its node can then be cut out of the job;
 - spares are separate one-node jobs submitted with submitit (``--no-requeue``: a lost spare just
-  ends and is replaced), each running ``ranks_per_node`` standby agents; new spares exclude nodes
-  known to be bad;
+  ends and is replaced), each running ``ranks_per_node`` standby agents and the node's monitor; new
+  spares exclude nodes known to be bad;
+- the first rank step on a node of the main job is preceded by that node's monitor, a step of its
+  own (``--monitor``);
 - a rank restarted after its node left the job (checkpoint-restart fallback) runs as a step of a
   spare job instead;
 - :meth:`fence` kills only what it launched: a rank's own step (``scancel --signal=KILL`` of that
@@ -33,7 +35,7 @@ from typing import Any, Callable
 from tmslurm.config import RunConfig
 from tmslurm.errors import SlurmError
 from tmslurm.rundir import RunDir
-from tmslurm.runtime.spawner import agent_env, wait_for_exit
+from tmslurm.runtime.spawner import agent_env, wait_for_exit, wants_monitors
 from tmslurm.slurm.client import SlurmClient
 from tmslurm.slurm.hostlist import expand_hostlist
 from tmslurm.slurm.lane import Lane
@@ -61,6 +63,7 @@ class SlurmSpawner:
         self.spares: dict[str, dict[str, Any]] = {}
         self.bad_nodes: set[str] = set()
         self.spare_counter = 0
+        self.monitored: set[tuple[str, str]] = set()  # (job, node) with a monitor step
         RunDir(self.run_dir).logs.mkdir(parents=True, exist_ok=True)
 
     def node_of_rank(self, rank: int) -> str:
@@ -68,6 +71,9 @@ class SlurmSpawner:
 
     # ---- ranks --------------------------------------------------------------------------------
     def _srun(self, job_id: str, node: str, who: str, args: list[str]) -> None:
+        if wants_monitors(self.cfg) and (job_id, node) not in self.monitored:  # the node's monitor: a step of its own
+            self.monitored.add((job_id, node))
+            self._srun(job_id, node, f"monitor-{node}", ["--monitor"])
         if args[:1] == ["--rank"]:
             self.rank_steps[int(args[1])] = (job_id, f"tmslurm-{who}")
         log_path = RunDir(self.run_dir).log(who)

@@ -20,6 +20,7 @@ from typing import Any
 
 from tmslurm.config import RunConfig, num_nodes
 from tmslurm.errors import ConfigError, SlurmError
+from tmslurm.runtime.spawner import wants_monitors
 
 log = logging.getLogger(__name__)
 
@@ -94,13 +95,18 @@ def spare_sbatch_text(run_dir: Path, cfg: RunConfig, exclude: list[str]) -> str:
 
 def submit_spare(run_dir: Path, cfg: RunConfig, job_index: int, first_standby: int, exclude: list[str]) -> str:
     ex = spare_executor(run_dir, cfg, job_index, exclude)
-    job = ex.submit(spare_main, str(run_dir), first_standby, cfg.parallel.ranks_per_node)
+    job = ex.submit(spare_main, str(run_dir), first_standby, cfg.parallel.ranks_per_node, wants_monitors(cfg))
     return str(job.job_id)
 
 
-def spare_main(run_dir: str, first_standby: int, count: int) -> int:
-    """Body of a spare job: run ``count`` standby agents on this node until they end."""
+def spare_main(run_dir: str, first_standby: int, count: int, monitor: bool = True) -> int:
+    """Body of a spare job: run ``count`` standby agents (and the node's monitor) until they end."""
     env = dict(os.environ)
-    procs = [subprocess.Popen([sys.executable, "-m", "tmslurm.runtime.agent", "--run-dir", run_dir,
-                               "--standby", str(first_standby + i)], env=env) for i in range(count)]
-    return max(p.wait() for p in procs)
+    agent = [sys.executable, "-m", "tmslurm.runtime.agent", "--run-dir", run_dir]
+    watcher = [subprocess.Popen([*agent, "--monitor"], env=env)] if monitor else []
+    procs = [subprocess.Popen([*agent, "--standby", str(first_standby + i)], env=env) for i in range(count)]
+    rc = max(p.wait() for p in procs)
+    for p in watcher:  # it ends on "finish"; a spare whose standbys all ended needs no monitor either
+        p.terminate()
+        p.wait()
+    return rc

@@ -1,0 +1,92 @@
+"""The node monitor: one small process per node that trains nothing.
+
+Contract: ``python -m tmslurm.runtime.agent --run-dir D --monitor [--node NAME]`` says hello as a
+``monitor`` of its node, heartbeats every ``runtime.monitor_interval_s`` (its own process: no
+training thread, compile or GIL of a rank can delay it), and watches the processes the controller
+names in ``watch`` messages through a pidfd each (Linux >= 5.3): the moment one exits, it sends
+``exited`` (agent id and pid), even when no socket closed (a child holding the socket open, a
+process stuck in exit). It watches only a pid whose command line is a tmslurm agent of this run's
+directory; any other pid (gone already, another pid namespace, reused) is logged and skipped, never
+reported. It signals nothing. It ends on ``finish`` and, through its link, when the controller is
+lost. Its silence together with the silence of every process on its node is how the controller
+tells a node that went dark (power, kernel, cut link) in under a second.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import select
+from pathlib import Path
+
+from tmslurm.messages import Finish, Watch
+from tmslurm.runtime.link import Link
+
+log = logging.getLogger(__name__)
+
+
+class Monitor:
+    def __init__(self, run_dir: Path, link: Link, node: str, poll_s: float = 0.05) -> None:
+        self.run_dir = Path(run_dir)
+        self.link = link
+        self.node = node
+        self.poll_s = poll_s
+        self.poller = select.poll()
+        self.watched: dict[int, tuple[str, int]] = {}  # pidfd -> (agent id, pid)
+
+    def run(self) -> int:
+        log.info("monitoring node %s", self.node)
+        try:
+            while True:
+                if self._messages():
+                    return 0
+                for fd, _ in self.poller.poll(int(self.poll_s * 1000)):
+                    self._exited(fd)
+        finally:
+            for fd in list(self.watched):
+                os.close(fd)
+
+    def _messages(self) -> bool:
+        """Handle what the controller sent; True on ``finish``."""
+        while True:
+            try:
+                msg = self.link.get(timeout=0)
+            except queue.Empty:
+                return False
+            if isinstance(msg, Finish):
+                return True
+            if isinstance(msg, Watch):
+                self.watch(msg.agent, msg.pid)
+
+    def watch(self, agent: str, pid: int) -> bool:
+        if not is_agent_of(pid, self.run_dir):
+            log.warning("not watching %s: pid %d is not a tmslurm agent of this run on node %s", agent, pid, self.node)
+            return False
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError as exc:  # exited between the check and here, or no pidfd: the socket still tells
+            log.warning("cannot watch %s (pid %d): %s", agent, pid, exc)
+            return False
+        self.watched[fd] = (agent, pid)
+        self.poller.register(fd, select.POLLIN)
+        return True
+
+    def _exited(self, fd: int) -> None:
+        agent, pid = self.watched.pop(fd)
+        self.poller.unregister(fd)
+        os.close(fd)
+        log.info("%s (pid %d) exited", agent, pid)
+        self.link.send({"type": "exited", "agent": agent, "pid": pid})
+
+
+def is_agent_of(pid: int, run_dir: Path) -> bool:
+    """``pid`` runs ``tmslurm.runtime.agent --run-dir <run_dir>`` (checked on its command line)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    if b"tmslurm.runtime.agent" not in argv or b"--run-dir" not in argv:
+        return False
+    given = argv[argv.index(b"--run-dir") + 1:][:1]
+    return bool(given) and Path(os.fsdecode(given[0])).resolve() == Path(run_dir).resolve()
