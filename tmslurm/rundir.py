@@ -1,7 +1,8 @@
 """The run directory: every file name of a run in one place.
 
 Contract: :class:`RunDir` names each file a run keeps (``config.json``, ``token``,
-``controller.json``, ``jobs.json``, ``events.jsonl``, ``summary.json``, ``requeue.json``, ``logs/``, ``final/``,
+``controller.json``, ``jobs.json``, ``events.jsonl``, ``summary.json``, ``requeue.json``, ``snapshot.json``,
+``controller-lost.json``, ``logs/``, ``final/``,
 ``checkpoints/``, ``sandbox/``); no other module spells these names. :meth:`RunDir.create` makes the directory
 mode 0700 (the token, checkpoints and logs inside are the owner's alone). It does no other I/O.
 """
@@ -51,6 +52,19 @@ class RunDir:
     def requeue(self) -> Path:
         """The state a requeued job's next incarnation picks up."""
         return self.path / "requeue.json"
+
+    @property
+    def snapshot(self) -> Path:
+        """The controller's last committed step, rewritten after commits (what a requeue redoes)."""
+        return self.path / "snapshot.json"
+
+    @property
+    def controller_lost(self) -> Path:
+        """Claimed (O_EXCL) by the node monitor that requeues a job whose controller was lost."""
+        return self.path / "controller-lost.json"
+
+    def controller_lost_archive(self, t: float) -> Path:
+        return self.path / f"controller-lost-{int(t)}.json"
 
     def requeue_archive(self, t: float) -> Path:
         return self.path / f"requeue-{int(t)}.json"

@@ -89,3 +89,14 @@ def test_exited_ends_only_the_named_agent_on_the_monitors_node(tmp_path, node, a
         assert h.journal("process_exit")[0]["source"] == "monitor"
     else:
         assert h.state.plan is None and len(h.journal("exited_ignored")) == 1
+
+
+def test_monitors_get_a_beat_each_fifth_of_controller_lost_s(tmp_path):
+    """They get no decisions: without beats they would take a live controller for a lost one."""
+    h = Harness(tmp_path, 2, 2, 1, "runtime.controller_lost_s=10")
+    _, ch = add_monitor(h, "n1")
+    t0 = time.monotonic()
+    silence(h, set(), 0.0, t0)
+    for dt in (0.0, 1.0, 2.5):
+        h.ctl.nodewatch.tick(t0 + dt)
+    assert sum(m["type"] == "beat" for m in ch.sent) == 2

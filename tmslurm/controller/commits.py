@@ -132,6 +132,8 @@ class Commits:
         for f in self.ctx.pending_faults():
             if f["kind"] in ("drain", *CLUSTER_FAULTS) and f["step"] == st.step:
                 st.fired.add(f["index"])
+                # journalled first: a fault that takes down the controller's own host is never fired again
+                self.ctx.journal.write("fault_firing", index=f["index"], kind=f["kind"], rank=f["rank"])
                 fired = lambda t, node, f=f: self.ctx.submit(("fault_at", {**f, "node": node}, t))  # noqa: E731
                 if self.ctx.hooks.inject_fault(f, fired):  # on Slurm through scontrol or the lab
                     self.ctx.journal.write("fault", kind=f["kind"], rank=f["rank"], via="cluster")

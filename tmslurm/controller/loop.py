@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -34,6 +35,7 @@ from tmslurm.controller.planbook import PlanBook
 from tmslurm.controller.recoveries import Recoveries
 from tmslurm.controller.restarts import Restarts
 from tmslurm.controller.server import ControlServer
+from tmslurm.controller.snapshot import Snapshots
 from tmslurm.controller.state import Agent, Mode, RunState
 from tmslurm.controller.summary import Summary
 from tmslurm.controller.switches import Switches
@@ -80,6 +82,7 @@ class Controller:
             m.Started: lambda agent, msg: self.restarts.on_started(msg), m.Ready: self._on_ready, m.Done: self._on_done,
         }
         self.restarts.resume_after_requeue()
+        self.snapshots = Snapshots(rundir.snapshot)
 
     # ---- intake from other threads -------------------------------------------------------------
     def submit_notice(self, notice: Notice) -> None:
@@ -104,6 +107,9 @@ class Controller:
                 pass
             self.deadlines.tick()
             self.nodewatch.tick()
+            self.snapshots.offer(self.state.step, {"epoch": self.state.epoch, "t": time.time(),
+                                                   "last_commit_t": self.ctx.events.last_commit_t,
+                                                   "fired": sorted(self.state.fired)})
         return self.finish(server)
 
     def touch(self, conn: int) -> None:
@@ -168,6 +174,7 @@ class Controller:
     # ---- the end ------------------------------------------------------------------------------
     def finish(self, server: ControlServer) -> dict[str, Any]:
         self._refuse_requests(server)
+        self.snapshots.close()
         if self.state.requeued:
             self.ctx.hooks.flush(60.0)  # the requeue command runs off the loop: send it before exiting
             self.ctx.spawner.stop_all()

@@ -14,7 +14,8 @@ threads, which only stamps a time):
   A lone node, or a monitor silent while its node's processes talk, is left to the per-process
   heartbeat timeout.
 - A monitor that disconnects or goes silent alone is dropped (``monitor_gone``); its node falls
-  back to heartbeats. Monitors get ``finish`` at the end like every agent. Nothing here raises.
+  back to heartbeats. Monitors get a ``beat`` every ``runtime.controller_lost_s`` / 5 (they get no
+  decisions) and ``finish`` at the end like every agent. Nothing here raises.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from tmslurm.controller.membership import Membership
 from tmslurm.controller.recoveries import Recoveries
 from tmslurm.config import to_dict
 from tmslurm.controller.state import Agent
-from tmslurm.messages import Address, ErrorReply, Exited, Finish, Hello, Watch, Welcome
+from tmslurm.messages import Address, Beat, ErrorReply, Exited, Finish, Hello, Watch, Welcome
 from tmslurm.runtime.protocol import Channel
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ class NodeWatch:
         self.members = members
         self.recoveries = recoveries
         self.monitors: dict[int, NodeMonitor] = {}  # by connection number
+        self.last_beat_m = 0.0
 
     # ---- the gate's items ---------------------------------------------------------------------
     def owns(self, conn: int) -> bool:
@@ -102,6 +104,7 @@ class NodeWatch:
     def tick(self, now_m: float | None = None) -> None:
         now_m = time.monotonic() if now_m is None else now_m
         limit = self.ctx.cfg.runtime.node_timeout_s
+        self._beat(now_m)
         if self.state.mode.ending:
             return
         for mon in [m for m in self.monitors.values() if m.alive and now_m - m.last_seen > limit]:
@@ -115,6 +118,15 @@ class NodeWatch:
             if now_m - self._freshest_elsewhere(mon.node) > limit / 2:
                 continue  # nobody else heard either: the controller stalled, not the node
             self._node_lost(mon, agents, now_m - mon.last_seen)
+
+    def _beat(self, now_m: float) -> None:
+        """Monitors get no decisions: the beat is all that tells them their controller lives."""
+        if now_m - self.last_beat_m < self.ctx.cfg.runtime.controller_lost_s / 5:
+            return
+        self.last_beat_m = now_m
+        for mon in self.monitors.values():
+            if mon.alive:
+                mon.channel.try_send(Beat())
 
     def _node_lost(self, mon: NodeMonitor, agents: list[Agent], silent_s: float) -> None:
         now = time.time()

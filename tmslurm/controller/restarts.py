@@ -8,6 +8,9 @@ Contract (on the controller's thread; nothing here raises into the loop):
 - :meth:`Restarts.requeue` saves the step log and the open event to ``requeue.json`` and requeues
   the job (optionally away from nodes); :meth:`resume_after_requeue` (at start-up) completes that
   event in the next incarnation, so the downtime includes Slurm's rescheduling delay.
+- A job requeued by a node monitor after its controller was lost (``controller-lost.json``) is
+  recorded at start-up as an unexpected ``controller_lost_requeue`` event: redone steps = the last
+  committed step of the previous incarnation (``snapshot.json``) - the checkpoint resumed from.
 - :meth:`checkpoint_and_requeue`: the batch host must leave; the next commit decision carries
   ``checkpoint``, and once that checkpoint is complete (:meth:`tick`) the job requeues without it.
 Parts recorded: detect, stop, reschedule (requeue), startup, group_setup, ckpt_load, redo.
@@ -21,10 +24,12 @@ import time
 from typing import Any
 
 from tmslurm.controller.context import Context
+from tmslurm.controller.snapshot import read_snapshot
 from tmslurm.controller.membership import Membership
 from tmslurm.controller.planbook import PlanBook
 from tmslurm.controller.state import CheckpointThen, Mode
 from tmslurm.messages import Started
+from tmslurm.runtime.journal import read_journal
 from tmslurm.train.checkpoint import latest_complete
 
 log = logging.getLogger(__name__)
@@ -121,6 +126,7 @@ class Restarts:
         """At start-up: complete the event a previous incarnation of the job left open."""
         path = self.ctx.rundir.requeue
         if not path.is_file():
+            self._resume_after_lost_controller()
             return
         saved = json.loads(path.read_text())
         path.rename(self.ctx.rundir.requeue_archive(saved["requeue_t"]))
@@ -135,6 +141,35 @@ class Restarts:
         rec["reschedule_s"] = time.time() - saved["requeue_t"]
         st.restart_t = time.time()
         self.ctx.journal.write("resumed_after_requeue", from_step=st.step, reschedule_s=rec["reschedule_s"])
+
+    def _resume_after_lost_controller(self) -> None:
+        """A node monitor requeued the job because its controller was lost (``controller-lost.json``):
+        record that as an unexpected event whose redone steps are the previous incarnation's last
+        commit (``snapshot.json``) minus the checkpoint this one resumes from."""
+        rd, st = self.ctx.rundir, self.state
+        try:
+            claim = json.loads(rd.controller_lost.read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring an unreadable %s: %s", rd.controller_lost, exc)
+            return
+        rd.controller_lost.rename(rd.controller_lost_archive(float(claim.get("t", time.time()))))
+        snap = read_snapshot(rd.snapshot) or {}
+        target = int(snap.get("step", st.step))
+        self.ctx.events.last_commit_t = snap.get("last_commit_t")
+        st.fired = set(snap.get("fired", [])) | {e["index"] for e in read_journal(rd.events)
+                                                   if e.get("type") in ("fault", "fault_firing") and "index" in e}
+        cause = f"controller lost ({claim.get('why', '?')}); requeued by the monitor of {claim.get('node', '?')}"
+        rec = self._record("controller_lost_requeue", "unexpected", cause, [], float(claim.get("t", time.time())),
+                           snap.get("last_commit_t"), target, st.step)
+        rec["reschedule_s"] = time.time() - float(claim.get("t", time.time()))
+        rec["requeue_rc"] = claim.get("requeue_rc")
+        st.restart_t = time.time()
+        self.ctx.journal.write("resumed_after_lost_controller", from_step=st.step, redo_steps=target - st.step,
+                               last_committed=target, reschedule_s=rec["reschedule_s"], node=claim.get("node"))
+        log.warning("the previous incarnation lost its controller after step %d; resuming from checkpoint step %d",
+                    target, st.step)
 
     def checkpoint_and_requeue(self, node: str, reason: str) -> None:
         if self.state.checkpoint_then is not None:

@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tmslurm.errors import ProtocolError, TmslurmError
 from tmslurm.messages import Abort, BadMessage, Beat, Welcome, decode_controller
@@ -51,6 +51,8 @@ class Link:
     abort_lock: threading.Lock = field(default_factory=threading.Lock)
     heard_m: float = field(default_factory=time.monotonic)
     """When the last line came from the controller (monotonic)."""
+    on_lost: Callable[[str], None] | None = None
+    """Called (with why) by the watchdog just before it ends the process for a lost controller."""
 
     def start(self) -> None:
         threading.Thread(target=self._read, name="ctl-reader", daemon=True).start()
@@ -97,14 +99,22 @@ class Link:
     def _watch(self) -> None:
         while True:
             if self.lost.wait(timeout=0.5):
-                time.sleep(LOST_GRACE_S)  # the training thread normally exits through get() first
-                log.error("lost the controller (connection closed); exiting")
-                os._exit(3)
+                if self.on_lost is None:
+                    time.sleep(LOST_GRACE_S)  # the training thread normally exits through get() first
+                self._exit("the controller's connection closed")
             silent = time.monotonic() - self.heard_m
             if self.controller_lost_s and silent > self.controller_lost_s:
-                log.error("heard nothing from the controller for %.1fs (runtime.controller_lost_s=%g); exiting",
-                          silent, self.controller_lost_s)
-                os._exit(3)
+                self._exit(f"heard nothing from the controller for {silent:.1f}s "
+                           f"(runtime.controller_lost_s={self.controller_lost_s:g})")
+
+    def _exit(self, why: str) -> None:
+        log.error("lost the controller (%s); exiting", why)
+        if self.on_lost is not None:
+            try:
+                self.on_lost(why)
+            except Exception:  # the exit must happen whatever the action did
+                log.exception("the lost-controller action failed")
+        os._exit(3)
 
     def get(self, timeout: float | None = None) -> Any:
         """Next controller message (typed); a lost controller ends the process."""
@@ -120,7 +130,8 @@ class Link:
                 self.abort_event.clear()
 
 
-def hello(run_dir: Path, kind: str, ident: int, node: str) -> tuple[Link, Welcome]:
+def hello(run_dir: Path, kind: str, ident: int, node: str,
+          on_lost: Callable[[str], None] | None = None) -> tuple[Link, Welcome]:
     addr = controller_address(run_dir)
     ch = connect(addr["host"], addr["port"], timeout_s=30.0)
     ch.send({"type": "hello", "token": read_token(run_dir), "kind": kind, "id": ident, "pid": os.getpid(), "node": node,
@@ -132,7 +143,7 @@ def hello(run_dir: Path, kind: str, ident: int, node: str) -> tuple[Link, Welcom
     cfg = welcome.config
     rt = cfg["runtime"]
     beat_s = float(rt["monitor_interval_s"] if kind == "monitor" else rt["heartbeat_interval_s"])
-    link = Link(ch, beat_s if rt.get("heartbeats", True) else 0.0, float(rt["controller_lost_s"]))
+    link = Link(ch, beat_s if rt.get("heartbeats", True) else 0.0, float(rt["controller_lost_s"]), on_lost=on_lost)
     link.start()
     return link, welcome
 

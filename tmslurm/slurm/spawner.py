@@ -8,7 +8,7 @@ Contract (same interface as :class:`~tmslurm.runtime.spawner.LocalSpawner`):
   ends and is replaced), each running ``ranks_per_node`` standby agents and the node's monitor; new
   spares exclude nodes known to be bad;
 - the first rank step on a node of the main job is preceded by that node's monitor, a step of its
-  own (``--monitor``);
+  own (``python -m tmslurm.slurm.orphan``: it also requeues the job if the controller is lost);
 - a rank restarted after its node left the job (checkpoint-restart fallback) runs as a step of a
   spare job instead;
 - :meth:`fence` kills only what it launched: a rank's own step (``scancel --signal=KILL`` of that
@@ -70,15 +70,15 @@ class SlurmSpawner:
         return self.rank_node[rank]
 
     # ---- ranks --------------------------------------------------------------------------------
-    def _srun(self, job_id: str, node: str, who: str, args: list[str]) -> None:
+    def _srun(self, job_id: str, node: str, who: str, args: list[str], module: str = "tmslurm.runtime.agent") -> None:
         if wants_monitors(self.cfg) and (job_id, node) not in self.monitored:  # the node's monitor: a step of its own
             self.monitored.add((job_id, node))
-            self._srun(job_id, node, f"monitor-{node}", ["--monitor"])
+            self._srun(job_id, node, f"monitor-{node}", [], module="tmslurm.slurm.orphan")
         if args[:1] == ["--rank"]:
             self.rank_steps[int(args[1])] = (job_id, f"tmslurm-{who}")
         log_path = RunDir(self.run_dir).log(who)
         cmd = ["srun", f"--jobid={job_id}", "-N1", "-n1", f"-w{node}", "--no-kill", "--kill-on-bad-exit=0", "--overlap",
-               f"--job-name=tmslurm-{who}", "--output", str(log_path), sys.executable, "-m", "tmslurm.runtime.agent",
+               f"--job-name=tmslurm-{who}", "--output", str(log_path), sys.executable, "-m", module,
                "--run-dir", str(self.run_dir), *args]
         env = {k: v for k, v in agent_env(self.cfg).items() if not k.startswith(("SLURM_STEP", "SLURM_NTASKS", "SLURM_NPROCS",
                                                                                   "SLURM_NNODES", "SLURM_TASKS_PER", "SLURM_CPU"))}

@@ -103,7 +103,7 @@ def spare_main(run_dir: str, first_standby: int, count: int, monitor: bool = Tru
     """Body of a spare job: run ``count`` standby agents (and the node's monitor) until they end."""
     env = dict(os.environ)
     agent = [sys.executable, "-m", "tmslurm.runtime.agent", "--run-dir", run_dir]
-    watcher = [subprocess.Popen([*agent, "--monitor"], env=env)] if monitor else []
+    watcher = [subprocess.Popen([sys.executable, "-m", "tmslurm.slurm.orphan", "--run-dir", run_dir], env=env)] if monitor else []
     procs = [subprocess.Popen([*agent, "--standby", str(first_standby + i)], env=env) for i in range(count)]
     rc = max(p.wait() for p in procs)
     for p in watcher:  # it ends on "finish"; a spare whose standbys all ended needs no monitor either
