@@ -7,9 +7,10 @@ it from this process with N + 2 simulated agents (:mod:`tmslurm.bench.loadgen`, 
 protocol over loopback TCP, no torch) through:
 
 1. admission (``admit_s``: first connect to the last ``welcome``, at most ``--window`` hellos open);
-2. ``--warmup`` steps, then ``--steps`` measured steps: commit latency = the last vote of a step
+2. ``--warmup`` steps, then ``--steps`` measured steps (fewer when ``--max-measure-s`` passes first:
+   ``samples`` says how many): commit latency = the last vote of a step
    sent -> that step's decision received by every slot owner (p50/p99), the controller's CPU per
-   step (whole process and its loop thread, /proc utime + stime deltas), its RSS and threads,
+   step (whole process and its loop thread, /proc schedstat on-CPU time deltas), its RSS and threads,
    heartbeats per second, and this generator's own CPU;
 3. optionally (``--profile N``) py-spy on the controller for ``--profile-s`` seconds (top frames);
 4. a planned switch: an admin ``notice`` for the node of rank 1 (``switch_plan_ms``: notice sent ->
@@ -103,10 +104,15 @@ class Run:
     def measure(self) -> None:
         gen, a = self._gen(), self.args
         self._until_step(a.warmup - 1)
-        s0 = gen.last_complete
+        s0, aborts0 = gen.last_complete, len(gen.abort_step)
         p0, g0, hb0, t0 = proc_sample(self.proc.pid), self_cpu_s(), gen.hb_sent, time.monotonic()
         samples = [p0]
-        self._until_step(s0 + a.steps, on_poll=lambda: samples.append(proc_sample(self.proc.pid)))
+        end = t0 + a.max_measure_s
+
+        def poll() -> bool | None:
+            samples.append(proc_sample(self.proc.pid, cpu=False))
+            return True if gen.last_complete >= s0 + a.steps or (time.monotonic() > end and gen.last_complete > s0) else None
+        self._wait(poll, a.max_measure_s + 120.0, f"{a.steps} steps after step {s0}")
         p1, g1, hb1, t1 = proc_sample(self.proc.pid), self_cpu_s(), gen.hb_sent, time.monotonic()
         s1 = gen.last_complete
         lat = gen.query(lambda: [1000.0 * (gen.rec.recv[("decision", s)].last - gen.rec.sent[("vote", s)].last)
@@ -120,7 +126,8 @@ class Run:
             controller_loop_cpu_ms_per_step=_r(1000.0 * (p1.main_cpu_s - p0.main_cpu_s) / steps),
             controller_cpu_cores=_r((p1.cpu_s - p0.cpu_s) / wall), threads=max(s.threads for s in samples),
             rss_mb=round(max(s.rss_mb for s in samples), 1), heartbeats_per_s=round((hb1 - hb0) / wall, 1),
-            generator_cpu_cores=_r((g1 - g0) / wall))
+            generator_cpu_cores=_r((g1 - g0) / wall), aborts_during_measure=len(gen.abort_step) - aborts0,
+            fenced_during_measure=gen.fenced)
         self.row["reached"] = "measured"
         say(f"N={self.n}: {steps} steps, commit p50 {self.row['commit_p50_ms']} ms p99 {self.row['commit_p99_ms']} ms, "
             f"controller {self.row['controller_cpu_ms_per_step']} ms CPU/step, {self.row['threads']} threads, "
@@ -160,8 +167,9 @@ class Run:
 
     def recover(self) -> None:
         gen = self._gen()
+        before = set(gen.abort_step)
         t0 = gen.kill(KILL_RANK)
-        epoch = self._wait(lambda: max(gen.abort_step, default=None), 60, "the abort")
+        epoch = self._wait(lambda: min(set(gen.abort_step) - before, default=None), 60, "the abort")
         redo = gen.abort_step[epoch]
         self._until_step(redo)
         recv, sent = gen.query(lambda: (dict(gen.rec.recv), dict(gen.rec.sent)))
@@ -212,6 +220,8 @@ class Run:
                 raise Failed(f"the controller exited (rc {self.proc.returncode}) waiting for {what}")
             if self.gen is not None and self.gen.error is not None:
                 raise Failed(f"the load generator failed: {self.gen.error}")
+            if self.gen is not None and self.gen.fenced > self.n // 2:
+                raise Failed(f"the controller closed {self.gen.fenced} agents (a restart fallback: nobody to restart)")
             got = probe()
             if got is not None:
                 return got
@@ -294,10 +304,16 @@ def main(args: Any) -> dict[str, Any]:
         say(f"N={n}: starting the controller ({n} ranks, pp={args.pp}, {STANDBYS} standbys, open files limit {nofile})")
         rows.append(one_size(n, args, out))
     print(table(rows))
-    result = {"command": "python -m tmslurm.bench control " + " ".join(sys.argv[2:]),
+    command = "python -m tmslurm.bench control " + " ".join(sys.argv[2:])
+    for row in rows:
+        row.update(label=args.label, overrides=args.override, command=command)
+    path = Path(args.json)
+    if args.append and path.exists():
+        rows = json.loads(path.read_text())["rows"] + rows
+    result = {"command": command,
               "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "git_commit": git_commit(),
               "setup": {"pp": args.pp, "standbys": STANDBYS, "step_ms": args.step_ms, "heartbeat_s": args.heartbeat_s,
                         "warmup": args.warmup, "steps": args.steps, "window": args.window, "overrides": args.override},
               "rows": rows}
-    write_json(Path(args.json), result)
+    write_json(path, result)
     return result

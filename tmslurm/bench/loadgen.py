@@ -261,7 +261,9 @@ class LoadGen:
             return
         if conn.agent.phase not in (Phase.CLOSED, Phase.DONE):
             self.fenced += 1
-            log.warning("the controller closed %s %d while it was %s", conn.agent.kind, conn.agent.ident, conn.agent.phase.value)
+            if self.fenced <= 3:
+                log.warning("the controller closed %s %d while it was %s", conn.agent.kind, conn.agent.ident,
+                            conn.agent.phase.value)
         conn.agent.phase = Phase.CLOSED
 
     def _close(self, conn: Conn) -> None:

@@ -1,8 +1,9 @@
 """Figures for ``bench control``: a process's CPU, RSS and threads from /proc, percentiles, py-spy stacks.
 
-Contract: :func:`proc_sample` reads ``/proc/<pid>/stat`` (utime + stime of every thread, the thread
-count, the RSS) and, for the main thread (tid = pid: the controller's loop), its own utime + stime;
-it raises :class:`OSError` when the process is gone. :func:`percentile` is the nearest-rank
+Contract: :func:`proc_sample` reads ``/proc/<pid>/stat`` (the thread count, the RSS) and, with
+``cpu``, the nanosecond on-CPU time of every live thread (``/proc/<pid>/task/*/schedstat``: finer
+than utime + stime's clock ticks, which read 0 for a short window) and of the main thread (tid = pid:
+the controller's loop); it raises :class:`OSError` when the process is gone. :func:`percentile` is the nearest-rank
 percentile; :func:`summarize` gives p50/p99/max/mean and the sample count (all None for no sample).
 :func:`top_frames` reads a py-spy ``raw`` (collapsed stacks) file and returns the most sampled
 functions by self and by inclusive samples. All pure but the /proc reads.
@@ -24,9 +25,9 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 @dataclass(frozen=True)
 class ProcSample:
     cpu_s: float
-    """utime + stime of the whole process (every thread)."""
+    """On-CPU seconds of the process's live threads (0 without ``cpu``)."""
     main_cpu_s: float
-    """utime + stime of its main thread."""
+    """On-CPU seconds of its main thread (0 without ``cpu``)."""
     threads: int
     rss_mb: float
 
@@ -42,10 +43,20 @@ def parse_stat(fields: list[str]) -> tuple[float, int, float]:
     return ((int(fields[11]) + int(fields[12])) / TICK, int(fields[17]), int(fields[21]) * PAGE / 2**20)
 
 
-def proc_sample(pid: int) -> ProcSample:
-    cpu, threads, rss = parse_stat(_stat_fields(f"/proc/{pid}/stat"))
-    main, _, _ = parse_stat(_stat_fields(f"/proc/{pid}/task/{pid}/stat"))
-    return ProcSample(cpu, main, threads, rss)
+def _oncpu_s(path: str) -> float:
+    try:
+        with open(path) as f:
+            return int(f.read().split()[0]) / 1e9
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0  # a thread that just ended
+
+
+def proc_sample(pid: int, cpu: bool = True) -> ProcSample:
+    _, threads, rss = parse_stat(_stat_fields(f"/proc/{pid}/stat"))
+    if not cpu:
+        return ProcSample(0.0, 0.0, threads, rss)
+    total = sum(_oncpu_s(f"/proc/{pid}/task/{tid}/schedstat") for tid in os.listdir(f"/proc/{pid}/task"))
+    return ProcSample(total, _oncpu_s(f"/proc/{pid}/task/{pid}/schedstat"), threads, rss)
 
 
 def self_cpu_s() -> float:
