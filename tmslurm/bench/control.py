@@ -6,7 +6,8 @@ nothing) with ``parallel.dp=N/pp``, two standbys and ``runtime.heartbeat_interva
 it from this process with N + 2 simulated agents (:mod:`tmslurm.bench.loadgen`, one thread, real
 protocol over loopback TCP, no torch) through:
 
-1. admission (``admit_s``: first connect to the last ``welcome``, at most ``--window`` hellos open);
+1. admission (``admit_s``: first connect to the last ``welcome``, at most ``--window`` hellos open;
+   no new ``welcome`` for ``--stall-s`` fails the size, ``admitted`` says how far it got);
 2. ``--warmup`` steps, then ``--steps`` measured steps (fewer when ``--max-measure-s`` passes first:
    ``samples`` says how many): commit latency = the last vote of a step
    sent -> that step's decision received by every slot owner (p50/p99), the controller's CPU per
@@ -96,7 +97,17 @@ class Run:
 
     def admit(self) -> None:
         gen = self._gen()
-        self._wait(lambda: gen.t_admitted, max(60.0, self.n * 0.1), f"{gen.total} agents admitted ({gen.admitted} so far)")
+        seen = [0, time.monotonic()]
+
+        def admitted() -> float | None:
+            self.row["admitted"] = gen.admitted
+            if gen.admitted > seen[0]:
+                seen[:] = [gen.admitted, time.monotonic()]
+            elif time.monotonic() - seen[1] > self.args.stall_s:
+                raise Failed(f"admission stalled at {gen.admitted}/{gen.total} agents for {self.args.stall_s:.0f}s "
+                             f"({gen.fenced} fenced)")
+            return gen.t_admitted
+        self._wait(admitted, max(60.0, self.n * 0.1), f"{gen.total} agents admitted")
         self.row.update(admit_s=round(gen.t_admitted - gen.t_first_connect, 3), hello_retries=gen.retries)  # type: ignore[operator]
         self.row["reached"] = "admitted"
         say(f"N={self.n}: {gen.total} agents admitted in {self.row['admit_s']:.2f}s")
@@ -105,6 +116,7 @@ class Run:
         gen, a = self._gen(), self.args
         self._until_step(a.warmup - 1)
         s0, aborts0 = gen.last_complete, len(gen.abort_step)
+        gen.late_max_s = 0.0
         p0, g0, hb0, t0 = proc_sample(self.proc.pid), self_cpu_s(), gen.hb_sent, time.monotonic()
         samples = [p0]
         end = t0 + a.max_measure_s
@@ -126,7 +138,8 @@ class Run:
             controller_loop_cpu_ms_per_step=_r(1000.0 * (p1.main_cpu_s - p0.main_cpu_s) / steps),
             controller_cpu_cores=_r((p1.cpu_s - p0.cpu_s) / wall), threads=max(s.threads for s in samples),
             rss_mb=round(max(s.rss_mb for s in samples), 1), heartbeats_per_s=round((hb1 - hb0) / wall, 1),
-            generator_cpu_cores=_r((g1 - g0) / wall), aborts_during_measure=len(gen.abort_step) - aborts0,
+            generator_cpu_cores=_r((g1 - g0) / wall), generator_late_max_ms=_r(1000.0 * gen.late_max_s),
+            aborts_during_measure=len(gen.abort_step) - aborts0,
             fenced_during_measure=gen.fenced)
         self.row["reached"] = "measured"
         say(f"N={self.n}: {steps} steps, commit p50 {self.row['commit_p50_ms']} ms p99 {self.row['commit_p99_ms']} ms, "
@@ -140,10 +153,14 @@ class Run:
             return
         raw = self.run_dir.parent / f"n{self.n}.pyspy.txt"
         say(f"N={self.n}: py-spy on the controller for {self.args.profile_s:.0f}s")
-        r = subprocess.run([spy, "record", "--pid", str(self.proc.pid), "--duration", str(int(self.args.profile_s)),
-                            "--rate", "100", "--format", "raw", "--output", str(raw), "--nonblocking"],
-                           capture_output=True, text=True, timeout=self.args.profile_s + 60)
-        self.row["profile"] = top_frames(raw) if raw.exists() else {"error": r.stderr.strip()[-300:]}
+        cmd = [spy, "record", "--pid", str(self.proc.pid), "--duration", str(int(self.args.profile_s)), "--rate", "50",
+               "--gil", "--format", "raw", "--output", str(raw), "--nonblocking"]  # --gil: the thread running Python
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=self.args.profile_s + 60)
+            error = r.stderr.strip()[-300:]
+        except subprocess.TimeoutExpired:
+            error = "py-spy did not finish in time"
+        self.row["profile"] = top_frames(raw) if raw.exists() else {"error": error}
 
     def switch(self) -> None:
         gen = self._gen()

@@ -119,6 +119,8 @@ class LoadGen:
         self.given: dict[str, int] = {}
         self.takers: dict[str, Conn] = {}
         self.hb_sent = 0
+        self.late_max_s = 0.0
+        """How late a timer (a heartbeat, a vote) fired at worst: the generator's own lag."""
         self.bad_lines = 0
         self.retries = 0
         self.fenced = 0
@@ -178,7 +180,9 @@ class LoadGen:
     def _run_timers(self) -> None:
         now = time.monotonic()
         while self.timers and self.timers[0][0] <= now:
-            heapq.heappop(self.timers)[2]()
+            t, _, fn = heapq.heappop(self.timers)
+            self.late_max_s = max(self.late_max_s, now - t)
+            fn()
 
     # ---- connections --------------------------------------------------------------------------
     def _connect_more(self) -> None:
