@@ -101,6 +101,7 @@ class Run:
 
         def admitted() -> float | None:
             self.row["admitted"] = gen.admitted
+            self.row["generator_late_max_admit_ms"] = _r(1000.0 * gen.late_max_s)
             if gen.admitted > seen[0]:
                 seen[:] = [gen.admitted, time.monotonic()]
             elif time.monotonic() - seen[1] > self.args.stall_s:
@@ -108,7 +109,8 @@ class Run:
                              f"({gen.fenced} fenced)")
             return gen.t_admitted
         self._wait(admitted, max(60.0, self.n * 0.1), f"{gen.total} agents admitted")
-        self.row.update(admit_s=round(gen.t_admitted - gen.t_first_connect, 3), hello_retries=gen.retries)  # type: ignore[operator]
+        self.row.update(admit_s=round(gen.t_admitted - gen.t_first_connect, 3), hello_retries=gen.retries,  # type: ignore[operator]
+                        generator_late_max_admit_ms=_r(1000.0 * gen.late_max_s))
         self.row["reached"] = "admitted"
         say(f"N={self.n}: {gen.total} agents admitted in {self.row['admit_s']:.2f}s")
 

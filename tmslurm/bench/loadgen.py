@@ -19,6 +19,7 @@ Contract:
 
 from __future__ import annotations
 
+import errno
 import heapq
 import itertools
 import json
@@ -87,6 +88,7 @@ class Conn:
     out: bytearray = field(default_factory=bytearray)
     welcomed: bool = False
     closed: bool = False
+    connecting: bool = False
     vote_seq: int = 0
 
 
@@ -162,7 +164,7 @@ class LoadGen:
                 for key, events in self.sel.select(wait):
                     conn = key.data
                     if events & selectors.EVENT_WRITE:
-                        self._flush(conn)
+                        self._connected(conn) if conn.connecting else self._flush(conn)
                     if events & selectors.EVENT_READ and not conn.closed:
                         self._read(conn)
                 self._run_timers()
@@ -189,14 +191,26 @@ class LoadGen:
         while self.to_connect and self.pending < self.window:
             agent = self.to_connect.popleft()
             self.t_first_connect = self.t_first_connect or time.monotonic()
-            sock = socket.create_connection(self.addr, timeout=30.0)
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setblocking(False)  # never block the loop: a full accept backlog would stall every agent
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.setblocking(False)
-            conn = Conn(agent, sock)
+            conn = Conn(agent, sock, connecting=True)
             self.conns.append(conn)
-            self.sel.register(sock, selectors.EVENT_READ, conn)
             self.pending += 1
-            self._send(conn, encode(agent.hello()))
+            err = sock.connect_ex(self.addr)
+            if err not in (0, errno.EINPROGRESS):
+                self._lost(conn)
+                continue
+            self.sel.register(sock, selectors.EVENT_WRITE, conn)
+
+    def _connected(self, conn: Conn) -> None:
+        """A non-blocking connect finished: say hello, or count it as refused."""
+        conn.connecting = False
+        if conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) != 0:
+            self._lost(conn)
+            return
+        self.sel.modify(conn.sock, selectors.EVENT_READ, conn)
+        self._send(conn, encode(conn.agent.hello()))
 
     def _read(self, conn: Conn) -> None:
         try:
