@@ -308,6 +308,11 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _portable(argv: list[str]) -> list[str]:
+    """The command line as recorded: the scratch directory (``--out``, absolute) is not machine-independent."""
+    return [("<scratch dir>" if a.startswith("/") and i and argv[i - 1] == "--out" else a) for i, a in enumerate(argv)]
+
+
 def git_commit() -> str | None:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip() or None
@@ -323,7 +328,7 @@ def main(args: Any) -> dict[str, Any]:
         say(f"N={n}: starting the controller ({n} ranks, pp={args.pp}, {STANDBYS} standbys, open files limit {nofile})")
         rows.append(one_size(n, args, out))
     print(table(rows))
-    command, commit = "python -m tmslurm.bench control " + " ".join(sys.argv[2:]), git_commit()
+    command, commit = "python -m tmslurm.bench control " + " ".join(_portable(sys.argv[2:])), git_commit()
     for row in rows:
         row.update(label=args.label, overrides=args.override, command=command, git_commit=commit,
                    date=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
