@@ -230,3 +230,13 @@ def test_launch_warns_when_every_failure_would_restart_from_step_0(caplog):
     warn_unprotected(compose_config(["standby.count=1", "train.checkpoint_every=0"]))
     assert [r.message for r in caplog.records if "restarts the run from step 0" in r.message] != []
     assert len(caplog.records) == 1
+
+
+def test_deadline_ticker_fires_once_per_period_however_many_items():
+    from tmslurm.controller.loop import Ticker
+
+    ticker = Ticker(0.05)
+    fired = [t for t in (i * 0.001 for i in range(1000)) if ticker.due(t)]  # 1,000 queue items in 1 s
+    assert len(fired) == 20 and fired[0] == 0.0
+    assert all(b - a >= 0.05 - 1e-9 for a, b in zip(fired, fired[1:]))
+    assert Ticker(0.05).due(123.0)  # the first check is never delayed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 from tmslurm.errors import ConfigError, SlurmError
 from tmslurm.slurm import parse as P
+from tmslurm.slurm.client import CliSlurmClient
 from tmslurm.slurm.watcher import NodeWatch, SlurmWatcher
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
@@ -281,3 +283,31 @@ def test_poll_once_uses_the_clock():
     watcher = SlurmWatcher(FakeClient(), NodeWatch({"tmn4": "main"}), 1.0, got.append, clock=lambda: 123.0)
     (n,) = watcher.poll_once()
     assert got == [n] and n.time == 123.0
+
+
+class RecordingCli(CliSlurmClient):
+    """The real CLI client with a fake command runner: records each command, answers from canned text."""
+
+    def __init__(self, node_text: str) -> None:
+        super().__init__()
+        self.node_text = node_text
+        self.commands: list[list[str]] = []
+
+    def _run(self, args, ok_codes=(0,), cwd=None):
+        self.commands.append(list(args))
+        out = self.node_text if args[:4] == ["scontrol", "-o", "show", "node"] else ""
+        return subprocess.CompletedProcess(args, 0, out, "")
+
+
+def test_one_node_query_per_poll_for_all_watched_nodes():
+    """1,024 watched nodes: each poll runs one ``scontrol -o show node`` (every node) and one ``show res``."""
+    names = [f"gpu{i:04d}" for i in range(1024)]
+    text = "".join(f"NodeName={n} State={'MIXED+DRAIN Reason=fan' if n == 'gpu0513' else 'ALLOCATED'}\n" for n in names)
+    client = RecordingCli(text)
+    got: list = []
+    watcher = SlurmWatcher(client, NodeWatch({n: "main" for n in names}), 1.0, got.append, clock=lambda: 100.0)
+    watcher.poll_once()
+    watcher.poll_once()
+    assert [c[:4] for c in client.commands] == [["scontrol", "-o", "show", "node"], ["scontrol", "-o", "show", "res"]] * 2
+    assert client.commands[0][4] == "gpu[0000-1023]"  # every watched node, in one compressed hostlist
+    assert [(n.node, n.kind) for n in got] == [("gpu0513", "maintenance")]  # reported once over both polls

@@ -1,4 +1,4 @@
-"""``python -m tmslurm.bench {downtime,scaling,overhead,memory,roles,project}`` (also ``scripts/bench``)."""
+"""``python -m tmslurm.bench {downtime,scaling,overhead,memory,roles,control,project}`` (also ``scripts/bench``)."""
 
 from __future__ import annotations
 
@@ -39,11 +39,27 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False)
     r.add_argument("--repeats", type=int, default=3)
     r.add_argument("--json", default="docs/bench/roles.json")
+    c = sub.add_parser("control", help="the real controller under N simulated agents: commit latency, CPU, threads (local)")
+    c.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 1024, 4096])
+    c.add_argument("--pp", type=int, default=2)
+    c.add_argument("--steps", type=int, default=50, help="measured steps per size")
+    c.add_argument("--warmup", type=int, default=5)
+    c.add_argument("--max-measure-s", type=float, default=150.0, help="end the measured window after this even if short of --steps")
+    c.add_argument("--step-ms", type=float, default=50.0, help="simulated compute time of a step")
+    c.add_argument("--heartbeat-s", type=float, default=0.2, help="runtime.heartbeat_interval_s")
+    c.add_argument("--window", type=int, default=16, help="hellos waiting for their welcome at once")
+    c.add_argument("--stall-s", type=float, default=30.0, help="fail a size whose admission makes no progress this long")
+    c.add_argument("--profile", type=int, default=0, help="run py-spy on the controller at this N")
+    c.add_argument("--profile-s", type=float, default=15.0)
+    c.add_argument("--override", action="append", default=[], help="one more Hydra override of the run")
+    c.add_argument("--label", default="defaults", help="name of this series in the JSON rows")
+    c.add_argument("--append", action="store_true", help="add the rows to those already in --json")
+    c.add_argument("--json", default="docs/bench/control_scale.json")
     t = sub.add_parser("tables", help="render docs/bench/*.json as markdown")
     t.add_argument("--dir", default="docs/bench")
     sub.add_parser("project", help="wasted GPU-hours per week at scale (uses docs/bench/downtime.json); "
                                    "options are tmslurm.sim.projection's")
-    for sp in (d, s, o, m, r):
+    for sp in (d, s, o, m, r, c):
         sp.add_argument("--out", default=f"runs/bench-{stamp}")
     return ap
 

@@ -1,4 +1,4 @@
-"""Deadlines: nothing waits forever. Checked by the loop between queue items.
+"""Deadlines: nothing waits forever. Checked by the loop between queue items, at most every ``loop.TICK_S``.
 
 Contract (on the controller's thread): an agent silent for ``runtime.heartbeat_timeout_s`` is
 fenced (its own handle) and handled as lost; so is a rank that heartbeats but makes no progress:

@@ -12,7 +12,8 @@ Contract:
   :class:`~tmslurm.controller.hooks.ClusterHooks`, which never wait on the cluster: their results
   come back as queue items (``released``), so no Slurm command delays a vote.
 - :meth:`Controller.run` spawns the ranks and standbys, loops until the run finished (checking
-  deadlines between items) and returns the summary (``summary.json``).
+  deadlines between items, at most every ``TICK_S``: a check scans every agent, so checking after
+  every item made a step cost O(ranks^2)) and returns the summary (``summary.json``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import logging
 import queue
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -51,6 +53,22 @@ from tmslurm.topology import Layout
 from tmslurm.train.checkpoint import latest_complete
 
 log = logging.getLogger(__name__)
+TICK_S = 0.05
+"""Deadlines are checked at most this often (and at least this often while the queue is quiet)."""
+
+
+@dataclass
+class Ticker:
+    """Says when a periodic check is due: at the first call, then once per ``period_s``."""
+
+    period_s: float
+    next_t: float = float("-inf")
+
+    def due(self, now: float) -> bool:
+        if now < self.next_t:
+            return False
+        self.next_t = now + self.period_s
+        return True
 
 
 class Controller:
@@ -100,16 +118,18 @@ class Controller:
         for _ in range(self.members.standby_target):
             self.members.spawn_standby()
         self.state.mode = Mode.RUNNING
+        ticker = Ticker(TICK_S)
         while self.state.mode is not Mode.FINISHED:
             try:
-                self.handle(self.ctx.queue.get(timeout=0.05))
+                self.handle(self.ctx.queue.get(timeout=TICK_S))
             except queue.Empty:
                 pass
-            self.deadlines.tick()
-            self.nodewatch.tick()
-            self.snapshots.offer(self.state.step, {"epoch": self.state.epoch, "t": time.time(),
-                                                   "last_commit_t": self.ctx.events.last_commit_t,
-                                                   "fired": sorted(self.state.fired)})
+            if ticker.due(time.monotonic()):
+                self.deadlines.tick()
+                self.nodewatch.tick()
+                self.snapshots.offer(self.state.step, {"epoch": self.state.epoch, "t": time.time(),
+                                                       "last_commit_t": self.ctx.events.last_commit_t,
+                                                       "fired": sorted(self.state.fired)})
         return self.finish(server)
 
     def touch(self, conn: int) -> None:

@@ -57,7 +57,7 @@ class Recoveries:
         st.mode = Mode.RECOVERING
         st.votes = {}
         alive = [r for r in range(self.ctx.layout.world) if r not in dead and st.rank_alive(r)]
-        dead |= {r for r in range(self.ctx.layout.world) if r not in alive}
+        dead |= set(range(self.ctx.layout.world)) - set(alive)  # a set: O(N), not a list scan per rank
         plan = Recovery(st.epoch, [sw.Move(r, "") for r in sorted(dead)], [], cause, dead=dead, alive=alive,
                         target_step=st.step, deadline=time.time() + 2 * self.ctx.cfg.runtime.heartbeat_timeout_s)
         plan.times.update(failure=failure_t or detect_t, detect=detect_t)
