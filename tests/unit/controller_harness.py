@@ -32,6 +32,10 @@ class FakeChannel:
 
     send = try_send
 
+    def try_send_line(self, data: bytes) -> bool:
+        self.sent.append(json.loads(data))
+        return not self.closed
+
     def close(self) -> None:
         self.closed = True
 

@@ -18,6 +18,7 @@ from tmslurm.controller.state import RunState
 from tmslurm.rundir import RunDir
 from tmslurm.runtime.events import EventLog
 from tmslurm.runtime.journal import Journal
+from tmslurm.runtime.protocol import encode_line
 from tmslurm.runtime.spawner import Spawner
 from tmslurm.topology import Layout
 
@@ -43,8 +44,12 @@ class Context:
             agent.channel.try_send(msg)
 
     def broadcast(self, msg: Any) -> None:
+        """``msg`` to every rank's slot owner, encoded once (a decision goes to every rank each step)."""
+        line = encode_line(msg)
         for rank in range(self.layout.world):
-            self.send_rank(rank, msg)
+            agent = self.state.agent_of(rank)
+            if agent is not None and agent.alive:
+                agent.channel.try_send_line(line)
 
     def send_to(self, key: int | str, msg: Any) -> None:
         """``key`` is a rank (its slot owner) or an agent id."""

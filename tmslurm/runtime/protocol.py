@@ -36,6 +36,13 @@ class ReadTimeout(ProtocolError):
     """No complete line within the socket's timeout."""
 
 
+def encode_line(msg: Any) -> bytes:
+    """A dict or a :class:`~tmslurm.messages.Msg` as one JSON line."""
+    if hasattr(msg, "model_dump"):
+        msg = msg.model_dump(mode="json")
+    return (json.dumps(msg, separators=(",", ":")) + "\n").encode()
+
+
 class Channel:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -45,11 +52,19 @@ class Channel:
 
     def send(self, msg: Any) -> None:
         """Send a dict or a :class:`~tmslurm.messages.Msg` as one line."""
-        if hasattr(msg, "model_dump"):
-            msg = msg.model_dump(mode="json")
-        data = (json.dumps(msg, separators=(",", ":")) + "\n").encode()
+        self.send_line(encode_line(msg))
+
+    def send_line(self, data: bytes) -> None:
+        """Send one line already encoded by :func:`encode_line` (a broadcast encodes once)."""
         with self._lock:
             self.sock.sendall(data)
+
+    def try_send_line(self, data: bytes) -> bool:
+        try:
+            self.send_line(data)
+            return True
+        except OSError:
+            return False
 
     def try_send(self, msg: Any) -> bool:
         try:
