@@ -230,3 +230,14 @@ def test_launch_warns_when_every_failure_would_restart_from_step_0(caplog):
     warn_unprotected(compose_config(["standby.count=1", "train.checkpoint_every=0"]))
     assert [r.message for r in caplog.records if "restarts the run from step 0" in r.message] != []
     assert len(caplog.records) == 1
+
+
+def test_launch_warns_when_a_slurm_run_has_no_periodic_checkpoint(caplog):
+    from tmslurm.config import compose_config
+    from tmslurm.runprep import warn_unprotected
+
+    warn_unprotected(compose_config(["cluster=slurm", "standby.count=1"]))  # the Slurm default: periodic checkpoints
+    assert caplog.records == []
+    warn_unprotected(compose_config(["cluster=slurm", "standby.count=1", "train.checkpoint_every=0"]))
+    (rec,) = caplog.records
+    assert rec.levelname == "WARNING" and "train.checkpoint_every=K" in rec.message and "batch host" in rec.message

@@ -5,8 +5,9 @@ authenticates with the run token and returns the :class:`Link` and the validated
 (TmslurmError when refused). The reader thread validates every controller message
 (:func:`~tmslurm.messages.decode_controller`; a bad one is logged and dropped), queues it, and
 raises the abort flag the moment an ``abort`` arrives, so a rank blocked in a collective stops
-waiting. When the controller goes away, :meth:`Link.get` ends the process (status 3): a rank never
-trains on without its controller.
+waiting. When the controller goes away, :meth:`Link.get` runs the ``before_exit`` callbacks (a worker
+finishes its in-flight checkpoint there; a callback's error is logged) and ends the process
+(status 3): a rank never trains on without its controller.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tmslurm.errors import ProtocolError, TmslurmError
 from tmslurm.messages import Abort, BadMessage, Welcome, decode_controller
@@ -42,6 +43,8 @@ class Link:
     abort_epoch: int = -1
     lost: threading.Event = field(default_factory=threading.Event)
     abort_lock: threading.Lock = field(default_factory=threading.Lock)
+    before_exit: list[Callable[[], Any]] = field(default_factory=list)
+    """Called, in order, before a lost controller ends the process."""
 
     def start(self) -> None:
         threading.Thread(target=self._read, name="ctl-reader", daemon=True).start()
@@ -86,8 +89,16 @@ class Link:
         msg = self.inbox.get(timeout=timeout)
         if msg is LOST:
             log.error("lost the controller; exiting")
+            self._run_before_exit()
             os._exit(3)
         return msg
+
+    def _run_before_exit(self) -> None:
+        for fn in self.before_exit:
+            try:
+                fn()
+            except Exception as exc:  # the process ends anyway: say what was lost
+                log.error("before exit: %s: %s", type(exc).__name__, exc)
 
     def clear_abort(self, epoch: int) -> None:
         with self.abort_lock:
