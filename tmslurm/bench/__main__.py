@@ -1,4 +1,4 @@
-"""``python -m tmslurm.bench {downtime,scaling,overhead,memory,roles,project}`` (also ``scripts/bench``)."""
+"""``python -m tmslurm.bench {downtime,scaling,overhead,memory,roles,ckpt,project}`` (also ``scripts/bench``)."""
 
 from __future__ import annotations
 
@@ -39,11 +39,18 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False)
     r.add_argument("--repeats", type=int, default=3)
     r.add_argument("--json", default="docs/bench/roles.json")
+    c = sub.add_parser("ckpt", help="step stall of periodic checkpoints: off vs sync vs async (one process)")
+    c.add_argument("--model", default="small")
+    c.add_argument("--steps", type=int, default=60)
+    c.add_argument("--every", type=int, default=5)
+    c.add_argument("--repeats", type=int, default=2)
+    c.add_argument("--warmup", type=int, default=3)
+    c.add_argument("--json", default="docs/bench/ckpt.json")
     t = sub.add_parser("tables", help="render docs/bench/*.json as markdown")
     t.add_argument("--dir", default="docs/bench")
     sub.add_parser("project", help="wasted GPU-hours per week at scale (uses docs/bench/downtime.json); "
                                    "options are tmslurm.sim.projection's")
-    for sp in (d, s, o, m, r):
+    for sp in (d, s, o, m, r, c):
         sp.add_argument("--out", default=f"runs/bench-{stamp}")
     return ap
 
