@@ -99,3 +99,33 @@ def test_the_next_save_raises_the_previous_failure(tmp_path, monkeypatch):
     saver.save(5, 0, live)
     with pytest.raises(CheckpointError, match="step=5"):
         saver.save(10, 0, live)
+
+
+class _ObservedEvent(threading.Event):
+    """An Event that tells when somebody starts waiting on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting.set()
+        return super().wait(timeout)
+
+
+def test_a_save_due_while_one_is_in_flight_waits_for_it_and_says_so(tmp_path, gated_writer, caplog):
+    live = runner(1)
+    saver = AsyncCheckpointer(tmp_path)
+    saver.save(5, 0, live)
+    first = saver.pending
+    first.done = observed = _ObservedEvent()  # the writer is held at the gate: nothing has set it yet
+    second = threading.Thread(target=saver.save, args=(10, 0, live))
+    with caplog.at_level(logging.INFO, logger="tmslurm.train.async_checkpoint"):
+        second.start()
+        assert observed.waiting.wait(60)  # the second save is blocked on the first, not queued
+        assert checkpoint.latest_complete(tmp_path, 1) is None and saver.pending is None
+        gated_writer.set()
+        second.join(60)
+        saver.wait()
+    assert [r for r in caplog.records if "checkpoint step=10 waited" in r.getMessage() and "(step 5)" in r.getMessage()]
+    assert checkpoint.latest_complete(tmp_path, 1) == 10 and (checkpoint.checkpoint_dir(tmp_path, 5) / "stage0" / "meta.json").is_file()

@@ -56,15 +56,20 @@ class _AlreadyStaged(AsyncStager):
 
 
 class _InFlight:
-    """One background save: the DCP upload, then ``meta.json``; ``done`` is set when both are over."""
+    """One background save: the DCP upload, then ``meta.json``; ``done`` is set when both are over.
+
+    The snapshot is dropped once written, so between checkpoints no CPU copy is kept alive."""
 
     def __init__(self, path: Path, snap: Snapshot) -> None:
         self.path = path
-        self.snap = snap
+        self.step = snap.step
+        self.shard = snap.shard
+        self.snap: Snapshot | None = snap
         self.done = threading.Event()
         self.error: BaseException | None = None
 
     def start(self) -> None:
+        assert self.snap is not None
         try:
             future = dcp.async_save(self.snap.state, checkpoint_id=str(self.path), no_dist=True, async_stager=_AlreadyStaged())
         except (Exception, CheckpointException) as exc:  # CheckpointException derives from BaseException
@@ -75,16 +80,19 @@ class _InFlight:
     def _finish(self, future: Future) -> None:
         try:
             future.result()
+            assert self.snap is not None
             checkpoint.write_meta(self.path, self.snap)
-            log.info("checkpoint step=%d %s saved to %s (in the background)", self.snap.step, self.snap.shard, self.path)
+            log.info("checkpoint step=%d %s saved to %s (in the background)", self.step, self.shard, self.path)
         except (Exception, CheckpointException) as exc:
             self._fail(exc)
         finally:
+            self.snap = None
             self.done.set()
 
     def _fail(self, exc: BaseException) -> None:
         self.error = exc
-        log.error("background checkpoint step=%d %s to %s failed: %s", self.snap.step, self.snap.shard, self.path, describe(exc))
+        self.snap = None
+        log.error("background checkpoint step=%d %s to %s failed: %s", self.step, self.shard, self.path, describe(exc))
         self.done.set()
 
 
@@ -104,10 +112,10 @@ class AsyncCheckpointer:
 
     def save(self, step: int, stage: int | str, runner: StageRunner) -> Path:
         """Snapshot now and write in the background; waits first for the previous save (logged)."""
-        busy = self.pending if self.in_flight else None
+        busy_step = self.pending.step if self.pending is not None and self.in_flight else None
         waited = self.wait()
-        if busy is not None:
-            log.info("checkpoint step=%d waited %.3f s for the previous save (step %d) to finish", step, waited, busy.snap.step)
+        if busy_step is not None:
+            log.info("checkpoint step=%d waited %.3f s for the previous save (step %d) to finish", step, waited, busy_step)
         snap = checkpoint.snapshot(runner, step, stage)
         self.pending = _InFlight(checkpoint.shard_path(self.run_dir, snap), snap)
         self.pending.start()
@@ -122,7 +130,7 @@ class AsyncCheckpointer:
         pending.done.wait()
         if pending.error is not None:
             exc = pending.error
-            raise CheckpointError(f"background checkpoint step={pending.snap.step} {pending.snap.shard} to {pending.path} "
+            raise CheckpointError(f"background checkpoint step={pending.step} {pending.shard} to {pending.path} "
                                   f"failed: {describe(exc)}") from exc
         return time.monotonic() - t0
 
