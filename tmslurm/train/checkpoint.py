@@ -85,9 +85,11 @@ def snapshot(runner: StageRunner, step: int, stage: int | str) -> Snapshot:
 
 
 def shard_path(run_dir: str | Path, snap: Snapshot) -> Path:
-    """The shard's directory, created if needed."""
+    """The shard's directory, created if needed; a ``meta.json`` left there by an earlier save of the
+    same step is removed first, so the shard is not complete while its files are being rewritten."""
     path = checkpoint_dir(run_dir, snap.step) / snap.shard
     path.mkdir(parents=True, exist_ok=True)
+    (path / "meta.json").unlink(missing_ok=True)
     return path
 
 
