@@ -9,8 +9,9 @@ the default), with a checkpoint after every ``--every``-th step, as the worker d
 return of the checkpoint call (what the step loop waits for); the first ``--warmup`` steps of each
 repeat are left out. Per mode it reports the median plain step, the median checkpoint step, the median
 step right after a checkpoint (where a background write competes for the cores), and the stall of
-each checkpoint (checkpoint step minus the mode's median plain step: median, p10, p90, count).
-Prints a table and writes ``--json``. Any failure (a checkpoint error included) propagates.
+each checkpoint (checkpoint step minus the mode's median plain step: median, p10, p90, count), and
+the cost per checkpoint over a whole interval (mean step time minus that of ``off``, times ``--every``),
+which also counts a background write slowing the steps that follow it. Prints a table and writes ``--json``. Any failure (a checkpoint error included) propagates.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def summarise(rows: list[tuple[int, bool, float]], warmup: int, every: int) -> d
     after = [dt for s, due, dt in kept if not due and s % every == 0 and s > 0]
     base = statistics.median(plain)
     stall = [dt - base for dt in ckpt]
-    out: dict[str, Any] = {"plain_median_s": base, "plain_n": len(plain),
+    out: dict[str, Any] = {"plain_median_s": base, "plain_n": len(plain), "mean_step_s": statistics.fmean(dt for _, _, dt in kept),
                            "after_ckpt_median_s": statistics.median(after) if after else None}
     if ckpt:
         out |= {"ckpt_median_s": statistics.median(ckpt), "stall_median_s": statistics.median(stall),
@@ -103,12 +104,13 @@ def ms(x: float | None) -> str:
 
 
 def table(modes: dict[str, dict[str, Any]]) -> str:
-    head = "| mode | plain step median (ms) | checkpoint step median (ms) | step after a checkpoint (ms) | stall per checkpoint median [p10, p90] (ms) | n |"
-    lines = [head, "|---|---|---|---|---|---|"]
+    head = ("| mode | plain step median (ms) | checkpoint step median (ms) | step after a checkpoint (ms) "
+            "| stall per checkpoint median [p10, p90] (ms) | n | cost per checkpoint over its interval (ms) |")
+    lines = [head, "|---|---|---|---|---|---|---|"]
     for mode, s in modes.items():
         stall = "-" if "stall_median_s" not in s else f"{ms(s['stall_median_s'])} [{ms(s['stall_p10_s'])}, {ms(s['stall_p90_s'])}]"
         lines.append(f"| {mode} | {ms(s['plain_median_s'])} | {ms(s.get('ckpt_median_s'))} | {ms(s['after_ckpt_median_s'])} "
-                     f"| {stall} | {s.get('ckpt_n', 0)} |")
+                     f"| {stall} | {s.get('ckpt_n', 0)} | {ms(s['interval_cost_s'])} |")
     return "\n".join(lines)
 
 
@@ -123,6 +125,8 @@ def main(args: argparse.Namespace) -> None:
             say(f"repeat {rep + 1}/{args.repeats}: {mode}, {args.steps} steps, checkpoint every {args.every}")
             rows[mode] += [(s, due, dt) for s, due, dt in run_mode(mode, args.model, args.steps, args.every, d)]
     modes = {m: summarise(rows[m], args.warmup, args.every) for m in MODES}
+    for s in modes.values():
+        s["interval_cost_s"] = (s["mean_step_s"] - modes["off"]["mean_step_s"]) * args.every
     result = {"date": time.strftime("%Y-%m-%d %H:%M"), "commit": commit(), "cpus": os.cpu_count(), "model": args.model,
               "steps": args.steps, "every": args.every, "repeats": args.repeats, "warmup": args.warmup, "torch": torch.__version__,
               "shard_bytes": shard_bytes(out / f"sync-{args.repeats - 1}"), "modes": modes}
