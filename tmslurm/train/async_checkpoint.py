@@ -13,7 +13,10 @@ checkpoint the controller waits for). The files are exactly those of the synchro
 Why ``async_save``: in torch 2.13 it works without a process group (``no_dist=True``) and runs the
 plain ``dcp.save`` in a one-thread executor. Its default stager would copy the state a second time,
 so a pass-through stager hands it our snapshot (already a private CPU copy, which we need anyway to
-compute the digests off the step thread). ``Future.result()`` returns before done-callbacks run and
+compute the digests off the step thread). The process-based executor (``AsyncCheckpointerType.PROCESS``)
+would not compete for the GIL but needs the default process group, which tmslurm never creates, so
+the writer is a thread: its per-tensor serialisation is mostly Python and slows the steps it overlaps
+on a CPU-bound rank (docs/benchmarks.md, "Checkpoint stall"). ``Future.result()`` returns before done-callbacks run and
 ``concurrent.futures`` swallows callback exceptions, so the callback catches everything itself and
 completion is signalled by an ``Event`` set last.
 
