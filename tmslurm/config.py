@@ -24,6 +24,8 @@ DEVICES = ("cpu", "cuda")
 CLUSTERS = ("local", "slurm")
 MODEL_SIZES = ("tiny", "small")
 RESTART_MODES = ("tmslurm", "injob_restart", "requeue_restart")
+SLURM_CHECKPOINT_EVERY = 50
+"""Default train.checkpoint_every of a cluster=slurm run that does not set it."""
 
 
 @dataclass(kw_only=True)
@@ -78,7 +80,13 @@ class TrainConfig:
     seed: int = 1234
     """Seed of parameter init and of the data order."""
     checkpoint_every: int = 0
-    """Save a torch.distributed.checkpoint every K steps; 0 disables periodic checkpoints."""
+    """Save a torch.distributed.checkpoint every K steps; 0 disables periodic checkpoints. With
+    cluster=slurm and no explicit train.checkpoint_every override, compose_config sets it to
+    SLURM_CHECKPOINT_EVERY (a lost batch host then has a checkpoint to resume from)."""
+    checkpoint_async: bool = True
+    """Write periodic checkpoints in the background: the step only waits for a CPU copy of the state
+    (at most one save in flight per rank). A checkpoint the controller asks for is always complete
+    before the rank goes on."""
     data_path: Optional[str] = None
     """Text file to train on; None uses the Python standard library's sources (sorted)."""
     threads: int = 1
@@ -416,7 +424,16 @@ def compose_config(overrides: list[str]) -> RunConfig:
         cfg = to_dataclass(node)
     except Exception as exc:  # OmegaConf's MissingMandatoryValue, TypeError from a dataclass
         raise ConfigError(f"invalid override ({' '.join(overrides)}): {str(exc).splitlines()[0]}. Fix: faults need step, kind and rank, e.g. faults='[{{step:10,kind:drain,rank:1}}]'") from None
+    apply_cluster_defaults(cfg, overrides)
     return validate(cfg)
+
+
+def apply_cluster_defaults(cfg: RunConfig, overrides: list[str]) -> None:
+    """cluster=slurm: periodic checkpoints every SLURM_CHECKPOINT_EVERY steps unless train.checkpoint_every
+    is given on the command line (a preset's value other than 0 is kept too)."""
+    given = any(o.lstrip("+~").split("=", 1)[0] == "train.checkpoint_every" for o in overrides)
+    if cfg.cluster == "slurm" and cfg.train.checkpoint_every == 0 and not given:
+        cfg.train.checkpoint_every = SLURM_CHECKPOINT_EVERY
 
 
 def _hydra_message(exc: Exception, overrides: list[str]) -> str:

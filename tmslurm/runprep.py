@@ -4,7 +4,8 @@ Contract: :func:`prepare_run_dir` resolves ``cfg.run_dir`` (default ``runs/<time
 directory that already holds a finished run (TmslurmError naming it), creates it mode 0700,
 copies the newest complete checkpoint of ``train.resume_from`` (TmslurmError when there is none)
 and writes ``config.json``. :func:`warn_unprotected` logs a warning when a run has neither a
-standby nor periodic checkpoints. Used by ``tmslurm-launch`` and by the Slurm entry points.
+standby nor periodic checkpoints, and when a Slurm run has no periodic checkpoint (its batch host
+can be lost with nothing to resume from). Used by ``tmslurm-launch`` and by the Slurm entry points.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 import time
 from pathlib import Path
 
-from tmslurm.config import RunConfig, to_dict
+from tmslurm.config import SLURM_CHECKPOINT_EVERY, RunConfig, to_dict
 from tmslurm.errors import TmslurmError
 from tmslurm.rundir import RunDir
 from tmslurm.topology import Layout
@@ -53,3 +54,7 @@ def warn_unprotected(cfg: RunConfig) -> None:
     if cfg.standby.count == 0 and cfg.train.checkpoint_every == 0:
         log.warning("standby.count=0 and train.checkpoint_every=0: an unexpected failure restarts the run from "
                     "step 0 (set train.checkpoint_every=N or standby.count=1)")
+    if cfg.cluster == "slurm" and cfg.train.checkpoint_every == 0:
+        log.warning("cluster=slurm with train.checkpoint_every=0: if the batch host is lost the run has no checkpoint "
+                    "to resume from (train.resume_from); set train.checkpoint_every=K (default on Slurm: %d)",
+                    SLURM_CHECKPOINT_EVERY)

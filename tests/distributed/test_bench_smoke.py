@@ -46,3 +46,15 @@ def test_projection_from_a_downtime_file(tmp_path):
     assert {row["gpus"] for row in data["rows"]} >= {1024, 65536}
     assert data["assumptions"] and data["claims"]
     assert "GPU" in r.stdout
+
+
+def test_checkpoint_stall_smallest(tmp_path):
+    out = tmp_path / "ckpt.json"
+    r = bench("ckpt", "--model", "tiny", "--steps", "20", "--repeats", "1", "--out", str(tmp_path / "runs"), "--json", str(out))
+    data = json.loads(out.read_text())
+    assert set(data["modes"]) == {"off", "sync", "async"}
+    assert "ckpt_n" not in data["modes"]["off"]
+    assert data["modes"]["sync"]["ckpt_n"] == data["modes"]["async"]["ckpt_n"] == 4  # steps 5, 10, 15, 20 (warm-up 3)
+    assert all(isinstance(data["modes"][m]["stall_median_s"], float) for m in ("sync", "async"))
+    assert (tmp_path / "runs" / "async-0" / "checkpoints" / "step_000020" / "stage0" / "meta.json").is_file()
+    assert "| async |" in r.stdout

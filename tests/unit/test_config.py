@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tmslurm.config import MODEL_PRESETS, FaultConfig, ModelConfig, RunConfig, compose_config, from_dict, to_dict
+from tmslurm.config import MODEL_PRESETS, SLURM_CHECKPOINT_EVERY, FaultConfig, ModelConfig, RunConfig, compose_config, from_dict, to_dict
 from tmslurm.errors import ConfigError
 
 # (overrides, substrings the message must contain: the override or the key to change, and valid values)
@@ -21,6 +21,7 @@ BAD = [
     pytest.param(["train.steps=0"], ["train.steps=0", ">= 1"], id="zero-steps"),
     pytest.param(["train.micro_batches=0"], ["train.micro_batches=0"], id="zero-micro-batches"),
     pytest.param(["train.checkpoint_every=-1"], ["train.checkpoint_every=-1", ">= 0"], id="negative-checkpoint-every"),
+    pytest.param(["train.checkpoint_async=maybe"], ["train.checkpoint_async=maybe"], id="checkpoint-async-not-a-bool"),
     pytest.param(["standby.warmup_iters=0"], ["standby.warmup_iters=0"], id="zero-warmup-iters"),
     pytest.param(["parallel.nodes=3"], ["parallel.nodes", "4"], id="nodes-do-not-match-world"),
     pytest.param(["parallel.nodes=0"], ["parallel.nodes=0"], id="zero-nodes"),
@@ -116,6 +117,23 @@ def test_experiment_demo_preset():
     assert (cfg.parallel.dp, cfg.parallel.pp) == (2, 2)
     assert cfg.standby.count == 2
     assert cfg.train.steps == 60 and cfg.train.checkpoint_every == 20
+
+
+def test_checkpoints_are_asynchronous_by_default():
+    assert compose_config([]).train.checkpoint_async is True
+    assert compose_config(["train.checkpoint_async=false"]).train.checkpoint_async is False
+
+
+@pytest.mark.parametrize(("overrides", "every"), [
+    (["cluster=slurm"], SLURM_CHECKPOINT_EVERY),
+    (["cluster=slurm", "train.checkpoint_every=0"], 0),
+    (["cluster=slurm", "train.checkpoint_every=7"], 7),
+    (["cluster=slurm", "+experiment=demo"], 20),
+    (["cluster=local"], 0),
+    ([], 0),
+], ids=["slurm-default", "slurm-explicit-0", "slurm-explicit-7", "slurm-preset", "local", "default-local"])
+def test_slurm_runs_checkpoint_periodically_unless_told_otherwise(overrides, every):
+    assert compose_config(overrides).train.checkpoint_every == every
 
 
 def test_faults_parse_into_fault_configs():

@@ -240,3 +240,14 @@ def test_deadline_ticker_fires_once_per_period_however_many_items():
     assert len(fired) == 20 and fired[0] == 0.0
     assert all(b - a >= 0.05 - 1e-9 for a, b in zip(fired, fired[1:]))
     assert Ticker(0.05).due(123.0)  # the first check is never delayed
+
+
+def test_launch_warns_when_a_slurm_run_has_no_periodic_checkpoint(caplog):
+    from tmslurm.config import compose_config
+    from tmslurm.runprep import warn_unprotected
+
+    warn_unprotected(compose_config(["cluster=slurm", "standby.count=1"]))  # the Slurm default: periodic checkpoints
+    assert caplog.records == []
+    warn_unprotected(compose_config(["cluster=slurm", "standby.count=1", "train.checkpoint_every=0"]))
+    (rec,) = caplog.records
+    assert rec.levelname == "WARNING" and "train.checkpoint_every=K" in rec.message and "batch host" in rec.message

@@ -1,4 +1,4 @@
-"""``python -m tmslurm.bench {downtime,scaling,overhead,memory,roles,control,project}`` (also ``scripts/bench``)."""
+"""``python -m tmslurm.bench {downtime,scaling,overhead,memory,roles,control,ckpt,project}`` (also ``scripts/bench``)."""
 
 from __future__ import annotations
 
@@ -55,6 +55,13 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--label", default="defaults", help="name of this series in the JSON rows")
     c.add_argument("--append", action="store_true", help="add the rows to those already in --json")
     c.add_argument("--json", default="docs/bench/control_scale.json")
+    k = sub.add_parser("ckpt", help="step stall of periodic checkpoints: off vs sync vs async (one process)")
+    k.add_argument("--model", default="small")
+    k.add_argument("--steps", type=int, default=60)
+    k.add_argument("--every", type=int, default=5)
+    k.add_argument("--repeats", type=int, default=2)
+    k.add_argument("--warmup", type=int, default=3)
+    k.add_argument("--json", default="docs/bench/ckpt.json")
     t = sub.add_parser("tables", help="render docs/bench/*.json as markdown")
     t.add_argument("--dir", default="docs/bench")
     sub.add_parser("project", help="wasted GPU-hours per week at scale (uses docs/bench/downtime.json); "

@@ -11,7 +11,9 @@ tensor-parallel group) and nothing else, so the same schedule runs
 - inside a standby's sandbox (:class:`SandboxStageComm`), where every value that would come from a
   peer is *replayed* from a recording and every send is skipped: the sandbox talks to nobody, and
   never invents zeros or random values that could produce NaNs. A missing or mismatched recording
-  raises :class:`~tmslurm.errors.CommError` naming the file.
+  raises :class:`~tmslurm.errors.CommError` naming the file;
+- alone (:class:`SoloStageComm`: one rank holding the whole model, dp = pp = tp = 1), for single-process
+  benchmarks and tests: reductions are the identity and there is no peer to send to.
 
 Tensor-parallel reductions are recorded and replayed like boundary values: the n-th ``tp_allreduce``
 of a step is stored as ``tp/<n>`` (the schedule is deterministic, so the order is too), which is how
@@ -187,3 +189,28 @@ class SandboxStageComm:
 
     def end_step(self) -> None:
         self.tp_calls = 0
+
+
+class SoloStageComm:
+    """One rank, the whole model (dp = pp = tp = 1): reductions are the identity; peer operations raise."""
+
+    def recv_act(self, micro: int) -> torch.Tensor:
+        raise CommError("SoloStageComm has no upstream stage (pp must be 1)")
+
+    def send_act(self, t: torch.Tensor, micro: int) -> None:
+        raise CommError("SoloStageComm has no downstream stage (pp must be 1)")
+
+    def recv_grad(self, micro: int) -> torch.Tensor:
+        raise CommError("SoloStageComm has no downstream stage (pp must be 1)")
+
+    def send_grad(self, t: torch.Tensor, micro: int) -> None:
+        raise CommError("SoloStageComm has no upstream stage (pp must be 1)")
+
+    def allreduce(self, flat: torch.Tensor) -> torch.Tensor:
+        return flat
+
+    def tp_allreduce(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    def end_step(self) -> None:
+        return None

@@ -6,10 +6,12 @@ authenticates with the run token and returns the :class:`Link` and the validated
 (:func:`~tmslurm.messages.decode_controller`; a bad one is logged and dropped), queues it, and
 raises the abort flag the moment an ``abort`` arrives, so a rank blocked in a collective stops
 waiting. ``beat`` messages only prove the controller alive and are not queued. When the controller
-goes away, :meth:`Link.get` ends the process (status 3): a rank never trains on without its
-controller. The watchdog thread ends it too, whatever the training thread is doing: when the
-connection closed and the process has not exited :data:`LOST_GRACE_S` later, or when nothing at all
-came from the controller for ``runtime.controller_lost_s`` (a silent controller host sends no FIN).
+goes away, :meth:`Link.get` runs the ``before_exit`` callbacks (a worker finishes its in-flight
+checkpoint there; a callback's error is logged) and ends the process (status 3): a rank never
+trains on without its controller. The watchdog thread ends it too (after ``on_lost`` and the same
+callbacks), whatever the training thread is doing: when the connection closed and the process has
+not exited :data:`LOST_GRACE_S` later, or when nothing at all came from the controller for
+``runtime.controller_lost_s`` (a silent controller host sends no FIN).
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ class Link:
     """When the last line came from the controller (monotonic)."""
     on_lost: Callable[[str], None] | None = None
     """Called (with why) by the watchdog just before it ends the process for a lost controller."""
+    before_exit: list[Callable[[], Any]] = field(default_factory=list)
+    """Called, in order, before a lost controller ends the process."""
 
     def start(self) -> None:
         threading.Thread(target=self._read, name="ctl-reader", daemon=True).start()
@@ -114,6 +118,7 @@ class Link:
                 self.on_lost(why)
             except Exception:  # the exit must happen whatever the action did
                 log.exception("the lost-controller action failed")
+        self._run_before_exit()
         os._exit(3)
 
     def get(self, timeout: float | None = None) -> Any:
@@ -121,8 +126,16 @@ class Link:
         msg = self.inbox.get(timeout=timeout)
         if msg is LOST:
             log.error("lost the controller; exiting")
+            self._run_before_exit()
             os._exit(3)
         return msg
+
+    def _run_before_exit(self) -> None:
+        for fn in self.before_exit:
+            try:
+                fn()
+            except Exception as exc:  # the process ends anyway: say what was lost
+                log.error("before exit: %s: %s", type(exc).__name__, exc)
 
     def clear_abort(self, epoch: int) -> None:
         with self.abort_lock:

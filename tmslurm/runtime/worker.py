@@ -8,6 +8,11 @@ Contract, per step s:
 A communication failure (dead peer, abandoned wait) never applies anything: the rank reports
 ``aborted`` with its per-group op counts (which tell the controller the *dirty* groups), rebuilds the
 groups it is told to, sends its state to a joiner if it is a source, and redoes the step.
+After a commit the stage's data-parallel rank 0 checkpoints when due: periodic checkpoints in the
+background (``train.checkpoint_async``, :mod:`tmslurm.train.async_checkpoint`, at most one in flight),
+one the decision asks for (``checkpoint``) synchronously, so it is complete before the rank goes on; the
+in-flight save is waited for before the process exits (end of run, a leaver's exit, ``finish``, a lost
+controller), and its failure raises CheckpointError in the step loop.
 Phase-1 builds run in background threads while training goes on. Faults from the config fire here
 for real (SIGKILL/SIGSTOP of this very process, mid-step).
 """
@@ -36,6 +41,7 @@ from tmslurm.rundir import RunDir
 from tmslurm.runtime.link import Link
 from tmslurm.topology import Layout, split_layers
 from tmslurm.train import checkpoint
+from tmslurm.train.async_checkpoint import AsyncCheckpointer
 from tmslurm.train.schedule import StageRunner
 from tmslurm.train.task import StageSpec, load_task
 from tmslurm.train.tp import TPGroup
@@ -111,6 +117,8 @@ class Worker:
         self.prepared: dict[int, BackgroundBuild] = {}
         self.seen_abort = epoch
         self.recording = self._should_record()
+        self.saver = AsyncCheckpointer(run_dir)
+        link.before_exit.append(self.saver.wait)
         self.report_groups()
         self.comm = FabricStageComm(fabric, self.layout, rank, runner.task.activation_shape(cfg.train.micro_batch_size), runner.device)
         LOG_CONTEXT["who"] = f"rank{rank}"
@@ -202,15 +210,26 @@ class Worker:
 
     def _after_commit(self, decision: Decision) -> None:
         self.step += 1
-        every = self.cfg.train.checkpoint_every
-        if ((every and self.step % every == 0) or decision.checkpoint) and self.coord.dp == 0:
-            checkpoint.save_stage(self.run_dir, self.step, self.layout.shard_name(self.rank), self.runner)
+        self._checkpoint(decision)
         self.final = decision.final
         if decision.switch is not None:
             self._switch(decision.switch)
         self.epoch = decision.epoch
         if self.cfg.train.step_delay_s:
             time.sleep(self.cfg.train.step_delay_s)
+
+    def _checkpoint(self, decision: Decision) -> None:
+        """Periodic checkpoints in the background (train.checkpoint_async); one the controller asks for is
+        complete before the step loop goes on, since it waits for it to restart or requeue."""
+        every = self.cfg.train.checkpoint_every
+        if self.coord.dp != 0 or not ((every and self.step % every == 0) or decision.checkpoint):
+            return
+        shard = self.layout.shard_name(self.rank)
+        if decision.checkpoint or not self.cfg.train.checkpoint_async:
+            self.saver.wait()
+            checkpoint.save_stage(self.run_dir, self.step, shard, self.runner)
+        else:
+            self.saver.save(self.step, shard, self.runner)
 
     # ---- planned switch -----------------------------------------------------------------------
     def _switch(self, switch: SwitchSpec) -> None:
@@ -234,6 +253,7 @@ class Worker:
         self.link.send({"type": "left", "rank": self.rank, "step": self.step, "transfer_s": time.monotonic() - t1,
                         "phase2_s": t1 - t0, "bytes": nbytes})
         log.info("handed rank %d over at step %d (%d bytes); exiting", self.rank, self.step, nbytes)
+        self.saver.wait()
         time.sleep(0.2)  # let the controller read our last message before the socket closes
         os._exit(0)
 
@@ -252,6 +272,7 @@ class Worker:
             self.seen_abort = max(self.seen_abort, msg.epoch)
         elif isinstance(msg, Finish):
             log.info("controller says finish")
+            self.saver.wait()
             os._exit(0)
         elif not isinstance(msg, (Decision, Recover)):
             log.warning("ignoring unexpected message %s", msg.type)
@@ -349,6 +370,7 @@ class Worker:
         return fire
 
     def _finish(self) -> None:
+        self.saver.wait()
         digest = self.runner.digest()
         if self.coord.dp == 0:
             out = RunDir(self.run_dir).final

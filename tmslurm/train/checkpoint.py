@@ -7,7 +7,11 @@ data-parallel rank 0 only, without any process group (``no_dist=True``). A check
 when every shard has its ``meta.json``; :func:`latest_complete` finds the newest complete one.
 :func:`load_stage` restores model and optimizer in place and checks the parameter digest; a missing
 directory, an unreadable/corrupt DCP file or a digest mismatch raises
-:class:`~tmslurm.errors.CheckpointError` naming the file. Saving never touches the live tensors.
+:class:`~tmslurm.errors.CheckpointError` naming the file. Saving never touches the live tensors:
+:func:`snapshot` copies them to CPU at the step boundary, and :func:`write_meta` (which computes both
+digests from that copy) is called only once the DCP files are written, so a shard without
+``meta.json`` is never taken for complete. The asynchronous variant is
+:mod:`tmslurm.train.async_checkpoint`.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import hashlib
 import json
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +30,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from tmslurm.errors import CheckpointError
 from tmslurm.rundir import RunDir
-from tmslurm.train.schedule import StageRunner
+from tmslurm.train.schedule import StageRunner, named_digest
 
 log = logging.getLogger(__name__)
 
@@ -59,18 +64,52 @@ def _shard_dir(stage: int | str) -> str:
     return stage if isinstance(stage, str) else f"stage{stage}"
 
 
-def save_stage(run_dir: str | Path, step: int, stage: int | str, runner: StageRunner) -> Path:
-    """Save a stage (its index, or a shard name such as ``stage1-tp0``) after ``step`` committed steps."""
-    path = checkpoint_dir(run_dir, step) / _shard_dir(stage)
+@dataclass(frozen=True)
+class Snapshot:
+    """A stage's state after ``step`` committed steps, as private CPU copies (never the live tensors)."""
+
+    step: int
+    stage: int | str
+    state: dict[str, torch.Tensor]
+    has_optim_state: bool
+
+    @property
+    def shard(self) -> str:
+        return _shard_dir(self.stage)
+
+
+def snapshot(runner: StageRunner, step: int, stage: int | str) -> Snapshot:
+    """Copy the stage's model and optimizer state to CPU now (the step boundary); training may go on."""
+    state = {k: v.detach().to("cpu", copy=True) for k, v in _flat_state(runner).items()}
+    return Snapshot(step, stage, state, bool(runner.optimizer.state_dict()["state"]))
+
+
+def shard_path(run_dir: str | Path, snap: Snapshot) -> Path:
+    """The shard's directory, created if needed; a ``meta.json`` left there by an earlier save of the
+    same step is removed first, so the shard is not complete while its files are being rewritten."""
+    path = checkpoint_dir(run_dir, snap.step) / snap.shard
     path.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().clone() for k, v in _flat_state(runner).items()}
-    dcp.save(state, checkpoint_id=str(path), no_dist=True)
-    meta = {"step": step, "stage": stage, "data_step": step, "digest": runner.digest(), "state_digest": state_digest(state),
-            "has_optim_state": bool(runner.optimizer.state_dict()["state"])}
+    (path / "meta.json").unlink(missing_ok=True)
+    return path
+
+
+def write_meta(path: Path, snap: Snapshot) -> None:
+    """Mark the shard complete: call only after its DCP files are fully written (atomic replace)."""
+    model = {k[len("model/"):]: v for k, v in snap.state.items() if k.startswith("model/")}
+    meta = {"step": snap.step, "stage": snap.stage, "data_step": snap.step, "digest": named_digest(model),
+            "state_digest": state_digest(snap.state), "has_optim_state": snap.has_optim_state}
     tmp = path / "meta.json.tmp"
     tmp.write_text(json.dumps(meta))
     os.replace(tmp, path / "meta.json")
-    log.info("checkpoint step=%d stage=%d saved to %s", step, stage, path)
+
+
+def save_stage(run_dir: str | Path, step: int, stage: int | str, runner: StageRunner) -> Path:
+    """Save a stage (its index, or a shard name such as ``stage1-tp0``) after ``step`` committed steps."""
+    snap = snapshot(runner, step, stage)
+    path = shard_path(run_dir, snap)
+    dcp.save(snap.state, checkpoint_id=str(path), no_dist=True)
+    write_meta(path, snap)
+    log.info("checkpoint step=%d %s saved to %s", step, snap.shard, path)
     return path
 
 

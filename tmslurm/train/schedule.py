@@ -111,8 +111,13 @@ class StageRunner:
 
 
 def params_digest(module: torch.nn.Module) -> str:
+    return named_digest(module.state_dict())
+
+
+def named_digest(named: dict[str, torch.Tensor]) -> str:
+    """sha256 over (name, bytes) of named tensors in name order: :func:`params_digest` of a state dict."""
     h = hashlib.sha256()
-    for name, p in sorted(module.state_dict().items()):
+    for name, p in sorted(named.items()):
         h.update(name.encode())
         h.update(p.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
