@@ -1,4 +1,4 @@
-"""``python -m tmslurm.bench {downtime,scaling,overhead,memory,roles,control,ckpt,project}`` (also ``scripts/bench``)."""
+"""``python -m tmslurm.bench {downtime,scaling,overhead,memory,roles,control,ckpt,soak,project}`` (also ``scripts/bench``)."""
 
 from __future__ import annotations
 
@@ -55,6 +55,16 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--label", default="defaults", help="name of this series in the JSON rows")
     c.add_argument("--append", action="store_true", help="add the rows to those already in --json")
     c.add_argument("--json", default="docs/bench/control_scale.json")
+    so = sub.add_parser("soak", help="a long fault-free run with compile and two standbys: it must raise no alarm (local)")
+    so.add_argument("--minutes", type=float, default=10.0)
+    so.add_argument("--model", default="small")
+    so.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
+    so.add_argument("--dp", type=int, default=2)
+    so.add_argument("--pp", type=int, default=2)
+    so.add_argument("--standbys", type=int, default=2)
+    so.add_argument("--override", action="append", default=[], help="one more Hydra override of the run")
+    so.add_argument("--out", default="runs")
+    so.add_argument("--json", default="docs/bench/soak.json")
     k = sub.add_parser("ckpt", help="step stall of periodic checkpoints: off vs sync vs async (one process)")
     k.add_argument("--model", default="small")
     k.add_argument("--steps", type=int, default=60)
