@@ -19,6 +19,9 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--checkpoint-every", type=int, default=20)
     d.add_argument("--heartbeat-timeout", type=float, default=3.0)
     d.add_argument("--strategies", default="tmslurm,injob_restart,requeue_restart")
+    d.add_argument("--events", default="planned,unexpected,hang", help="tmslurm's events, in this order per repeat")
+    d.add_argument("--unexpected", choices=["power-off", "kill-node"], default="power-off",
+                   help="how tmslurm's unexpected event hits a node (power-off: silent, no FIN)")
     d.add_argument("--json", default="docs/bench/downtime.json")
     s = sub.add_parser("scaling", help="phase 2 and downtime at 4, 8, 16 ranks: delta vs full rebuild (local)")
     s.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 16])
@@ -63,7 +66,6 @@ def parser() -> argparse.ArgumentParser:
     so.add_argument("--pp", type=int, default=2)
     so.add_argument("--standbys", type=int, default=2)
     so.add_argument("--override", action="append", default=[], help="one more Hydra override of the run")
-    so.add_argument("--out", default="runs")
     so.add_argument("--json", default="docs/bench/soak.json")
     k = sub.add_parser("ckpt", help="step stall of periodic checkpoints: off vs sync vs async (one process)")
     k.add_argument("--model", default="small")
@@ -76,7 +78,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--dir", default="docs/bench")
     sub.add_parser("project", help="wasted GPU-hours per week at scale (uses docs/bench/downtime.json); "
                                    "options are tmslurm.sim.projection's")
-    for sp in (d, s, o, m, r, c):
+    for sp in (d, s, o, m, r, c, k, so):
         sp.add_argument("--out", default=f"runs/bench-{stamp}")
     return ap
 

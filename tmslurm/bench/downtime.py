@@ -4,8 +4,9 @@ Contract: on the local Slurm cluster (``scripts/local-slurm up``), one model (``
 ``torch.compile`` by default, so warm-up is real work) and one layout (DP2 x PP2, one rank per node),
 three runs in one go:
 
-- tmslurm: planned migration (``scontrol`` drain), unexpected failure (``local-slurm kill-node``),
-  hang (SIGSTOP of a rank), each repeated ``--repeats`` times; the benchmark plays the admin and
+- tmslurm: planned migration (``scontrol`` drain), unexpected failure (``--unexpected``:
+  ``local-slurm power-off`` of the rank's node by default, silent like a real power loss, or
+  ``kill-node``), hang (SIGSTOP of a rank), the ``--events`` chosen, each repeated ``--repeats`` times; the benchmark plays the admin and
   brings each node back after the event (resume, revive) so the spare pool refills;
 - in-job restart (``runtime.restart_mode=injob_restart``, torchrun/elastic style) and requeue
   restart (``runtime.restart_mode=requeue_restart``, submitit/Lightning style): the same planned
@@ -55,7 +56,7 @@ def run_tmslurm(out: Path, args: Any) -> list[dict[str, Any]]:
     job.warm_pool(1, timeout=1800)
     rows, n = [], 0
     for rep in range(args.repeats):
-        for event in ("planned", "unexpected", "hang"):
+        for event in args.events.split(","):
             before = job.done_count()
             rank = 1 + n % 3  # rank 0 runs on the batch host
             node, pid = job.node_of_rank(rank)
@@ -64,19 +65,19 @@ def run_tmslurm(out: Path, args: Any) -> list[dict[str, Any]]:
             if event == "planned":
                 sh("scontrol", "update", f"nodename={node}", "state=drain", "reason=bench-maintenance")
             elif event == "unexpected":
-                local_slurm("kill-node", node)
+                local_slurm(args.unexpected, node)
             else:
                 os.kill(pid, signal.SIGSTOP)
             n += 1
             rows.append(_row(event, "tmslurm", rep, job.wait_event(before, t_inject), t_inject))
-            _bring_back(event, node)
+            _bring_back(event, node, args.unexpected)
             job.warm_pool(1, timeout=1800)
     summary = job.stop()
     return rows + [{"summary_median_step_s": summary["median_step_s"], "strategy": "tmslurm", "event": "_run",
                     "final_params_sha256": summary["final_params_sha256"]}]
 
 
-def _bring_back(event: str, node: str) -> None:
+def _bring_back(event: str, node: str, unexpected: str = "kill-node") -> None:
     """Play the admin: maintenance done, node repaired."""
     if event == "planned":
         deadline = time.monotonic() + 60
@@ -84,7 +85,7 @@ def _bring_back(event: str, node: str) -> None:
             time.sleep(0.5)
         resume_node(node)
     elif event == "unexpected":
-        local_slurm("revive-node", node)
+        local_slurm("power-on" if unexpected == "power-off" else "revive-node", node)
         resume_node(node)
 
 
@@ -126,6 +127,26 @@ def medians(rows: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
     return {s: {e: median(v) for e, v in d.items()} for s, d in out.items()}  # type: ignore[arg-type]
 
 
+def spread(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per strategy and event: n, p50, p90 of the downtime and of detection, and every sample."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        if not r["event"].startswith("_") and r["downtime_s"] is not None:
+            cell = out.setdefault(r["strategy"], {}).setdefault(r["event"], {"samples": [], "detect": []})
+            cell["samples"].append(r["downtime_s"])
+            cell["detect"].append(r["parts"].get("detect_s"))
+    for cells in out.values():
+        for cell in cells.values():
+            xs, ds = sorted(cell["samples"]), sorted(d for d in cell["detect"] if d is not None)
+            cell.update(n=len(xs), p50=_pct(xs, 50), p90=_pct(xs, 90), detect_p50=_pct(ds, 50), detect_p90=_pct(ds, 90))
+    return out
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    """Nearest-rank percentile of sorted ``xs``."""
+    return xs[max(0, min(len(xs) - 1, -(-len(xs) * q // 100) - 1))] if xs else None
+
+
 def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
@@ -165,9 +186,10 @@ def main(args: Any) -> dict[str, Any]:
         "setup": {"model": args.model, "compile": args.compile, "layout": "DP2 x PP2, one rank per node",
                   "checkpoint_every": args.checkpoint_every, "repeats": args.repeats, "repeats_restart": args.repeats_restart,
                   "cluster": "local Slurm (scripts/local-slurm), 6 nodes on one 2-core host",
-                  "baseline_unexpected_event": "SIGKILL of a rank process (tmslurm: kill-node of its node)",
+                  "baseline_unexpected_event": f"SIGKILL of a rank process (tmslurm: {args.unexpected} of its node)",
+                  "events": args.events,
                   "injob_restart_planned": "ranks restart on the same nodes (the draining node included)"},
-        "rows": rows, "medians": m,
+        "rows": rows, "medians": m, "spread": spread(rows),
         "tmslurm_planned_median_s": tm.get("planned"), "tmslurm_unexpected_median_s": tm.get("unexpected"),
         "tmslurm_hang_median_s": tm.get("hang"),
         "ratio_planned": ratio(m.get("injob_restart", {}).get("planned"), tm.get("planned")),
@@ -176,5 +198,9 @@ def main(args: Any) -> dict[str, Any]:
         "ratio_unexpected_requeue": ratio(m.get("requeue_restart", {}).get("unexpected"), tm.get("unexpected")),
     }
     print(table(result))
+    for strategy, cells in result["spread"].items():
+        for ev, c in cells.items():
+            say(f"{strategy} {ev}: n={c['n']} downtime p50 {c['p50']:.3f}s p90 {c['p90']:.3f}s; "
+                f"detect p50 {c['detect_p50']}, p90 {c['detect_p90']}")
     write_json(Path(args.json), result)
     return result
