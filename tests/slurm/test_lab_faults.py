@@ -73,8 +73,11 @@ def test_partition_of_a_training_node_then_heal_the_fenced_process_changes_nothi
     # nothing from the fenced agent was taken after it was declared lost
     after = [e for e in run.journal() if e["t"] > lost["t"] and e.get("agent") == agent]
     assert after == [], after
-    # it stopped by itself, on finding that the run had moved on without it
-    assert "lost the controller" in (run.run_dir / "logs" / "rank1.0.log").read_text()
+    # it stopped: by itself on finding its connection closed, or killed by its fence (scancel of its
+    # step), whichever reached the healed node first
+    logs = run.run_dir / "logs"
+    assert ("lost the controller" in (logs / "rank1.0.log").read_text()
+            or "task 0: Killed" in (logs / "rank1.0.srun").read_text())
 
 
 def test_power_off_of_a_spare_is_replaced(slurm, tmp_path, tmp_path_factory):
@@ -143,6 +146,8 @@ def test_power_off_of_the_batch_host_requeues_automatically_and_resumes_exactly(
     assert claim["requeue_rc"] == 0 and claim["node"] != batch, claim
     (ev,) = [e for e in s["events"] if e["kind"] == "controller_lost_requeue"]
     assert ev["trigger"] == "unexpected" and ev["from_checkpoint_step"] == 20, ev
-    assert ev["target_step"] >= 25 and ev["lost_steps"] == ev["target_step"] - 20, ev  # the steps redone
+    # the steps redone, from the snapshot: written off the loop after each commit, so the one of the
+    # commit that fired the fault (step 25) may not have reached the disk before the host froze
+    assert ev["target_step"] >= 24 and ev["lost_steps"] == ev["target_step"] - 20, ev
     assert s["resumed_from_step"] == 20 and s["steps"] == 60
     assert exact(s, ref), {k: v for k, v in s.items() if k != "step_log"}

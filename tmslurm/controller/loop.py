@@ -124,12 +124,13 @@ class Controller:
                 self.handle(self.ctx.queue.get(timeout=TICK_S))
             except queue.Empty:
                 pass
-            if ticker.due(time.monotonic()):
-                self.deadlines.tick()
-                self.nodewatch.tick()
+            if self.state.step != self.snapshots.last_step:  # right after the commit: cheap, written off the loop
                 self.snapshots.offer(self.state.step, {"epoch": self.state.epoch, "t": time.time(),
                                                        "last_commit_t": self.ctx.events.last_commit_t,
                                                        "fired": sorted(self.state.fired)})
+            if ticker.due(time.monotonic()):
+                self.deadlines.tick()
+                self.nodewatch.tick()
         return self.finish(server)
 
     def touch(self, conn: int) -> None:

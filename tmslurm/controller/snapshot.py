@@ -6,8 +6,10 @@ has not reached are skipped) to ``snapshot.json`` atomically (a temporary file, 
 ``os.replace``), so a reader sees a whole snapshot or the previous one, never a torn file. What it
 holds: ``step`` (steps committed so far), ``epoch``, ``last_commit_t``, ``t``, ``fired`` (injected
 faults already fired). It is what the next incarnation of a requeued job compares with the
-checkpoint it resumes from (the steps to redo) when the controller could not say so itself. A
-write that fails is logged and retried with the next offer; :meth:`close` writes the last one.
+checkpoint it resumes from (the steps to redo) when the controller could not say so itself; as it
+is written off the loop, a host that dies right after a commit may leave the one before on disk
+(the steps redone are then under-counted by one). A write that fails is logged and retried with the
+next offer; :meth:`close` writes the last one.
 """
 
 from __future__ import annotations
