@@ -273,8 +273,17 @@ class Exited(Msg):
     pid: AnyInt
 
 
+class Stopped(Msg):
+    """A node monitor saw a process it watches stay stopped (SIGSTOP, state T) for this long."""
+
+    type: Literal["stopped"]
+    agent: Name
+    pid: AnyInt
+    stopped_s: Seconds
+
+
 AgentMessage = Annotated[Union[Heartbeat, Started, Groups, Vote, Progress, Prepared, Switched, Left, Aborted, Recovered,
-                               CommErrorReport, FaultFired, Done, Ready, Joined, JoinFailed, Exited],
+                               CommErrorReport, FaultFired, Done, Ready, Joined, JoinFailed, Exited, Stopped],
                          Field(discriminator="type")]
 
 

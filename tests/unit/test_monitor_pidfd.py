@@ -3,7 +3,9 @@ reported at once; a pid that is not one of this run's agents is never watched or
 
 from __future__ import annotations
 
+import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -39,7 +41,7 @@ def test_a_watched_agent_exit_is_reported_and_a_stranger_is_not_watched(tmp_path
         assert is_agent_of(agent.pid, tmp_path) and not is_agent_of(stranger.pid, tmp_path)
         assert not is_agent_of(other_run.pid, tmp_path)
         link = FakeLink()
-        mon = Monitor(tmp_path, link, "n0")
+        mon = Monitor(tmp_path, link, "n0", stop_after_s=60.0)
         for aid, pid in (("worker0.1#1", agent.pid), ("x", stranger.pid), ("y", other_run.pid)):
             link.inbox.put(Watch(agent=aid, pid=pid))
         t = threading.Thread(target=mon.run, daemon=True)
@@ -62,5 +64,39 @@ def test_a_watched_agent_exit_is_reported_and_a_stranger_is_not_watched(tmp_path
         assert not t.is_alive() and link.sent == [{"type": "exited", "agent": "worker0.1#1", "pid": agent.pid}]
     finally:
         for p in (agent, stranger, other_run):
+            p.kill()
+            p.wait()
+
+
+def test_a_watched_agent_stopped_past_the_limit_is_reported_once_and_a_short_stop_is_not(tmp_path):
+    agent, other = fake_agent(tmp_path), fake_agent(tmp_path)
+    try:
+        link = FakeLink()
+        mon = Monitor(tmp_path, link, "n0", stop_after_s=0.5)
+        link.inbox.put(Watch(agent="worker1.1#1", pid=agent.pid))
+        link.inbox.put(Watch(agent="worker2.2#2", pid=other.pid))
+        t = threading.Thread(target=mon.run, daemon=True)
+        t.start()
+        deadline = time.monotonic() + 10
+        while len(mon.watched) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        os.kill(other.pid, signal.SIGSTOP)  # a short stop: resumed before the limit
+        time.sleep(0.05)  # far shorter than stop_after_s: what is checked is that this is NOT reported
+        os.kill(other.pid, signal.SIGCONT)
+        stopped_t = time.monotonic()
+        os.kill(agent.pid, signal.SIGSTOP)
+        while not link.sent:
+            assert time.monotonic() < deadline, "the stop was not reported"
+            time.sleep(0.005)
+        took = time.monotonic() - stopped_t
+        (msg,) = link.sent
+        assert (msg["type"], msg["agent"], msg["pid"]) == ("stopped", "worker1.1#1", agent.pid)
+        assert msg["stopped_s"] >= 0.5 and 0.5 <= took < 2.5, (msg, took)
+        link.inbox.put(Finish())
+        t.join(5)
+        assert len(link.sent) == 1  # once, though it stays stopped
+    finally:
+        for p in (agent, other):
             p.kill()
             p.wait()

@@ -10,7 +10,7 @@ import pytest
 
 from tests.unit.controller_harness import FakeChannel, Harness
 from tmslurm.controller.plans import Recovery
-from tmslurm.messages import Exited, Hello
+from tmslurm.messages import Exited, Hello, Stopped
 
 
 def add_monitor(h: Harness, node: str, pid: int = 777) -> tuple[int, FakeChannel]:
@@ -100,3 +100,17 @@ def test_monitors_get_a_beat_each_fifth_of_controller_lost_s(tmp_path):
     for dt in (0.0, 1.0, 2.5):
         h.ctl.nodewatch.tick(t0 + dt)
     assert sum(m["type"] == "beat" for m in ch.sent) == 2
+
+
+@pytest.mark.parametrize("node,pid,fenced", [("n2", 4242, True), ("n3", 4242, False), ("n2", 1, False)])
+def test_stopped_fences_only_the_named_agent_on_the_monitors_node(tmp_path, node, pid, fenced):
+    h = Harness(tmp_path)
+    conn, _ = add_monitor(h, node)
+    h.ctl.handle(("msg", conn, Stopped(type="stopped", agent=h.aid(2), pid=pid, stopped_s=0.85)))
+    if fenced:
+        assert h.spawner.fenced == [("worker", 2)]
+        assert isinstance(h.state.plan, Recovery) and h.state.plan.reason == "stopped"
+        (entry,) = h.journal("hung")
+        assert entry["source"] == "monitor" and entry["stopped_s"] == 0.85
+    else:
+        assert h.spawner.fenced == [] and h.state.plan is None and len(h.journal("stopped_ignored")) == 1

@@ -6,7 +6,9 @@ threads, which only stamps a time):
   with an error); the monitor is told (``watch``) the pid of every live worker and standby on its
   node, now and whenever one says hello later.
 - ``exited`` from a monitor about an agent on the monitor's own node with that pid ends that agent
-  as a process exit (detected even when no socket closed); anything else is journalled and ignored.
+  as a process exit (detected even when no socket closed); ``stopped`` (it stayed SIGSTOPped for
+  ``runtime.node_timeout_s``) fences it and handles it as lost (cause ``stopped``, journal ``hung``
+  with ``source: monitor``); anything else is journalled and ignored.
 - :meth:`tick`: a node whose monitor *and* every tmslurm process on it were silent for
   ``runtime.node_timeout_s``, while some other node was heard within half of it (so a stall of
   the controller itself never looks like a dead node), is lost: its processes are fenced and its
@@ -29,7 +31,7 @@ from tmslurm.controller.membership import Membership
 from tmslurm.controller.recoveries import Recoveries
 from tmslurm.config import to_dict
 from tmslurm.controller.state import Agent
-from tmslurm.messages import Address, Beat, ErrorReply, Exited, Finish, Hello, Watch, Welcome
+from tmslurm.messages import Address, Beat, ErrorReply, Exited, Finish, Hello, Stopped, Watch, Welcome
 from tmslurm.runtime.protocol import Channel
 
 log = logging.getLogger(__name__)
@@ -84,16 +86,24 @@ class NodeWatch:
 
     def on_msg(self, conn: int, msg: object) -> None:
         mon = self.monitors[conn]
-        if not mon.alive or not isinstance(msg, Exited):
+        if not mon.alive or not isinstance(msg, (Exited, Stopped)):
             return
         agent = self.state.agents.get(msg.agent)
         if agent is None or agent.node != mon.node or agent.pid != msg.pid:
-            self.ctx.journal.write("exited_ignored", node=mon.node, agent=msg.agent[:100], pid=msg.pid)
+            self.ctx.journal.write("exited_ignored" if isinstance(msg, Exited) else "stopped_ignored", node=mon.node,
+                                   agent=msg.agent[:100], pid=msg.pid)
             return
-        if agent.alive:
+        if not agent.alive or agent.expected_exit:
+            return
+        if isinstance(msg, Exited):
             self.ctx.journal.write("process_exit", agent=agent.aid, node=agent.node, source="monitor")
             agent.channel.close()
             self.recoveries.disconnect(agent)
+            return
+        log.warning("%s stopped for %.2fs (its node's monitor): fencing it", agent.aid, msg.stopped_s)
+        self.ctx.journal.write("hung", agent=agent.aid, node=agent.node, source="monitor", stopped_s=msg.stopped_s)
+        self.members.kill(agent)
+        self.recoveries.lost(agent, "stopped")
 
     def disconnect(self, conn: int) -> None:
         mon = self.monitors[conn]

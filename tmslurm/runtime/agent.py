@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         if kind == "monitor":
             from tmslurm.runtime.monitor import Monitor
 
-            return Monitor(args.run_dir, link, node_name(args.node)).run()
+            return Monitor(args.run_dir, link, node_name(args.node), float(welcome.config["runtime"]["node_timeout_s"])).run()
         if kind == "worker":
             from tmslurm.runtime.worker import Worker
 

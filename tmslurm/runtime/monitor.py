@@ -7,8 +7,10 @@ names in ``watch`` messages through a pidfd each (Linux >= 5.3): the moment one 
 ``exited`` (agent id and pid), even when no socket closed (a child holding the socket open, a
 process stuck in exit). It watches only a pid whose command line is a tmslurm agent of this run's
 directory; any other pid (gone already, another pid namespace, reused) is logged and skipped, never
-reported. It signals nothing. It ends on ``finish`` and, through its link, when the controller is
-lost. Its silence together with the silence of every process on its node is how the controller
+reported. A watched process that stays stopped (state ``T``/``t``: SIGSTOP, a debugger) for
+``stop_after_s`` is reported once as ``stopped``; its heartbeat thread is stopped too, but this is
+seen sooner than any heartbeat timeout. It signals nothing. It ends on ``finish`` and, through its
+link, when the controller is lost. Its silence together with the silence of every process on its node is how the controller
 tells a node that went dark (power, kernel, cut link) in under a second.
 """
 
@@ -18,6 +20,7 @@ import logging
 import os
 import queue
 import select
+import time
 from pathlib import Path
 
 from tmslurm.messages import Finish, Watch
@@ -27,13 +30,16 @@ log = logging.getLogger(__name__)
 
 
 class Monitor:
-    def __init__(self, run_dir: Path, link: Link, node: str, poll_s: float = 0.05) -> None:
+    def __init__(self, run_dir: Path, link: Link, node: str, stop_after_s: float, poll_s: float = 0.05) -> None:
         self.run_dir = Path(run_dir)
         self.link = link
         self.node = node
+        self.stop_after_s = stop_after_s
         self.poll_s = poll_s
         self.poller = select.poll()
         self.watched: dict[int, tuple[str, int]] = {}  # pidfd -> (agent id, pid)
+        self.stopped_since: dict[int, float] = {}  # pidfd -> when it was first seen stopped
+        self.reported: set[int] = set()  # pidfds reported stopped (once each)
 
     def run(self) -> int:
         log.info("monitoring node %s", self.node)
@@ -43,6 +49,7 @@ class Monitor:
                     return 0
                 for fd, _ in self.poller.poll(int(self.poll_s * 1000)):
                     self._exited(fd)
+                self._check_stopped(time.monotonic())
         finally:
             for fd in list(self.watched):
                 os.close(fd)
@@ -72,12 +79,35 @@ class Monitor:
         self.poller.register(fd, select.POLLIN)
         return True
 
+    def _check_stopped(self, now_m: float) -> None:
+        for fd, (agent, pid) in self.watched.items():
+            if not is_stopped(pid):
+                self.stopped_since.pop(fd, None)
+                self.reported.discard(fd)
+                continue
+            since = self.stopped_since.setdefault(fd, now_m)
+            if now_m - since >= self.stop_after_s and fd not in self.reported:
+                self.reported.add(fd)
+                log.warning("%s (pid %d) stopped for %.2fs", agent, pid, now_m - since)
+                self.link.send({"type": "stopped", "agent": agent, "pid": pid, "stopped_s": round(now_m - since, 4)})
+
     def _exited(self, fd: int) -> None:
+        self.stopped_since.pop(fd, None)
+        self.reported.discard(fd)
         agent, pid = self.watched.pop(fd)
         self.poller.unregister(fd)
         os.close(fd)
         log.info("%s (pid %d) exited", agent, pid)
         self.link.send({"type": "exited", "agent": agent, "pid": pid})
+
+
+def is_stopped(pid: int) -> bool:
+    """``pid`` is in state T (stopped) or t (traced, stopped); False when it cannot be read."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[:1] in (["T"], ["t"])
 
 
 def is_agent_of(pid: int, run_dir: Path) -> bool:

@@ -132,12 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     LOG_CONTEXT.update(run=args.run_dir.name, who="monitor")
     node = node_name(args.node)
     try:
-        link, _ = hello(args.run_dir, "monitor", 0, node,
-                        on_lost=lambda why: requeue_orphaned_job(args.run_dir, node, why))
+        link, welcome = hello(args.run_dir, "monitor", 0, node,
+                              on_lost=lambda why: requeue_orphaned_job(args.run_dir, node, why))
     except TmslurmError as exc:
         log.error("%s", exc)
         return 2
-    return Monitor(args.run_dir, link, node).run()
+    return Monitor(args.run_dir, link, node, float(welcome.config["runtime"]["node_timeout_s"])).run()
 
 
 if __name__ == "__main__":
