@@ -71,6 +71,8 @@ class Run:
         self.n, self.args = n, args
         self.run_dir = out / f"n{n}"
         self.row: dict[str, Any] = {"ranks": n, "reached": "start"}
+        self.killed_step: int | None = None
+        """The step the recovery's victim was at when its connection closed (its decision may be lost)."""
         overrides = [f"parallel.dp={n // args.pp}", f"parallel.pp={args.pp}", "parallel.ranks_per_node=1",
                      f"standby.count={STANDBYS}", "train.steps=100000000", "model=tiny",
                      f"runtime.heartbeat_interval_s={args.heartbeat_s}", *args.override]
@@ -187,7 +189,7 @@ class Run:
     def recover(self) -> None:
         gen = self._gen()
         before = set(gen.abort_step)
-        t0 = gen.kill(KILL_RANK)
+        t0, self.killed_step = gen.kill(KILL_RANK)
         epoch = self._wait(lambda: min(set(gen.abort_step) - before, default=None), 60, "the abort")
         redo = gen.abort_step[epoch]
         self._until_step(redo)
@@ -210,7 +212,9 @@ class Run:
             raise Failed("the controller did not exit after stop") from None
         summary = _read_json(self.run_dir / "summary.json") or {}
         final = gen.last_complete
-        missing = gen.query(lambda: sum(self.n - gen.rec.recv[("decision", s)].count for s in range(final + 1)
+        # the victim's socket may hold the decision of the step it was at when it closed: not expected
+        expected = {s: self.n - (s == self.killed_step) for s in range(final + 1)}
+        missing = gen.query(lambda: sum(max(0, expected[s] - gen.rec.recv[("decision", s)].count) for s in range(final + 1)
                                         if ("decision", s) in gen.rec.recv))
         self.row.update(controller_rc=rc, final_hash=bool(summary.get("final_params_sha256")), steps_committed=final + 1,
                         decisions_missing=missing, agents_fenced=gen.fenced, bad_lines=gen.bad_lines,

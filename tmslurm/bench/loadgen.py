@@ -141,13 +141,14 @@ class LoadGen:
         self.call(lambda: fut.set_result(fn()))
         return fut.result(timeout)
 
-    def kill(self, rank: int) -> float:
-        """Close the connection of the agent serving ``rank`` as a dying process would; when it closed."""
-        def close() -> float:
+    def kill(self, rank: int) -> tuple[float, int]:
+        """Close the connection of the agent serving ``rank`` as a dying process would; when it closed,
+        and the step it was at (a decision for that step already on its socket is lost with it)."""
+        def close() -> tuple[float, int]:
             conn = next(c for c in self.conns if c.agent.rank == rank and not c.closed)
             conn.agent.phase = Phase.CLOSED
             self._close(conn)
-            return time.monotonic()
+            return time.monotonic(), conn.agent.step
         return self.query(close)
 
     def stop(self) -> None:
