@@ -175,6 +175,10 @@ class RuntimeConfig:
     """An agent that hears nothing from its controller (no decision, no beat) for this long, or
     whose connection closed, exits by itself (status 3); the controller beats every
     controller_lost_s / 5, so a live but idle controller is never mistaken for a lost one."""
+    controller_restarts: int = 3
+    """cluster=local: how many times the supervisor restarts a controller that died (kill -9, crash);
+    the new one re-adopts the live agents, which reconnect within runtime.controller_lost_s. 0: a
+    dead controller ends the run (its agents exit)."""
     heartbeats: bool = True
     """Agents send heartbeats (off only to measure their cost; hangs are then not detected)."""
     commit_vote: bool = True
@@ -355,6 +359,7 @@ def validate(cfg: RunConfig) -> RunConfig:
                  "node_timeout_s"):
         if getattr(cfg.runtime, name) <= 0:
             raise ConfigError(f"runtime.{name} must be > 0. Fix: pass runtime.{name}=<seconds>.")
+    _positive(cfg.runtime.controller_restarts, "runtime.controller_restarts", minimum=0)
     if cfg.runtime.heartbeat_timeout_s <= 2 * cfg.runtime.heartbeat_interval_s:
         raise ConfigError("runtime.heartbeat_timeout_s must exceed 2 x runtime.heartbeat_interval_s. Fix: raise runtime.heartbeat_timeout_s.")
     if cfg.runtime.node_timeout_s <= 2 * max(cfg.runtime.monitor_interval_s, cfg.runtime.heartbeat_interval_s):

@@ -4,8 +4,10 @@ Contract: ``tmslurm-launch [--cfg job] [--help] [OVERRIDE ...]`` composes the co
 overrides (``parallel.dp=2 model=small faults='[{step:10,kind:drain,rank:1}]'``), validates it, and
 
 - ``--cfg job`` prints the resolved config as YAML and exits 0;
-- ``cluster=local`` runs the controller here and every rank and standby as a process on this host,
-  and exits 0 when the run finished (``<run_dir>/summary.json`` written);
+- ``cluster=local`` runs a supervisor here (:mod:`tmslurm.supervisor`), which runs the controller
+  as a child process (restarting it if it dies) and every rank and standby as a process on this
+  host, and exits 0 when the run finished with its final hash (``<run_dir>/summary.json``
+  written);
 - ``cluster=slurm`` submits the main job and the spares (see :mod:`tmslurm.slurm.job`).
 A bad override prints one ``error:`` line naming the override and exits 2; nothing is started.
 """
@@ -14,12 +16,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from tmslurm.config import RunConfig, compose_config, to_dict
+from tmslurm.config import RunConfig, compose_config, to_dict, world_size
 from tmslurm.errors import TmslurmError
 from tmslurm.rundir import RunDir
 from tmslurm.runprep import prepare_run_dir, warn_unprotected
@@ -34,22 +35,24 @@ model=tiny|small cluster=local|slurm runtime.backend=gloo|nccl faults='[{step:10
 
 
 def run_local(cfg: RunConfig) -> dict[str, Any]:
-    """Run the whole job on this host; returns the summary."""
-    from tmslurm.controller import Controller, ControlServer, LocalHooks
+    """Run the whole job on this host under a supervisor (it restarts a controller that dies); the summary."""
+    import socket
+
+    from tmslurm.controller.server import open_store
     from tmslurm.runtime.spawner import LocalSpawner
+    from tmslurm.supervisor import Supervisor
 
     run_dir = prepare_run_dir(cfg)
-    token = write_token(run_dir)
-    spawner = LocalSpawner(run_dir, cfg)
-    server = ControlServer.open("127.0.0.1")
-    ctl = Controller(cfg, run_dir, spawner, LocalHooks(), server.address)
-    RunDir(run_dir).controller.write_text(json.dumps({**server.address, "pid": os.getpid()}))
-    log.info("run %s: %d ranks (dp=%d pp=%d), %d standby(s); logs in %s/logs", run_dir.name, ctl.ctx.layout.world,
-             cfg.parallel.dp, cfg.parallel.pp, cfg.standby.count, run_dir)
+    write_token(run_dir)
+    host = "127.0.0.1"
+    sup = Supervisor(cfg, run_dir, LocalSpawner(run_dir, cfg), socket.create_server((host, 0)), open_store(host), host)
+    log.info("run %s: %d ranks (dp=%d pp=%d tp=%d), %d standby(s); logs in %s/logs", run_dir.name, world_size(cfg.parallel),
+             cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp, cfg.standby.count, run_dir)
+    rc = sup.run()
     try:
-        summary = ctl.run(server, token)
-    finally:
-        spawner.stop_all()
+        summary = json.loads(RunDir(run_dir).summary.read_text())
+    except (OSError, ValueError):
+        raise TmslurmError(f"the run ended without a summary (controller status {rc}); see {RunDir(run_dir).events}") from None
     print_summary(summary, run_dir)
     return summary
 

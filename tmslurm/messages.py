@@ -57,6 +57,8 @@ class Hello(Msg):
     """Reported for logs only: the controller never signals it."""
     node: Name
     host: Name | None = None
+    rejoin: Rejoin | None = None
+    """Set when an agent that outlived its controller reconnects to the restarted one."""
 
 
 class StatusRequest(Msg):
@@ -332,6 +334,20 @@ class Decision(Msg):
     final: bool = False
 
 
+class Rejoin(Msg):
+    """Where a live agent stands, told to a restarted controller (:mod:`tmslurm.controller.adoption`)."""
+
+    rank: Count | None
+    """The slot it serves (a joined standby serves one too); None for an idle standby or a monitor."""
+    epoch: Count
+    decision: Decision | None
+    """The last decision it received (applied or about to be), None before the first."""
+    vote: Vote | None
+    """Its vote still waiting for a decision, if any (the dead controller may never have read it)."""
+    in_plan: bool
+    """It is inside a planned switch or a recovery (prepared groups, a join, an abort)."""
+
+
 class Abort(Msg):
     type: Literal["abort"] = "abort"
     epoch: Count
@@ -413,6 +429,7 @@ class StatusReply(Msg):
 ControllerMessage = Annotated[Union[Welcome, Decision, Abort, Prepare, Join, Activate, Recover, Cancel, Finish, Beat,
                                     Watch, ErrorReply, OkReply, StatusReply], Field(discriminator="type")]
 
+Hello.model_rebuild()  # its ``rejoin`` names Rejoin, defined after it
 _AGENT: TypeAdapter[Any] = TypeAdapter(AgentMessage)
 _FIRST: TypeAdapter[Any] = TypeAdapter(FirstMessage)
 _CONTROLLER: TypeAdapter[Any] = TypeAdapter(ControllerMessage)

@@ -1,7 +1,7 @@
 """The run directory: every file name of a run in one place.
 
 Contract: :class:`RunDir` names each file a run keeps (``config.json``, ``token``,
-``controller.json``, ``jobs.json``, ``events.jsonl``, ``summary.json``, ``requeue.json``, ``snapshot.json``,
+``controller.json``, ``jobs.json``, ``events.jsonl``, ``summary.json``, ``requeue.json``, ``snapshot.json``, ``steps.jsonl``, ``adopt.json``,
 ``controller-lost.json``, ``logs/``, ``final/``,
 ``checkpoints/``, ``sandbox/``); no other module spells these names. :meth:`RunDir.create` makes the directory
 mode 0700 (the token, checkpoints and logs inside are the owner's alone). It does no other I/O.
@@ -57,6 +57,16 @@ class RunDir:
     def snapshot(self) -> Path:
         """The controller's last committed step, rewritten after commits (what a requeue redoes)."""
         return self.path / "snapshot.json"
+
+    @property
+    def steps(self) -> Path:
+        """The step log, one committed step per line, appended off the controller's loop."""
+        return self.path / "steps.jsonl"
+
+    @property
+    def adopt(self) -> Path:
+        """Written by the supervisor for a restarted controller: which processes are still alive."""
+        return self.path / "adopt.json"
 
     @property
     def controller_lost(self) -> Path:

@@ -1,8 +1,11 @@
-"""Agents never outlive their controller: a killed controller (its sockets close) and a silent one
-(stopped: no FIN, nothing more on the wire) both leave no rank or standby process behind."""
+"""Agents never outlive their controller: a killed launcher (the supervisor: its controller dies with
+it, its sockets close, nobody listens any more) and a silent controller (stopped: no FIN, nothing
+more on the wire) both leave no rank or standby process behind. A killed controller alone is
+restarted by the supervisor (tests/distributed/test_controller_restart.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -46,22 +49,31 @@ def wait_gone(pids: set[int], timeout_s: float) -> float:
     return time.monotonic() - t0
 
 
-def test_agents_exit_when_the_controller_is_killed(launch):
+def test_agents_exit_when_the_supervisor_and_its_controller_are_killed(launch):
     run = launch(*LAYOUT, *[o for o in BASE if not o.startswith("train.")], "runtime.controller_lost_s=120")
-    pids = agents_up(run, 3)
+    pids = agents_up(run, 4)  # the controller, two ranks, a standby (and the monitors)
     os.kill(run.proc.pid, signal.SIGKILL)
     run.proc.wait()
     took = wait_gone(pids, 30)
     assert took < 20, took  # the connection closed: well before runtime.controller_lost_s=120
 
 
+def controller_of(run) -> int:
+    """The controller process: a child of the launcher (its supervisor), advertised in controller.json."""
+    pid = int(json.loads((run.run_dir / "controller.json").read_text())["pid"])
+    assert pid in children(run.proc.pid), pid
+    return pid
+
+
 def test_agents_exit_when_the_controller_goes_silent(launch):
     run = launch(*LAYOUT, *[o for o in BASE if not o.startswith("train.")], "runtime.controller_lost_s=3")
-    pids = agents_up(run, 3)
-    os.kill(run.proc.pid, signal.SIGSTOP)  # alive, sockets open, nothing sent: like a frozen controller host
+    pids = agents_up(run, 4)
+    ctl = controller_of(run)
+    pids.discard(ctl)
+    os.kill(ctl, signal.SIGSTOP)  # alive, sockets open, nothing sent: like a frozen controller host
     try:
         took = wait_gone(pids, 30)
     finally:
-        os.kill(run.proc.pid, signal.SIGKILL)
+        os.kill(run.proc.pid, signal.SIGKILL)  # the supervisor; its stopped controller dies with it
         run.proc.wait()
     assert took >= 2.0, took  # not before runtime.controller_lost_s (less the last beat's age)

@@ -20,6 +20,7 @@ class FakeLink:
     def __init__(self) -> None:
         self.inbox: queue.Queue = queue.Queue()
         self.sent: list[dict] = []
+        self.on_reconnect: list = []
 
     def get(self, timeout: float | None = None):
         return self.inbox.get(timeout=timeout) if timeout else self.inbox.get_nowait()
@@ -100,3 +101,33 @@ def test_a_watched_agent_stopped_past_the_limit_is_reported_once_and_a_short_sto
         for p in (agent, other):
             p.kill()
             p.wait()
+
+
+def test_after_a_rejoin_only_the_new_controllers_watches_count(tmp_path):
+    agent = fake_agent(tmp_path)
+    try:
+        link = FakeLink()
+        mon = Monitor(tmp_path, link, "n0", stop_after_s=60.0)
+        link.inbox.put(Watch(agent="worker0.1#1", pid=agent.pid))  # named by the dead controller
+        t = threading.Thread(target=mon.run, daemon=True)
+        t.start()
+        deadline = time.monotonic() + 10
+        while len(mon.watched) < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        (rejoined,) = link.on_reconnect  # what the link's reader calls after a rejoin, before reading on
+        rejoined()
+        link.inbox.put(Watch(agent="worker0.1#7", pid=agent.pid))  # the same process, named by the new one
+        while [a for a, _ in mon.watched.values()] != ["worker0.1#7"]:
+            assert time.monotonic() < deadline, mon.watched
+            time.sleep(0.01)
+        agent.kill()
+        while not link.sent:
+            assert time.monotonic() < deadline, "the exit was not reported"
+            time.sleep(0.005)
+        link.inbox.put(Finish())
+        t.join(5)
+        assert link.sent == [{"type": "exited", "agent": "worker0.1#7", "pid": agent.pid}]
+    finally:
+        agent.kill()
+        agent.wait()

@@ -2,7 +2,8 @@
 
 Contract (on the controller's thread):
 - A vote counts only when the run is running, its epoch and step are the current ones and its
-  sender owns the slot it votes for (a fenced or replaced process's late vote is dropped).
+  sender owns the slot it votes for (a fenced or replaced process's late vote is dropped). While a
+  restarted controller adopts its agents, a slot owner's vote is kept for the adoption to check.
 - When all slots voted, :meth:`Commits.commit` broadcasts ``decision: commit``. It carries a
   ready planned switch (phase 2; never on the last step), ``final`` after a stop request, and
   ``checkpoint`` when a checkpoint-then-restart (or -requeue) is pending. ``standby.start_when_warm`` holds the first commit
@@ -37,6 +38,9 @@ class Commits:
 
     def on_vote(self, agent: Agent, msg: Vote) -> None:
         st = self.state
+        if st.mode is Mode.ADOPTING and st.owns_slot(agent, msg.rank):  # sorted out when the adoption decides
+            st.votes[msg.rank] = msg
+            return
         if st.mode is not Mode.RUNNING or msg.epoch != st.epoch or msg.step != st.step or not st.owns_slot(agent, msg.rank):
             return
         st.votes[msg.rank] = msg

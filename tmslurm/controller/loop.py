@@ -11,6 +11,10 @@ Contract:
   switches, commits, intake, deadlines, node watch (node monitors), summary. Cluster specifics come in as
   :class:`~tmslurm.controller.hooks.ClusterHooks`, which never wait on the cluster: their results
   come back as queue items (``released``), so no Slurm command delays a vote.
+- A restarted controller (``adopt``, from the supervisor) spawns nothing: it restores what was
+  committed and re-adopts the live agents (:mod:`tmslurm.controller.adoption`).
+- After each commit the snapshot and the new step log entries are handed to a writer thread
+  (:mod:`tmslurm.controller.snapshot`).
 - :meth:`Controller.run` spawns the ranks and standbys, loops until the run finished (checking
   deadlines between items, at most every ``TICK_S``: a check scans every agent, so checking after
   every item made a step cost O(ranks^2)) and returns the summary (``summary.json``).
@@ -26,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tmslurm.config import RunConfig
+from tmslurm.controller.adoption import AdoptOrder, Adoption
 from tmslurm.controller.commits import Commits
 from tmslurm.controller.context import Context
 from tmslurm.controller.deadlines import Deadlines
@@ -72,7 +77,8 @@ class Ticker:
 
 
 class Controller:
-    def __init__(self, cfg: RunConfig, run_dir: Path, spawner: Spawner, hooks: ClusterHooks, address: dict[str, Any]) -> None:
+    def __init__(self, cfg: RunConfig, run_dir: Path, spawner: Spawner, hooks: ClusterHooks, address: dict[str, Any],
+                 adopt: AdoptOrder | None = None) -> None:
         layout = Layout.from_config(cfg)
         rundir = RunDir(Path(run_dir))
         journal = Journal(rundir.events)
@@ -100,7 +106,12 @@ class Controller:
             m.Started: lambda agent, msg: self.restarts.on_started(msg), m.Ready: self._on_ready, m.Done: self._on_done,
         }
         self.restarts.resume_after_requeue()
-        self.snapshots = Snapshots(rundir.snapshot)
+        self.adoption = Adoption(self.ctx, self.members, self.commits, self.recoveries, adopt) if adopt else None
+        if self.adoption is not None:
+            self.adoption.restore()
+        self.logged = len(state.step_log)
+        """Step log entries already handed to the snapshot writer (``steps.jsonl``)."""
+        self.snapshots = Snapshots(rundir.snapshot, rundir.steps)
 
     # ---- intake from other threads -------------------------------------------------------------
     def submit_notice(self, notice: Notice) -> None:
@@ -113,11 +124,12 @@ class Controller:
     # ---- the loop -----------------------------------------------------------------------------
     def run(self, server: ControlServer, token: str) -> dict[str, Any]:
         server.serve(token, _verifier(self.ctx), self.ctx.journal, self.ctx.submit, self.touch)
-        for rank in range(self.ctx.layout.world):
-            self.members.spawn_worker(rank, 0)
-        for _ in range(self.members.standby_target):
-            self.members.spawn_standby()
-        self.state.mode = Mode.RUNNING
+        if self.adoption is None:  # a restarted controller adopts the live processes instead
+            for rank in range(self.ctx.layout.world):
+                self.members.spawn_worker(rank, 0)
+            for _ in range(self.members.standby_target):
+                self.members.spawn_standby()
+            self.state.mode = Mode.RUNNING
         ticker = Ticker(TICK_S)
         while self.state.mode is not Mode.FINISHED:
             try:
@@ -125,13 +137,20 @@ class Controller:
             except queue.Empty:
                 pass
             if self.state.step != self.snapshots.last_step:  # right after the commit: cheap, written off the loop
-                self.snapshots.offer(self.state.step, {"epoch": self.state.epoch, "t": time.time(),
-                                                       "last_commit_t": self.ctx.events.last_commit_t,
-                                                       "fired": sorted(self.state.fired)})
+                self._offer_snapshot()
             if ticker.due(time.monotonic()):
+                if self.adoption is not None:
+                    self.adoption.tick()
                 self.deadlines.tick()
                 self.nodewatch.tick()
         return self.finish(server)
+
+    def _offer_snapshot(self) -> None:
+        st = self.state
+        entries, self.logged = st.step_log[self.logged:], len(st.step_log)
+        self.snapshots.offer(st.step, {"epoch": st.epoch, "epochs": st.epochs, "t": time.time(),
+                                       "last_commit_t": self.ctx.events.last_commit_t, "fired": sorted(st.fired),
+                                       "standbys_started": st.standbys_started}, entries)
 
     def touch(self, conn: int) -> None:
         """A line arrived on ``conn`` (called from the gate's reader threads: only stamps a time)."""
@@ -161,6 +180,8 @@ class Controller:
             agent = self.members.hello(a, *b)
             if agent is not None:
                 self.nodewatch.watch(agent)
+                if self.adoption is not None:
+                    self.adoption.on_hello(agent, a.rejoin)
         elif kind == "msg" and self.nodewatch.owns(a):
             self.nodewatch.on_msg(a, b)
         elif kind == "disconnect" and self.nodewatch.owns(a):

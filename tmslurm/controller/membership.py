@@ -2,7 +2,8 @@
 
 Contract:
 - :meth:`Membership.hello` admits only a process this controller spawned and still waits for
-  (``state.expected``); anything else (an impostor, a late duplicate) is refused and journalled
+  (``state.expected``), and a ``rejoin`` only while a restarted controller adopts; anything else
+  (an impostor, a late duplicate, a fenced process reconnecting) is refused and journalled
   (``hello_refused``) and gets no slot. A worker takes its rank's slot; a standby joins the pool.
 - :meth:`Membership.kill` fences an agent through the spawner's own handle for it (its process, or
   its Slurm step / spare job), never by a pid a client reported, and closes its connection.
@@ -18,7 +19,7 @@ import time
 
 from tmslurm.config import to_dict
 from tmslurm.controller.context import Context
-from tmslurm.controller.state import Agent
+from tmslurm.controller.state import Agent, Mode
 from tmslurm.messages import Address, ErrorReply, FaultSpec, Hello, Welcome
 from tmslurm.runtime.protocol import Channel
 
@@ -36,23 +37,47 @@ class Membership:
 
     # ---- connections --------------------------------------------------------------------------
     def hello(self, msg: Hello, conn: int, ch: Channel) -> Agent | None:
+        if msg.rejoin is not None and self.state.mode is not Mode.ADOPTING:
+            # only a restarted controller takes agents back; this one closed the connection itself (a fence)
+            self.ctx.journal.write("hello_refused", kind=msg.kind, id=msg.id, node=msg.node, reported_pid=msg.pid,
+                                   why="a rejoin, but this controller did not restart")
+            ch.try_send(ErrorReply(error="refused: this controller did not restart; there is nothing to rejoin"))
+            ch.close()
+            return None
         if (msg.kind, msg.id) not in self.state.expected:
             self.ctx.journal.write("hello_refused", kind=msg.kind, id=msg.id, node=msg.node, reported_pid=msg.pid)
             ch.try_send(ErrorReply(error=f"refused: no {msg.kind} {msg.id} is expected by this run"))
+            ch.close()
+            return None
+        rank = self._claimed_rank(msg)
+        if rank == -1:
+            self.ctx.journal.write("hello_refused", kind=msg.kind, id=msg.id, node=msg.node, reported_pid=msg.pid,
+                                   why="rejoin claims a slot it cannot hold")
+            ch.try_send(ErrorReply(error=f"refused: {msg.kind} {msg.id} cannot rejoin as rank {msg.rejoin.rank}"))
             ch.close()
             return None
         self.state.expected.discard((msg.kind, msg.id))
         agent = Agent(f"{msg.kind}{msg.id}.{msg.pid}#{conn}", msg.kind, msg.id, msg.pid, msg.node, ch, time.monotonic(), host=msg.host)
         self.state.agents[agent.aid] = agent
         self.state.conn_agent[conn] = agent.aid
-        if msg.kind == "worker":
-            agent.rank = msg.id
-            self.state.slots[msg.id] = agent.aid
+        if rank is not None:
+            agent.rank = rank
+            self.state.slots[rank] = agent.aid
         faults = [FaultSpec(**f) for f in self.ctx.pending_faults() if msg.kind == "worker" and f["rank"] == msg.id]
         ch.try_send(Welcome(config=to_dict(self.ctx.cfg), epoch=self.state.epoch, generation=self.state.epoch,
                             resume_step=self.state.resume_step, faults=faults, address=Address(**self.address)))
         self.ctx.journal.write("agent_up", agent=agent.aid, node=agent.node, pid=agent.pid)
         return agent
+
+    def _claimed_rank(self, msg: Hello) -> int | None:
+        """The slot this hello takes: a worker's own rank, or the one a rejoining joined standby serves;
+        -1 when a rejoin claims a slot that is not its to take (another rank, an out-of-range or held one)."""
+        if msg.rejoin is None or msg.rejoin.rank is None:
+            return msg.id if msg.kind == "worker" else None
+        rank = msg.rejoin.rank
+        if (msg.kind == "worker" and rank != msg.id) or rank >= self.ctx.layout.world or self.state.rank_alive(rank):
+            return -1
+        return rank
 
     def agent_of_conn(self, conn: int) -> Agent | None:
         return self.state.agents.get(self.state.conn_agent.get(conn, ""))

@@ -30,7 +30,7 @@ from tmslurm.controller.context import Context
 from tmslurm.controller.membership import Membership
 from tmslurm.controller.recoveries import Recoveries
 from tmslurm.config import to_dict
-from tmslurm.controller.state import Agent
+from tmslurm.controller.state import Agent, Mode
 from tmslurm.messages import Address, Beat, ErrorReply, Exited, Finish, Hello, Stopped, Watch, Welcome
 from tmslurm.runtime.protocol import Channel
 
@@ -66,6 +66,12 @@ class NodeWatch:
             mon.last_seen = time.monotonic()
 
     def hello(self, msg: Hello, conn: int, ch: Channel) -> None:
+        if msg.rejoin is not None and self.state.mode is not Mode.ADOPTING:
+            ch.try_send(ErrorReply(error="refused: this controller did not restart; there is nothing to rejoin"))
+            ch.close()
+            self.ctx.journal.write("hello_refused", kind="monitor", node=msg.node, reported_pid=msg.pid,
+                                   why="a rejoin, but this controller did not restart")
+            return
         if self.monitor_of(msg.node) is not None:
             ch.try_send(ErrorReply(error=f"refused: node {msg.node!r} already has a live monitor"))
             ch.close()

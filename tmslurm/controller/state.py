@@ -22,6 +22,8 @@ from tmslurm.runtime.protocol import Channel
 
 class Mode(enum.Enum):
     STARTING = "starting"
+    ADOPTING = "adopting"
+    """A restarted controller waits for the live agents to rejoin (:mod:`tmslurm.controller.adoption`)."""
     RUNNING = "running"
     RECOVERING = "recovering"
     CHECKPOINTING = "checkpointing"

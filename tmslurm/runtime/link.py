@@ -12,6 +12,17 @@ trains on without its controller. The watchdog thread ends it too (after ``on_lo
 callbacks), whatever the training thread is doing: when the connection closed and the process has
 not exited :data:`LOST_GRACE_S` later, or when nothing at all came from the controller for
 ``runtime.controller_lost_s`` (a silent controller host sends no FIN).
+
+Surviving a controller restart (``runtime.controller_restarts`` > 0, cluster=local, where a
+supervisor restarts a controller that died): when the connection closes, the reader thread does
+not give up but reconnects (backoff 0.05 s doubling to 1 s, the address re-read from
+``controller.json``) until ``runtime.controller_lost_s`` has passed. Its hello carries a
+:class:`~tmslurm.messages.Rejoin` (the slot it serves, its epoch, the last decision it received,
+its vote still waiting for a decision, whether it is inside a plan), then the sticky messages
+(``ready``, ``done``) are sent again and the ``on_reconnect`` callbacks run. Sends while the
+controller is away wait for the reconnect (they hold no lock the reader needs) or are dropped;
+the vote is never lost, as it travels in the rejoin. A refused rejoin, or no controller within
+``runtime.controller_lost_s``, ends the process as above.
 """
 
 from __future__ import annotations
@@ -27,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tmslurm.errors import ProtocolError, TmslurmError
-from tmslurm.messages import Abort, BadMessage, Beat, Welcome, decode_controller
+from tmslurm.messages import Abort, BadMessage, Beat, Decision, Welcome, decode_controller
 from tmslurm.runtime.protocol import Channel, connect, controller_address, read_token
 
 log = logging.getLogger(__name__)
@@ -35,6 +46,8 @@ LOST = object()
 """Put in the inbox when the controller's connection closed."""
 LOST_GRACE_S = 2.0
 """After the connection closed, the training thread gets this long to exit on its own."""
+STICKY = ("ready", "done")
+"""Message types sent again after a reconnect: the restarted controller needs them and cannot ask."""
 
 
 @dataclass
@@ -57,6 +70,17 @@ class Link:
     """Called (with why) by the watchdog just before it ends the process for a lost controller."""
     before_exit: list[Callable[[], Any]] = field(default_factory=list)
     """Called, in order, before a lost controller ends the process."""
+    rejoin: "Rejoiner | None" = None
+    """How to reconnect to a restarted controller; None: a lost controller ends the process."""
+    rejoin_state: Callable[[], dict[str, Any]] | None = None
+    """The agent's ``rank``, ``epoch`` and ``in_plan`` for a rejoin (set by the worker or standby)."""
+    on_reconnect: list[Callable[[], Any]] = field(default_factory=list)
+    """Called after a reconnect (a monitor forgets its watches; the controller names them again)."""
+    last_decision: Decision | None = None
+    pending_vote: dict[str, Any] | None = None
+    sticky: list[dict[str, Any]] = field(default_factory=list)
+    send_lock: threading.Lock = field(default_factory=threading.Lock)
+    """Held by a send and by a whole reconnect attempt, so nothing is sent into the gap."""
 
     def start(self) -> None:
         threading.Thread(target=self._read, name="ctl-reader", daemon=True).start()
@@ -64,8 +88,13 @@ class Link:
         threading.Thread(target=self._watch, name="ctl-watchdog", daemon=True).start()
 
     def send(self, msg: dict[str, Any]) -> None:
-        if not self.channel.try_send(msg):
-            self.lost.set()
+        with self.send_lock:
+            if msg.get("type") == "vote":
+                self.pending_vote = msg
+            elif msg.get("type") in STICKY:
+                self.sticky.append(msg)
+            if not self.channel.try_send(msg) and self.rejoin is None:
+                self.lost.set()
 
     def _read(self) -> None:
         while True:
@@ -75,6 +104,8 @@ class Link:
                 log.error("bad message from controller: %s", exc)
                 continue
             if msg is None:
+                if self.rejoin is not None and self._reconnect():
+                    continue
                 self.lost.set()
                 self.abort_event.set()
                 self.inbox.put(LOST)
@@ -87,11 +118,52 @@ class Link:
                 continue
             if isinstance(typed, Beat):
                 continue
-            if isinstance(typed, Abort):
-                with self.abort_lock:
-                    self.abort_epoch = max(self.abort_epoch, typed.epoch)
-                    self.abort_event.set()
+            self._track(typed)
             self.inbox.put(typed)
+
+    def _track(self, typed: Any) -> None:
+        if isinstance(typed, Abort):
+            with self.abort_lock:
+                self.abort_epoch = max(self.abort_epoch, typed.epoch)
+                self.abort_event.set()
+        if isinstance(typed, (Decision, Abort)):
+            with self.send_lock:
+                if isinstance(typed, Decision):
+                    self.last_decision = typed
+                vote = self.pending_vote
+                if vote is not None and (isinstance(typed, Abort) or vote["step"] <= typed.step):
+                    self.pending_vote = None
+
+    def _reconnect(self) -> bool:
+        """Rejoin a restarted controller within ``controller_lost_s``; False when none took us back."""
+        assert self.rejoin is not None
+        lost_m = self.heard_m = time.monotonic()  # the watchdog's silence counts from the loss too
+        log.warning("the controller's connection closed; reconnecting for up to %.0fs", self.controller_lost_s)
+        pause = 0.05
+        while time.monotonic() - lost_m < self.controller_lost_s:
+            with self.send_lock:
+                state = self.rejoin_state() if self.rejoin_state is not None else {}
+                rejoin = {"rank": state.get("rank"), "epoch": state.get("epoch", 0), "in_plan": bool(state.get("in_plan")),
+                          "decision": self.last_decision.model_dump(mode="json") if self.last_decision else None,
+                          "vote": self.pending_vote}
+                outcome = self.rejoin.attempt(rejoin, lost_m + self.controller_lost_s)
+                if isinstance(outcome, Channel):
+                    self.channel = outcome
+                    self.heard_m = time.monotonic()
+                    for msg in self.sticky:
+                        outcome.try_send(msg)
+                    break
+            if outcome == "refused":
+                return False
+            time.sleep(pause)
+            pause = min(1.0, 2 * pause)
+        else:
+            log.error("no controller took this agent back within %.0fs", self.controller_lost_s)
+            return False
+        log.warning("rejoined the restarted controller after %.2fs", time.monotonic() - lost_m)
+        for fn in self.on_reconnect:
+            fn()
+        return True
 
     def _beat(self) -> None:
         if self.heartbeat_s <= 0:
@@ -143,12 +215,54 @@ class Link:
                 self.abort_event.clear()
 
 
+@dataclass(frozen=True)
+class Rejoiner:
+    """One reconnect attempt to a restarted controller, with the identity of the first hello."""
+
+    run_dir: Path
+    hello: dict[str, Any]
+    """The first hello without its token (read again: it never changes) and without ``rejoin``."""
+
+    def attempt(self, rejoin: dict[str, Any], deadline_m: float) -> Channel | str:
+        """The new channel once welcomed; ``"refused"`` (give up) or ``"retry"``.
+
+        A refused connection means nobody listens any more: the supervisor, which holds the listening
+        socket across controller restarts, is gone too, so no controller will come back."""
+        try:
+            addr = controller_address(self.run_dir, timeout_s=0.5)
+            sock = socket.create_connection((addr["host"], addr["port"]), timeout=0.5)
+        except ConnectionRefusedError:
+            log.error("nothing listens at the controller's address any more: the supervisor is gone")
+            return "refused"
+        except (OSError, TmslurmError, KeyError, TypeError):
+            return "retry"
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        ch = Channel(sock)
+        try:
+            ch.sock.settimeout(max(0.1, deadline_m - time.monotonic()))
+            ch.send({**self.hello, "token": read_token(self.run_dir), "rejoin": rejoin})
+            reply = ch.recv()
+            ch.sock.settimeout(None)
+        except (OSError, ProtocolError, TmslurmError) as exc:
+            log.info("rejoin attempt failed: %s", exc)
+            ch.close()
+            return "retry"
+        if reply is None:  # the controller went away again, or the supervisor is between incarnations
+            ch.close()
+            return "retry"
+        if reply.get("type") != "welcome":
+            log.error("the restarted controller refused this agent: %s", str(reply)[:300])
+            ch.close()
+            return "refused"
+        return ch
+
+
 def hello(run_dir: Path, kind: str, ident: int, node: str,
           on_lost: Callable[[str], None] | None = None) -> tuple[Link, Welcome]:
     addr = controller_address(run_dir)
     ch = connect(addr["host"], addr["port"], timeout_s=30.0)
-    ch.send({"type": "hello", "token": read_token(run_dir), "kind": kind, "id": ident, "pid": os.getpid(), "node": node,
-             "host": socket.gethostname()})
+    first = {"type": "hello", "kind": kind, "id": ident, "pid": os.getpid(), "node": node, "host": socket.gethostname()}
+    ch.send({**first, "token": read_token(run_dir)})
     reply = ch.recv()
     if reply is None or reply.get("type") != "welcome":
         raise TmslurmError(f"controller refused {kind} {ident}: {reply}")
@@ -156,9 +270,16 @@ def hello(run_dir: Path, kind: str, ident: int, node: str,
     cfg = welcome.config
     rt = cfg["runtime"]
     beat_s = float(rt["monitor_interval_s"] if kind == "monitor" else rt["heartbeat_interval_s"])
-    link = Link(ch, beat_s if rt.get("heartbeats", True) else 0.0, float(rt["controller_lost_s"]), on_lost=on_lost)
+    rejoiner = Rejoiner(Path(run_dir), first) if restartable(cfg) else None
+    link = Link(ch, beat_s if rt.get("heartbeats", True) else 0.0, float(rt["controller_lost_s"]), on_lost=on_lost,
+                rejoin=rejoiner)
     link.start()
     return link, welcome
+
+
+def restartable(cfg: dict[str, Any]) -> bool:
+    """A supervisor restarts this run's controller (cluster=local with runtime.controller_restarts > 0)."""
+    return cfg.get("cluster") == "local" and int(cfg["runtime"].get("controller_restarts", 0)) > 0
 
 
 def node_name(arg: str | None) -> str:

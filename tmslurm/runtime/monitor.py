@@ -10,7 +10,8 @@ directory; any other pid (gone already, another pid namespace, reused) is logged
 reported. A watched process that stays stopped (state ``T``/``t``: SIGSTOP, a debugger) for
 ``stop_after_s`` is reported once as ``stopped``; its heartbeat thread is stopped too, but this is
 seen sooner than any heartbeat timeout. It signals nothing. It ends on ``finish`` and, through its
-link, when the controller is lost. Its silence together with the silence of every process on its node is how the controller
+link, when the controller is lost; when its link rejoins a restarted controller it forgets every
+watch (agent ids belong to one controller incarnation) and the new controller names them again. Its silence together with the silence of every process on its node is how the controller
 tells a node that went dark (power, kernel, cut link) in under a second.
 """
 
@@ -27,6 +28,8 @@ from tmslurm.messages import Finish, Watch
 from tmslurm.runtime.link import Link
 
 log = logging.getLogger(__name__)
+REJOINED = object()
+"""Put in the link's inbox when it rejoined a restarted controller."""
 
 
 class Monitor:
@@ -40,6 +43,9 @@ class Monitor:
         self.watched: dict[int, tuple[str, int]] = {}  # pidfd -> (agent id, pid)
         self.stopped_since: dict[int, float] = {}  # pidfd -> when it was first seen stopped
         self.reported: set[int] = set()  # pidfds reported stopped (once each)
+        # queued by the link's reader after a rejoin, before anything the new controller sends: the
+        # watches before it belong to the dead controller's agent ids, the ones after to the new
+        link.on_reconnect.append(lambda: link.inbox.put(REJOINED))
 
     def run(self) -> int:
         log.info("monitoring node %s", self.node)
@@ -63,7 +69,9 @@ class Monitor:
                 return False
             if isinstance(msg, Finish):
                 return True
-            if isinstance(msg, Watch):
+            if msg is REJOINED:
+                self._forget_all()
+            elif isinstance(msg, Watch):
                 self.watch(msg.agent, msg.pid)
 
     def watch(self, agent: str, pid: int) -> bool:
@@ -78,6 +86,15 @@ class Monitor:
         self.watched[fd] = (agent, pid)
         self.poller.register(fd, select.POLLIN)
         return True
+
+    def _forget_all(self) -> None:
+        """Drop every watch: agent ids are per controller incarnation, the new one sends ``watch`` again."""
+        for fd in list(self.watched):
+            self.poller.unregister(fd)
+            os.close(fd)
+        self.watched.clear()
+        self.stopped_since.clear()
+        self.reported.clear()
 
     def _check_stopped(self, now_m: float) -> None:
         for fd, (agent, pid) in self.watched.items():

@@ -49,6 +49,11 @@ def wants_monitors(cfg: RunConfig) -> bool:
     return cfg.runtime.monitors and cfg.runtime.heartbeats
 
 
+def local_node(cfg: RunConfig, rank: int) -> str:
+    """The local "node" of a rank: ``local<k>`` with ``parallel.ranks_per_node`` ranks each."""
+    return f"local{rank // cfg.parallel.ranks_per_node}"
+
+
 class LocalSpawner:
     def __init__(self, run_dir: Path, cfg: RunConfig) -> None:
         self.run_dir = Path(run_dir)
@@ -59,7 +64,11 @@ class LocalSpawner:
         RunDir(self.run_dir).logs.mkdir(parents=True, exist_ok=True)
 
     def node_of_rank(self, rank: int) -> str:
-        return f"local{rank // self.cfg.parallel.ranks_per_node}"
+        return local_node(self.cfg, rank)
+
+    def alive(self) -> list[tuple[str, int]]:
+        """(kind, ident) of every worker and standby started here whose process still runs."""
+        return sorted(key for key, proc in self.handles.items() if proc.poll() is None)
 
     def _start(self, who: str, args: list[str], node: str) -> subprocess.Popen:
         if wants_monitors(self.cfg) and node not in self.monitored:  # the node's monitor, once per node

@@ -64,6 +64,8 @@ class Standby:
         self.ident = ident
         self.warm: dict[str, StageRunner] = {}
         self.stash: list[Any] = []
+        self.joining = False
+        link.rejoin_state = lambda: {"rank": None, "epoch": 0, "in_plan": self.joining}
 
     def run(self) -> None:
         base = rss_mb()
@@ -80,6 +82,7 @@ class Standby:
             msg = self._next()
             if isinstance(msg, Join):
                 worker = self._join(msg)
+                self.joining = False
                 if worker is not None:
                     worker.run()
                     return
@@ -124,6 +127,7 @@ class Standby:
 
     def _join(self, msg: Join) -> Worker | None:
         rank, epoch = msg.rank, msg.epoch
+        self.joining = True  # until it returns: a Worker then answers for the link, or the join failed
         LOG_CONTEXT["who"] = f"standby{self.ident}->rank{rank}"
         runner, cold_reason = self._runner_for(rank)
         fabric = make_fabric(self.cfg, rank, self.link, self.address)

@@ -119,6 +119,8 @@ class Worker:
         self.recording = self._should_record()
         self.saver = AsyncCheckpointer(run_dir)
         link.before_exit.append(self.saver.wait)
+        link.sticky.clear()  # a standby that joined is no standby any more: its ready messages are void
+        link.rejoin_state = self.rejoin_state
         self.report_groups()
         self.comm = FabricStageComm(fabric, self.layout, rank, runner.task.activation_shape(cfg.train.micro_batch_size), runner.device)
         LOG_CONTEXT["who"] = f"rank{rank}"
@@ -148,6 +150,10 @@ class Worker:
         if shape.representative != self.coord.stage:
             return False
         return not recording_path(self.run_dir, shape.name).exists()
+
+    def rejoin_state(self) -> dict[str, Any]:
+        """What a restarted controller needs to re-adopt this rank (read from the link's reader thread)."""
+        return {"rank": self.rank, "epoch": self.epoch, "in_plan": bool(self.prepared) or self.seen_abort > self.epoch}
 
     def report_groups(self) -> None:
         """Tell the controller which ProcessGroup object serves each group (tests check identity)."""

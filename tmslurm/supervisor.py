@@ -1,0 +1,107 @@
+"""The local supervisor: owns what must outlive a controller, and restarts a controller that died.
+
+Contract (``cluster=local``): :class:`Supervisor` holds the listening control socket and the
+rendezvous store (a restarted controller listens at the same address, and the groups keep their
+store) and the :class:`~tmslurm.runtime.spawner.LocalSpawner` whose children every agent and
+monitor is (so fencing stays by the handle of the process that started it, whichever controller
+asks). It runs the controller as a child process (:mod:`tmslurm.controller.main`), serves its
+spawn requests from a pipe (:mod:`tmslurm.runtime.spawnpipe`), and advertises it in
+``controller.json`` (address and the controller's ``pid``, replaced atomically).
+
+- The controller exits with a finished status (0, or 10 without a final hash) or a start error
+  (2): :meth:`Supervisor.run` stops every process and returns that status.
+- It dies otherwise (a signal such as ``kill -9``, a crash): ``controller_died`` is journalled and,
+  while ``runtime.controller_restarts`` allows and some worker still runs, ``adopt.json`` is
+  written (incarnation, time of death, the processes still alive) and a new controller starts at
+  once with ``--adopt`` (:mod:`tmslurm.controller.adoption`). Otherwise every process is stopped
+  and the status returned.
+
+It never signals anything but its own children.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from tmslurm.config import RunConfig
+from tmslurm.rundir import RunDir
+from tmslurm.runtime.journal import Journal
+from tmslurm.runtime.spawner import LocalSpawner
+from tmslurm.runtime.spawnpipe import serve
+
+log = logging.getLogger(__name__)
+ENDED = (0, 10, 2)
+"""Controller exit statuses that end the run (see :mod:`tmslurm.controller.main`)."""
+
+
+class Supervisor:
+    def __init__(self, cfg: RunConfig, run_dir: Path, spawner: LocalSpawner, listener: socket.socket, store: Any,
+                 host: str) -> None:
+        self.cfg = cfg
+        self.rundir = RunDir(Path(run_dir))
+        self.spawner = spawner
+        self.listener = listener
+        self.store = store
+        self.host = host
+        self.journal = Journal(self.rundir.events)
+
+    def run(self) -> int:
+        """Run controllers until one ends the run; the last controller's exit status."""
+        incarnation = 0
+        try:
+            while True:
+                rc = self._run_controller(incarnation)
+                if rc in ENDED or not self._restart(incarnation, rc):
+                    return rc
+                incarnation += 1
+        finally:
+            self.spawner.stop_all()
+            self.listener.close()
+
+    def _run_controller(self, incarnation: int) -> int:
+        rfd, wfd = os.pipe()
+        lfd = self.listener.fileno()
+        cmd = [sys.executable, "-m", "tmslurm.controller.main", "--run-dir", str(self.rundir.path), "--host", self.host,
+               "--listen-fd", str(lfd), "--store-port", str(self.store.port), "--spawn-fd", str(wfd)]
+        proc = subprocess.Popen(cmd + (["--adopt"] if incarnation else []), pass_fds=(lfd, wfd))
+        os.close(wfd)  # the pipe ends (EOF) when the controller does
+        reader = threading.Thread(target=serve, args=(rfd, self.spawner), name="spawn-requests", daemon=True)
+        reader.start()
+        self._advertise(proc.pid, incarnation)
+        rc = proc.wait()
+        reader.join()
+        return rc
+
+    def _advertise(self, pid: int, incarnation: int) -> None:
+        path = self.rundir.controller
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps({"host": self.host, "port": self.listener.getsockname()[1], "store_port": self.store.port,
+                                   "pid": pid, "incarnation": incarnation}))
+        os.replace(tmp, path)
+
+    def _restart(self, incarnation: int, rc: int) -> bool:
+        died_t = time.time()
+        alive = self.spawner.alive()
+        limit = self.cfg.runtime.controller_restarts
+        self.journal.write("controller_died", incarnation=incarnation, returncode=rc, alive=[f"{k}{i}" for k, i in alive])
+        if incarnation >= limit:
+            log.error("the controller died (status %s) and runtime.controller_restarts=%d are used up: the run ends", rc, limit)
+            return False
+        if not any(kind == "worker" for kind, _ in alive):
+            log.error("the controller died (status %s) and no rank is left to adopt: the run ends", rc)
+            return False
+        log.warning("the controller died (status %s); starting incarnation %d to adopt %d live processes",
+                    rc, incarnation + 1, len(alive))
+        tmp = self.rundir.adopt.with_name(self.rundir.adopt.name + ".tmp")
+        tmp.write_text(json.dumps({"incarnation": incarnation + 1, "died_t": died_t, "alive": alive}))
+        os.replace(tmp, self.rundir.adopt)
+        return True
