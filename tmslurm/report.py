@@ -31,6 +31,7 @@ from typing import Any, Iterable
 
 from tmslurm.errors import TmslurmError
 from tmslurm.rundir import RunDir
+from tmslurm.runtime.events import pause_parts
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,9 @@ PART_LABELS = {"detect_s": "detect", "pick_s": "standby pick",
                "transfer_s": "state transfer", "first_step_s": "first step", "stop_s": "stop",
                "reschedule_s": "reschedule", "startup_s": "start-up",
                "group_setup_s": "group setup", "ckpt_load_s": "checkpoint load",
-               "warmup_s": "warm-up", "redo_s": "redo lost steps"}
+               "warmup_s": "warm-up", "redo_s": "redo lost steps", "other_s": "other (not explained by the parts)",
+               "before_death_s": "before the controller died", "restart_s": "controller restart",
+               "adopt_s": "adoption"}
 FIGSIZE = (8.0, 4.5)
 DPI = 120
 
@@ -119,8 +122,8 @@ def _fmt(value: float | None, unit: str = "") -> str:
 
 
 def _event_label(i: int, ev: dict) -> str:
-    rank = ev.get("rank")
-    return f"#{i} {ev.get('kind', '?')}" + (f" r{rank}" if rank is not None else "")
+    ranks = _ranks(ev)
+    return f"#{i} {ev.get('kind', '?')}" + (f" r{ranks}" if ranks else "")
 
 
 def _new_figure(title: str):
@@ -223,7 +226,8 @@ def _mark_events(ax, events: list[dict], t0: float, notes: list[str]) -> None:
                     fontsize=8, color="black")
 
 
-def _bars(ax, labels: list[str], stacks: dict[str, list[float]], totals=None) -> None:
+def _bars(ax, labels: list[str], stacks: dict[str, list[float]], totals=None,
+          total_label: str = "measured downtime") -> None:
     """Horizontal stacked bars: one per label, one colour per part; optional total markers."""
     ys = list(range(len(labels)))
     left = [0.0] * len(labels)
@@ -236,7 +240,7 @@ def _bars(ax, labels: list[str], stacks: dict[str, list[float]], totals=None) ->
         pts = [(t, y) for t, y in zip(totals, ys) if t is not None]
         if pts:
             ax.plot([t for t, _ in pts], [y for _, y in pts], "kD", ms=5,
-                    label="measured downtime")
+                    label=total_label)
     for y, width, total in zip(ys, left, totals or [None] * len(ys)):
         ax.annotate(f"Σ {width:.3g} s", (max(width, total or 0.0), y), xytext=(6, 0),
                     textcoords="offset points", va="center", fontsize=8)
@@ -247,23 +251,29 @@ def _bars(ax, labels: list[str], stacks: dict[str, list[float]], totals=None) ->
 
 
 def plot_event_parts(summary: dict, out_dir: Path, notes: list[str]) -> str | None:
-    """Stacked downtime parts per event of the run; None without events."""
+    """Stacked pause parts per event of the run, ``other`` included, so each bar is the event's gap
+    (marked); None without events."""
     events = summary["events"]
     if not events:
         notes.append("The run had no interruptions: downtime-parts plot skipped.")
         return None
+    order = _ordered((p for ev in events for p in pause_parts(ev)), EVENT_PARTS + RESTART_PARTS)
     stacks: dict[str, list[float]] = {}
-    for part in EVENT_PARTS:
-        stacks[part] = [_num(ev.get(part)) or 0.0 for ev in events]
+    for part in order + ["other_s"]:
+        stacks[part] = [max(0.0, _num(ev.get(part)) or 0.0) if part in pause_parts(ev) or part == "other_s" else 0.0
+                        for ev in events]
     for i, ev in enumerate(events, 1):
-        missing = [p for p in EVENT_PARTS if _num(ev.get(p)) is None]
+        missing = [p for p in pause_parts(ev) if _num(ev.get(p)) is None]
         if missing:
             notes.append(f"Event {_event_label(i, ev)}: {', '.join(missing)} missing or null, "
-                         "plotted as 0.")
-    fig, ax = _new_figure("Downtime parts per interruption")
+                         "plotted as 0 (their time is in 'other').")
+        if (_num(ev.get("other_s")) or 0.0) < 0:
+            notes.append(f"Event {_event_label(i, ev)}: its parts overlap by {-_num(ev['other_s']):.3g} s "
+                         "(negative 'other', plotted as 0).")
+    fig, ax = _new_figure("Pause parts per interruption (they add up to the gap)")
     labels = [_event_label(i, ev) for i, ev in enumerate(events, 1)]
-    _bars(ax, labels, stacks, totals=[_num(ev.get("downtime_s")) for ev in events])
-    ax.set_ylabel("event (#, kind, rank)")
+    _bars(ax, labels, stacks, totals=[_num(ev.get("gap_s")) for ev in events], total_label="measured gap")
+    ax.set_ylabel("event (#, kind, ranks)")
     return _save(fig, out_dir, "downtime_parts.png")
 
 
@@ -403,17 +413,29 @@ def _events_section(summary: dict, images: dict) -> list[str]:
     lines = ["## Interruptions", ""]
     if not summary["events"]:
         return lines + ["No interruptions in this run.", ""]
-    header = ["#", "kind", "rank", "node", "standby"] + [PART_LABELS[p].split(" (")[0]
-                                                         for p in EVENT_PARTS] + ["downtime"]
-    rows = [[str(i), str(ev.get("kind", "?")), str(ev.get("rank", "")), str(ev.get("node", "")),
-             str(ev.get("standby", ""))] + [_fmt(_num(ev.get(p)), " s") for p in EVENT_PARTS]
-            + [_fmt(_num(ev.get("downtime_s")), " s")]
+    header = ["#", "kind", "ranks", "node", "standby", "gap", "= pause parts + other", "downtime"]
+    rows = [[str(i), str(ev.get("kind", "?")), _ranks(ev), str(ev.get("node") or ""), str(ev.get("standby") or ""),
+             _fmt(_num(ev.get("gap_s")), " s"), _sum_text(ev), _fmt(_num(ev.get("downtime_s")), " s")]
             for i, ev in enumerate(summary["events"], 1)]
     lines += _table(header, rows) + [""]
-    lines += ["Downtime = completion of the first step after the switch − completion of the last "
-              "step before it − median step time. Phase 1 runs in the background for planned "
-              "events (hatched), so it is not part of their pause.", ""]
-    return lines + _image(images.get("parts"), "downtime parts per event")
+    lines += ["Gap = completion of the first step after the event − completion of the last step before it; "
+              "it is the sum of the pause parts and `other` (what the parts do not explain; negative when "
+              "parts overlap). Downtime = gap − median step time. A planned switch's phase 1 runs while "
+              "training goes on, so it is not a pause part.", ""]
+    return lines + _image(images.get("parts"), "pause parts per event")
+
+
+def _ranks(ev: dict) -> str:
+    ranks = ev.get("ranks", ev.get("rank"))
+    return ",".join(str(r) for r in ranks) if isinstance(ranks, list) else ("" if ranks is None else str(ranks))
+
+
+def _sum_text(ev: dict) -> str:
+    terms = [f"{PART_LABELS.get(p, p[:-2]).split(' (')[0]} {_num(ev[p]):.3f}" for p in pause_parts(ev)
+             if _num(ev.get(p)) is not None]
+    if _num(ev.get("other_s")) is not None:
+        terms.append(f"other {_num(ev['other_s']):.3f}")
+    return " + ".join(terms) or "n/a"
 
 
 def _bench_section(downtime: dict, images: dict) -> list[str]:

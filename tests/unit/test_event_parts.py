@@ -1,0 +1,45 @@
+"""An event's pause parts and ``other`` add up to its gap, whatever its kind."""
+
+from __future__ import annotations
+
+import pytest
+
+from tmslurm.runtime.events import EventLog, describe, other_s, pause_parts
+from tmslurm.runtime.journal import Journal
+
+CASES = {
+    "planned (phase 1 in the background)": ({"kind": "planned", "detect_s": 0.0, "pick_s": 0.01, "phase1_s": 0.5,
+                                             "phase2_s": 0.02, "transfer_s": 0.03, "first_step_s": 0.1},
+                                            ("detect_s", "pick_s", "phase2_s", "transfer_s", "first_step_s")),
+    "unexpected": ({"kind": "unexpected", "detect_s": 0.8, "pick_s": 0.0, "phase1_s": 0.05, "phase2_s": 0.0,
+                    "transfer_s": 0.02, "first_step_s": 0.1}, ("detect_s", "pick_s", "phase1_s", "phase2_s",
+                                                                 "transfer_s", "first_step_s")),
+    "in-job restart (set-up and load inside start-up)": ({"kind": "injob_restart", "from_checkpoint_step": 0,
+                                                          "detect_s": 0.0, "stop_s": 0.1, "startup_s": 5.0,
+                                                          "group_setup_s": 0.4, "ckpt_load_s": 0.2, "redo_s": 5.0},
+                                                         ("detect_s", "stop_s", "reschedule_s", "startup_s", "redo_s")),
+    "controller restart": ({"kind": "controller_restart", "before_death_s": 0.05, "restart_s": 1.4, "adopt_s": 0.06,
+                            "first_step_s": 0.07}, ("before_death_s", "restart_s", "adopt_s", "first_step_s")),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_parts_and_other_sum_to_the_gap(case):
+    rec, expected = CASES[case]
+    assert pause_parts(rec) == expected
+    rec = {**rec, "gap_s": 12.0}
+    other = other_s(rec)
+    assert sum(rec.get(p) or 0.0 for p in expected) + other == pytest.approx(12.0)
+    text = describe({**rec, "other_s": other, "downtime_s": 11.9})
+    assert "gap 12.000s = " in text and f"other {other:.3f}" in text
+
+
+def test_a_completed_event_records_its_other_part(tmp_path):
+    log = EventLog(Journal(tmp_path / "events.jsonl"))
+    log.on_commit(0, 100.0, 0.1)
+    rec = {"kind": "planned", "status": "switched", "target_step": 5, "switched_t": 100.4, "last_commit_t": 100.0,
+           "detect_s": 0.0, "pick_s": 0.1, "phase1_s": 3.0, "phase2_s": 0.05, "transfer_s": 0.05}
+    log.open_record(rec)
+    log.on_commit(5, 100.6, 0.1)
+    assert rec["status"] == "done" and rec["gap_s"] == pytest.approx(0.6)
+    assert rec["first_step_s"] == pytest.approx(0.2) and rec["other_s"] == pytest.approx(0.6 - 0.4)
