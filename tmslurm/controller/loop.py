@@ -134,7 +134,7 @@ class Controller:
         return self.finish(server)
 
     def touch(self, conn: int) -> None:
-        """A line arrived on ``conn`` (called from the gate's reader threads: only stamps a time)."""
+        """A line arrived on ``conn`` (called from the gate's reader thread: only stamps a time)."""
         if self.nodewatch.owns(conn):
             self.nodewatch.touch(conn)
         else:
