@@ -27,7 +27,7 @@ def test_control_bench_smallest(tmp_path):
                 "switch_plan_ms", "switch_done_ms", "recovery_ms", "heartbeats_per_s"):
         assert row[key] > 0, key
     assert row["commit_p50_ms"] <= row["commit_p99_ms"]
-    assert row["threads"] >= 8  # one gate thread per connection, at least
+    assert 0 < row["threads"] < row["ranks"]  # one gate thread reads every connection: not one per agent
     assert row["every_decision_received"] and row["decisions_missing"] == 0
     assert row["final_hash"] and row["controller_rc"] == 0 and row["agents_fenced"] == 0
     assert row["switch_prepares"] >= 1 and row["steps_committed"] > 7

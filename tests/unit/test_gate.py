@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import queue
 import socket
+import threading
 import time
 
 import pytest
 
 from tmslurm.runtime.gate import Gate, GateLimits
 from tmslurm.runtime.journal import Journal, read_journal
-from tmslurm.runtime.protocol import exchange
+from tmslurm.runtime.protocol import MAX_LINE, exchange
 
 TOKEN = "t" * 32
 
@@ -62,3 +63,172 @@ def test_a_slow_client_is_journalled_only_after_its_slot_is_free(gate):
     assert not any("too many" in e["why"] for e in read_journal(journal.path) if e["type"] == "preauth_dropped")
     for s in (*idle, sock):
         s.close()
+
+
+# ---- one reader thread for every connection --------------------------------------------------------
+
+def open_gate(tmp_path, **limits):
+    server = socket.create_server(("127.0.0.1", 0), backlog=512)
+    items: queue.Queue = queue.Queue()
+    touched: list[int] = []
+    journal = Journal(tmp_path / "events.jsonl")
+    g = Gate(server, TOKEN, None, journal, items.put, touched.append, GateLimits(**limits))
+    g.start()
+    return g, items, touched, server.getsockname()[1], journal
+
+
+def hello(ident: int) -> bytes:
+    return json.dumps({"type": "hello", "token": TOKEN, "kind": "worker", "id": ident, "node": f"n{ident}"}).encode() + b"\n"
+
+
+def vote(step: int, rank: int = 0) -> bytes:
+    return json.dumps({"type": "vote", "step": step, "epoch": 0, "rank": rank, "dt": 0, "peak_rss_mb": 0}).encode() + b"\n"
+
+
+def client(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def take(items: queue.Queue, n: int, timeout: float = 30.0) -> list:
+    deadline = time.monotonic() + timeout
+    got = []
+    while len(got) < n:
+        try:
+            got.append(items.get(timeout=max(0.0, deadline - time.monotonic())))
+        except queue.Empty:
+            raise AssertionError(f"only {len(got)} of {n} items within {timeout} s: {got[-3:]}") from None
+    return got
+
+
+def wait_for(cond, timeout: float = 30.0, what: str = "the condition"):
+    deadline = time.monotonic() + timeout
+    while not (value := cond()):
+        assert time.monotonic() < deadline, f"{what} did not happen within {timeout} s"
+        time.sleep(0.01)
+    return value
+
+
+def drops(journal, why: str) -> list[dict]:
+    return [e for e in read_journal(journal.path) if e["type"] == "preauth_dropped" and why in e["why"]]
+
+
+def test_many_agents_share_one_reader_thread_and_each_keeps_its_order(tmp_path):
+    g, items, touched, port, _ = open_gate(tmp_path, max_unauthenticated=256)
+    threads = threading.active_count()
+    n, steps = 200, 5
+    socks = [client(port) for _ in range(n)]
+    for i, s in enumerate(socks):
+        s.sendall(hello(i) + b'{"type": "hb"}\n' + b"".join(vote(k, rank=i) for k in range(steps)))
+    got = take(items, n * (1 + steps))
+    assert threading.active_count() == threads  # not one thread per connection
+    per_conn: dict[int, list] = {}
+    for kind, a, b in got:
+        conn = b[0] if kind == "hello" else a
+        per_conn.setdefault(conn, []).append((kind, a.id if kind == "hello" else (b.type, b.rank, b.step)))
+    assert len(per_conn) == n
+    for seq in per_conn.values():
+        (kind, ident), *rest = seq
+        assert kind == "hello"
+        assert rest == [("msg", ("vote", ident, k)) for k in range(steps)]
+    assert sorted(touched) == sorted(c for c in per_conn for _ in range(1 + steps))  # hb touched, never queued
+    for s in socks:
+        s.close()
+    gone = take(items, n)
+    assert {kind for kind, _, _ in gone} == {"disconnect"} and {a for _, a, _ in gone} == set(per_conn)
+    g.stop()
+    assert not g._thread.is_alive()
+
+
+def test_a_line_split_across_segments_and_two_lines_in_one_segment(tmp_path):
+    g, items, _, port, _ = open_gate(tmp_path)
+    sock = client(port)
+    line = hello(7)
+    for piece in (line[:5], line[5:30], line[30:]):  # the stimulus: three segments for one line
+        sock.sendall(piece)
+        time.sleep(0.05)
+    (kind, msg, (conn, _)), = take(items, 1)
+    assert (kind, msg.id) == ("hello", 7)
+    sock.sendall(vote(1) + vote(2))
+    assert [(k, a, b.step) for k, a, b in take(items, 2)] == [("msg", conn, 1), ("msg", conn, 2)]
+    sock.close()
+    g.stop()
+
+
+def test_an_over_long_first_line_is_dropped(tmp_path):
+    g, items, _, port, journal = open_gate(tmp_path, preauth_max_line=1024)
+    sock = client(port)
+    sock.sendall(b"x" * 2000)
+    wait_for(lambda: drops(journal, "longer than 1024 bytes"), what="the oversize client's drop")
+    assert sock.recv(100) == b""  # what it sent was read before the close: an EOF, not a reset
+    assert items.empty()
+    g.stop()
+
+
+def test_an_over_long_agent_line_is_refused_and_the_agent_goes_on(tmp_path):
+    g, items, _, port, journal = open_gate(tmp_path)
+    sock = client(port)
+    sock.sendall(hello(1))
+    (_, _, (conn, _)), = take(items, 1)
+    sock.sendall(b"x" * (MAX_LINE + 10) + b"\n" + vote(3))
+    assert [(k, a, b.step) for k, a, b in take(items, 1)] == [("msg", conn, 3)]
+    assert "longer than" in json.loads(sock.makefile().readline())["error"]
+    assert [e["conn"] for e in read_journal(journal.path) if e["type"] == "bad_message"] == [conn]
+    sock.close()
+    g.stop()
+
+
+def test_a_slow_client_is_dropped_at_its_deadline_while_others_are_served(tmp_path):
+    g, items, _, port, journal = open_gate(tmp_path, auth_timeout_s=3.0)
+    slow = client(port)
+    t0 = time.monotonic()
+    slow.sendall(b'{"type": "hel')  # half a line, then nothing
+    agent = client(port)
+    agent.sendall(hello(2))
+    for k in range(3):
+        agent.sendall(vote(k))
+    assert [k for k, _, _ in take(items, 4)] == ["hello", "msg", "msg", "msg"]
+    assert not drops(journal, "in time")  # served while the slow one waits
+    wait_for(lambda: drops(journal, "in time"), what="the slow client's drop")
+    assert time.monotonic() - t0 >= 3.0 - 0.05
+    assert slow.recv(100) == b""
+    agent.sendall(vote(9))
+    assert take(items, 1)[0][2].step == 9
+    for s in (slow, agent):
+        s.close()
+    g.stop()
+
+
+def test_a_close_by_the_controller_gives_one_disconnect_and_frees_the_socket(tmp_path):
+    g, items, _, port, _ = open_gate(tmp_path)
+    sock = client(port)
+    sock.sendall(hello(3))
+    (_, _, (conn, ch)), = take(items, 1)
+    assert ch.try_send({"type": "welcome"})
+    ch.close()
+    assert take(items, 1) == [("disconnect", conn, None)]
+    wait_for(lambda: ch.sock.fileno() == -1, what="freeing the socket")  # the gate let go too
+    assert len(g._sel.get_map()) == 2  # the listening socket and the wake-up pair's end
+    assert items.empty()
+    f = sock.makefile("rb")
+    assert json.loads(f.readline()) == {"type": "welcome"} and f.readline() == b""
+    assert not ch.try_send({"type": "finish"})
+    sock.close()
+    g.stop()
+
+
+def test_stop_ends_the_reader_and_closes_the_listening_socket(tmp_path):
+    g, items, _, port, _ = open_gate(tmp_path)
+    sock = client(port)
+    sock.sendall(hello(4))
+    (_, _, (_, ch)), = take(items, 1)
+    g.stop()
+    assert not g._thread.is_alive()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=5)
+    assert ch.try_send({"type": "finish"})  # an agent's channel is still the controller's to use and close
+    assert sock.makefile().readline() == '{"type":"finish"}\n'
+    ch.close()
+    assert ch.sock.fileno() == -1
+    sock.close()

@@ -153,7 +153,7 @@ class Controller:
                                        "standbys_started": st.standbys_started}, entries)
 
     def touch(self, conn: int) -> None:
-        """A line arrived on ``conn`` (called from the gate's reader threads: only stamps a time)."""
+        """A line arrived on ``conn`` (called from the gate's reader thread: only stamps a time)."""
         if self.nodewatch.owns(conn):
             self.nodewatch.touch(conn)
         else:

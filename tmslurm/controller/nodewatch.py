@@ -1,7 +1,7 @@
 """Node monitors on the controller's side: sub-second detection of a node that went dark.
 
 Contract (on the controller's thread, except :meth:`NodeWatch.touch`, called by the gate's reader
-threads, which only stamps a time):
+thread, which only stamps a time):
 - A ``monitor`` hello is accepted for any node that has no live monitor (a second one is refused
   with an error); the monitor is told (``watch``) the pid of every live worker and standby on its
   node, now and whenever one says hello later.

@@ -6,8 +6,10 @@ mode 0600, created with O_EXCL) and refuses the connection otherwise. :class:`Ch
 lines under a lock (safe from several threads). :meth:`Channel.recv` returns ``None`` on EOF and
 raises :class:`~tmslurm.errors.ProtocolError` on a line that is not a JSON object with a string
 ``type``, :class:`LineTooLong` on a line over its limit (the rest of that line is discarded, so the
-stream stays in sync) and :class:`ReadTimeout` when the socket's timeout passes. What the fields
-mean and which are valid is :mod:`tmslurm.messages`' business.
+stream stays in sync) and :class:`ReadTimeout` when the socket's timeout passes. A
+:class:`GateChannel` (the controller's side of a connection) only sends: the gate reads its socket
+with :func:`parse_line` for each line. What the fields mean and which are valid is
+:mod:`tmslurm.messages`' business.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from tmslurm.errors import AuthError, ProtocolError, TmslurmError
 from tmslurm.rundir import RunDir
 
 MAX_LINE = 1 << 20
+MSG_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
+REPLY_LOCK_S = 0.1
+"""How long :meth:`GateChannel.send_now` waits for a send in progress before giving up."""
 
 
 class LineTooLong(ProtocolError):
@@ -41,6 +46,17 @@ def encode_line(msg: Any) -> bytes:
     if hasattr(msg, "model_dump"):
         msg = msg.model_dump(mode="json")
     return (json.dumps(msg, separators=(",", ":")) + "\n").encode()
+
+
+def parse_line(line: bytes) -> dict[str, Any]:
+    """One received line as a JSON object with a string ``type``; :class:`ProtocolError` otherwise."""
+    try:
+        msg = json.loads(line)
+    except (ValueError, RecursionError):
+        raise ProtocolError(f"not JSON: {line[:120]!r}") from None
+    if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
+        raise ProtocolError(f"a message must be a JSON object with a string 'type': {line[:120]!r}")
+    return msg
 
 
 class Channel:
@@ -80,13 +96,7 @@ class Channel:
         if not line.endswith(b"\n") and len(line) >= max_line:
             self._discard_rest(max_line)
             raise LineTooLong(f"line longer than {max_line} bytes")
-        try:
-            msg = json.loads(line)
-        except (ValueError, RecursionError):
-            raise ProtocolError(f"not JSON: {line[:120]!r}") from None
-        if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
-            raise ProtocolError(f"a message must be a JSON object with a string 'type': {line[:120]!r}")
-        return msg
+        return parse_line(line)
 
     def _readline(self, limit: int) -> bytes:
         try:
@@ -104,11 +114,65 @@ class Channel:
 
     def close(self) -> None:
         self.closed = True
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        shutdown(self.sock)
         self.sock.close()
+
+
+class GateChannel(Channel):
+    """A channel whose socket the controller's gate reads (:mod:`tmslurm.runtime.gate`): it sends
+    like :class:`Channel` and has no reader of its own. ``close()`` shuts the connection down at
+    once; the socket is freed once the gate has stopped reading it too (:meth:`done_reading`), so the
+    gate never reads a descriptor closed, and perhaps reused, under it.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:  # no makefile: the gate reads the socket itself
+        self.sock = sock
+        self._lock = threading.Lock()
+        self._state = threading.Lock()
+        self._reading = True
+        self.closed = False
+
+    def recv(self, max_line: int = MAX_LINE) -> dict[str, Any] | None:
+        raise TypeError("the gate reads this connection")
+
+    def close(self) -> None:
+        with self._state:
+            self.closed = True
+            free = not self._reading
+        shutdown(self.sock)
+        if free:
+            self.sock.close()
+
+    def done_reading(self) -> None:
+        """The gate reads no more: free the socket if the controller has closed it too."""
+        with self._state:
+            self._reading = False
+            free = self.closed
+        if free:
+            self.sock.close()
+
+    def send_now(self, msg: Any) -> bool:
+        """Send one line without waiting for the peer; a partly sent line shuts the connection down."""
+        data = encode_line(msg)
+        if not self._lock.acquire(timeout=REPLY_LOCK_S):
+            return False
+        try:
+            sent = self.sock.send(data, MSG_DONTWAIT)
+        except OSError:  # would block (the peer reads nothing), or it is gone
+            sent = 0
+        finally:
+            self._lock.release()
+        if 0 < sent < len(data):  # the line is cut: nothing after it could be read right
+            shutdown(self.sock)
+        return sent == len(data)
+
+
+def shutdown(sock: socket.socket) -> None:
+    """Shut both directions down (the peer and any reader see EOF); errors are ignored."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 def connect(host: str, port: int, timeout_s: float = 10.0) -> Channel:
