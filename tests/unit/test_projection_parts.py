@@ -142,6 +142,15 @@ def test_hold_law_stops_growing_at_1024_and_power_does_not() -> None:
     assert pt.scale_row(131072, hold)["extrapolated"] and not pt.scale_row(1024, hold)["extrapolated"]
 
 
+def test_target_law_meets_the_issue_targets_and_holds_the_rest() -> None:
+    target = pt.PartInputs(control_law="target")
+    assert pt.commit_s(1024, target) == pytest.approx(0.005)
+    assert pt.commit_s(4096, target) == pytest.approx(0.020)
+    hold = pt.PartInputs(control_law="hold")
+    assert pt.recovery_control_s(131072, target) == pt.recovery_control_s(131072, hold)
+    assert pt.controller_cpu_s(131072, target) == pt.controller_cpu_s(131072, hold)
+
+
 def test_parts_by_kind_and_mode() -> None:
     n = 16384
     planned = pt.downtime_parts("planned", n, DEFAULT)

@@ -38,7 +38,7 @@ from tmslurm.errors import ConfigError
 
 KINDS = ("planned", "unexpected")
 SWITCH_MODES = ("delta", "full")
-CONTROL_LAWS = ("power", "linear", "hold")
+CONTROL_LAWS = ("power", "linear", "hold", "target")
 PART_NAMES = ("detect_s", "control_s", "group_build_s", "phase2_s", "transfer_s", "commit_s",
               "first_step_s")
 
@@ -65,6 +65,8 @@ CONTROLLER_CPU_MS_PER_STEP = (3.43, 18.99, 111.09)
 #: The one row beyond 1,024: 4,096 agents with relaxed liveness (1 s heartbeats, 30 s timeout),
 #: 8 steps in 120 s, not a steady state; printed next to the extrapolation, never fitted.
 COMMIT_P50_MS_4096_RELAXED = 463.44
+#: Issue 13's targets for the commit p50 (ms at ranks): what a scalable control plane must reach.
+COMMIT_TARGET_MS = {1024: 5.0, 4096: 20.0}
 #: docs/bench/liveness.json: 10 silent power-offs on the failure lab, node_timeout_s 0.8.
 DETECT_P50_S_MEASURED = 0.83144211769104
 CONTROLLER_TICK_S = 0.05
@@ -122,9 +124,16 @@ def control_fit(series: str, law: str) -> Fit:
     Fitted to the three sizes of control_scale.json (64, 256, 1,024 simulated ranks). 'power'
     (default: the best fit, exponent ~1.75 for the commit) and 'linear' extrapolate beyond 1,024;
     'hold' is the power fit held at its 1,024-rank value (a control plane whose per-step work
-    stopped growing there, e.g. the hierarchical commit issue 13 asks for).
+    stopped growing there). 'target' is issue 13's commit target, not a measurement: 5 ms at
+    1,024 and 20 ms at 4,096 ranks, i.e. proportional to N; recovery and CPU are held as 'hold'.
     """
-    _choice("control_law", law, CONTROL_LAWS)
+    check_choice("control_law", law, CONTROL_LAWS)
+    if law == "target":
+        if series == "commit":
+            (n1, t1), (n2, t2) = sorted(COMMIT_TARGET_MS.items())
+            b = math.log(t2 / t1) / math.log(n2 / n1)
+            return Fit("power", t1 / 1000.0 / n1 ** b, b)
+        law = "hold"
     ys_ms = {"commit": COMMIT_P50_MS, "cpu": CONTROLLER_CPU_MS_PER_STEP,
              "recovery": tuple(a + p for a, p in zip(RECOVERY_ABORT_MS, RECOVERY_PLAN_MS))}[series]
     ys = tuple(y / 1000.0 for y in ys_ms)
@@ -186,19 +195,20 @@ class PartInputs:
         for name in ("params", "bytes_per_param", "link_gbps", "tokens_per_replica",
                      "achieved_tflops", "flops_per_param_token", "heartbeat_interval_s",
                      "monitor_interval_s"):
-            _positive(name, getattr(self, name))
+            check_positive(name, getattr(self, name))
         for name in ("first_step_steps", "node_timeout_s", "detect_tick_s"):
-            _number(name, getattr(self, name))
+            check_number(name, getattr(self, name))
         for name in ("tp", "pp", "gpus_per_node"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if self.step_s is not None:
-            _positive("step_s", self.step_s)
-        _choice("control_law", self.control_law, CONTROL_LAWS)
+            check_positive("step_s", self.step_s)
+        check_choice("control_law", self.control_law, CONTROL_LAWS)
 
 
-def _number(name: str, value: Any) -> float:
+def check_number(name: str, value: Any) -> float:
+    """``value`` if it is a finite number >= 0, else ConfigError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ConfigError(f"{name} must be a finite number, got {value!r}")
     if value < 0:
@@ -206,13 +216,15 @@ def _number(name: str, value: Any) -> float:
     return value
 
 
-def _positive(name: str, value: Any) -> float:
-    if _number(name, value) <= 0:
+def check_positive(name: str, value: Any) -> float:
+    """``value`` if it is a finite number > 0, else ConfigError naming ``name``."""
+    if check_number(name, value) <= 0:
         raise ConfigError(f"{name} must be > 0, got {value!r}")
     return value
 
 
-def _choice(name: str, value: str, valid: tuple[str, ...]) -> None:
+def check_choice(name: str, value: str, valid: tuple[str, ...]) -> None:
+    """ConfigError naming ``name`` and the valid values unless ``value`` is one of them."""
     if value not in valid:
         raise ConfigError(f"{name} must be one of {', '.join(valid)}; got {value!r}")
 
@@ -271,7 +283,7 @@ def detection_s(kind: str, p: PartInputs) -> float:
 
     Measured on the failure lab at node_timeout_s 0.8: detection p50 0.831 s (liveness.json).
     """
-    _choice("kind", kind, KINDS)
+    check_choice("kind", kind, KINDS)
     return 0.0 if kind == "planned" else p.node_timeout_s + p.detect_tick_s / 2.0
 
 
@@ -352,8 +364,8 @@ def downtime_parts(kind: str, gpus: int, p: PartInputs, mode: str = "delta") -> 
     ``mode`` 'delta' (tmslurm's default) or 'full' (every group rebuilt inside the pause, the
     comparison row).
     """
-    _choice("kind", kind, KINDS)
-    _choice("mode", mode, SWITCH_MODES)
+    check_choice("kind", kind, KINDS)
+    check_choice("mode", mode, SWITCH_MODES)
     dp_degree(gpus, p)
     planned = kind == "planned"
     if mode == "full":
