@@ -255,6 +255,9 @@ def test_tmslurm_sensitivity_moves_the_right_way() -> None:
     assert rows["first_step_steps=0 (pause only)"]["planned_1k_s"] == pytest.approx(
         base["planned_1k_s"] - pt.step_time_s(DEFAULT.parts))
     assert {"model 70B, TP8 x PP4", "model 405B, TP8 x PP16"} <= set(rows)
+    hidden = rows["async_commit (what-if)"]
+    assert hidden["control_overhead_64k_pct"] == 0.0
+    assert hidden["planned_1k_s"] == base["planned_1k_s"]
 
 
 def test_cli_flags_reach_the_component_model(tmp_path: Path) -> None:

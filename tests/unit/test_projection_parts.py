@@ -170,6 +170,9 @@ def test_control_overhead_and_heartbeats() -> None:
     p = pt.PartInputs(step_s=1.0)
     c = pt.commit_s(1024, p)
     assert pt.control_overhead_fraction(1024, p) == pytest.approx(c / (1.0 + c))
+    hidden = pt.PartInputs(step_s=1.0, async_commit=True)
+    assert pt.control_overhead_fraction(1024, hidden) == 0.0
+    assert pt.downtime_parts("planned", 1024, hidden)["commit_s"] == c
     assert pt.heartbeats_per_s(1024, DEFAULT) == pytest.approx(1024 / 0.2 + 128 / 0.1)
 
 
@@ -177,7 +180,7 @@ def test_control_overhead_and_heartbeats() -> None:
                                          ("tp", 0), ("pp", 2.5), ("link_gbps", float("inf")),
                                          ("step_s", 0.0), ("first_step_steps", -0.1),
                                          ("node_timeout_s", "x"), ("control_law", "cubic"),
-                                         ("gpus_per_node", True)])
+                                         ("gpus_per_node", True), ("async_commit", 1)])
 def test_bad_part_inputs_name_the_field(field, value) -> None:
     with pytest.raises(ConfigError, match=field):
         pt.PartInputs(**{field: value})

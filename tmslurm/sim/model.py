@@ -90,7 +90,7 @@ ASSUMPTIONS = [
     "simulated ranks, ONE controller on 2 shared cores; beyond 1,024 ranks an extrapolation): "
     "commit {commit_1k_ms:,.0f} ms at 1K GPUs, {commit_128k_s:,.1f} s at 128K. The commit after "
     "the switch is in every event's downtime, and every step waits for one commit, so "
-    "commit / (step + commit) of the training time is lost all week (control GPU-h).",
+    "commit / (step + commit) of the training time is lost all week (control GPU-h){async_text}.",
     "First step: {first_step_steps:g} x one step ({first_step_s:.2f} s) is counted in every "
     "event. A warm standby's first step only costs its excess over a normal step, so for planned "
     "events this is an upper bound; for unexpected ones it stands for the lost in-flight step.",
@@ -337,7 +337,9 @@ def assumption_values(inputs: ProjectionInputs) -> dict[str, Any]:
         delta_us=pt.delta_phase2_s() * 1e6, build_ms=pt.group_build_fit().b * 1e3,
         full_ms=pt.full_rebuild_fit().b * 1e3, commit_1k_ms=pt.commit_s(1024, p) * 1e3,
         commit_128k_s=pt.commit_s(131072, p), first_step_s=pt.first_step_s(p),
-        measured_text=measured)
+        measured_text=measured,
+        async_text=(" -- NOT in this run: async_commit, a what-if tmslurm does not implement, "
+                    "hides that wait" if p.async_commit else ""))
     return values
 
 

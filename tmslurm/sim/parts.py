@@ -190,6 +190,9 @@ class PartInputs:
     """runtime.monitor_interval_s (per node); for the heartbeat load only."""
     control_law: str = "power"
     """How commit latency, recovery control and controller CPU grow beyond 1,024 ranks."""
+    async_commit: bool = False
+    """What-if, NOT implemented in tmslurm: the next step starts before its commit arrives, so
+    no training time waits for commits (the commit after a switch stays in the downtime)."""
 
     def __post_init__(self) -> None:
         for name in ("params", "bytes_per_param", "link_gbps", "tokens_per_replica",
@@ -205,6 +208,8 @@ class PartInputs:
         if self.step_s is not None:
             check_positive("step_s", self.step_s)
         check_choice("control_law", self.control_law, CONTROL_LAWS)
+        if not isinstance(self.async_commit, bool):
+            raise ConfigError(f"async_commit must be True or False, got {self.async_commit!r}")
 
 
 def check_number(name: str, value: Any) -> float:
@@ -348,7 +353,9 @@ def controller_cpu_s(gpus: int, p: PartInputs) -> float:
 
 
 def control_overhead_fraction(gpus: int, p: PartInputs) -> float:
-    """Share of training time spent waiting for commits: commit / (step + commit)."""
+    """Share of training time spent waiting for commits: commit / (step + commit); 0 if async."""
+    if p.async_commit:
+        return 0.0
     c = commit_s(gpus, p)
     return c / (step_time_s(p) + c)
 

@@ -157,6 +157,8 @@ def _parser() -> argparse.ArgumentParser:
                        help=f"{text} (default {default})")
     p.add_argument("--control-law", metavar="LAW", default=_PART_DEFAULTS.control_law,
                    help=f"commit/control growth beyond 1,024 ranks: {', '.join(pt.CONTROL_LAWS)}")
+    p.add_argument("--async-commit", action="store_true",
+                   help="what-if, not implemented: steps do not wait for their commit")
     p.add_argument("--out", metavar="PATH", default=str(DEFAULT_OUT),
                    help=f"JSON output (default {DEFAULT_OUT})")
     return p
@@ -224,7 +226,7 @@ def parse_inputs(argv: Sequence[str] | None = None) -> tuple[ProjectionInputs, P
         raise ConfigError(f"--control-law must be one of {', '.join(pt.CONTROL_LAWS)}; "
                           f"got {args.control_law!r}")
     parts = pt.PartInputs(**{k: v for k, v in part_values.items() if v is not None},
-                          control_law=args.control_law)
+                          control_law=args.control_law, async_commit=args.async_commit)
     model_values = {name: _value(flag, getattr(args, name), check)
                     for flag, name, check, _ in MODEL_FLAGS}
     inputs = ProjectionInputs(

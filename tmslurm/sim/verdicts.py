@@ -161,7 +161,9 @@ def _tmslurm_variants(inputs: m.ProjectionInputs) -> list[tuple[str, dict]]:
             *[(f"control_law={law}", {"control_law": law}) for law in other_laws],
             (f"step x0.25 ({step / 4:.2f} s)", {"step_s": step / 4}),
             (f"step x4 ({step * 4:.1f} s)", {"step_s": step * 4}),
-            ("first_step_steps=0 (pause only)", {"first_step_steps": 0.0})]
+            ("first_step_steps=0 (pause only)", {"first_step_steps": 0.0}),
+            ("async_commit (what-if)", {"async_commit": True}),
+            ("async_commit + control_law=hold", {"async_commit": True, "control_law": "hold"})]
 
 
 def _beats(variant: m.ProjectionInputs, gpus: int) -> bool:
