@@ -1,4 +1,5 @@
-"""tmslurm.sim.projection: the rate rule, the split, hand-checked waste, bad inputs, the CLI."""
+"""tmslurm.sim.projection: the rate rule, the split, hand-checked waste, the tmslurm component
+rows, the comparison with the paper, sensitivity, bad inputs, the CLI."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tmslurm.errors import ConfigError
+from tmslurm.sim import parts as pt
 from tmslurm.sim import projection as pj
 
 INPUTS = pj.ProjectionInputs(tmslurm_planned_s=20.0, tmslurm_unexpected_s=30.0)
@@ -123,7 +125,8 @@ def test_cli_writes_json(tmp_path: Path, capsys, monkeypatch) -> None:
     out = tmp_path / "a" / "b" / "projection.json"
     assert pj.main(["--planned-s", "20", "--unexpected-s", "30", "--out", str(out)]) == 0
     data = json.loads(out.read_text())
-    assert len(data["rows"]) == 15 and data["assumptions"] and data["claims"]
+    assert len(data["rows"]) == 5 * len(pj.STRATEGIES) and data["assumptions"] and data["claims"]
+    assert {r["strategy"] for r in data["rows"]} == set(pj.STRATEGIES)
     assert "checkpoint_restart" in capsys.readouterr().out
 
 
@@ -146,6 +149,28 @@ def test_cli_reads_downtime_json(tmp_path: Path, monkeypatch) -> None:
     (["--planned-s", "1", "--unexpected-s", "1", "--gpus", "1024,x"], "--gpus"),
     (["--planned-s", "1", "--unexpected-s", "1", "--checkpoint-interval-min", "-5"],
      "--checkpoint-interval-min"),
+    (["--params", "0"], "--params"),
+    (["--bytes-per-param", "-14"], "--bytes-per-param"),
+    (["--tp", "0"], "--tp"),
+    (["--pp", "2.5"], "--pp"),
+    (["--gpus-per-node", "x"], "--gpus-per-node"),
+    (["--link-gbps", "inf"], "--link-gbps"),
+    (["--tokens-per-replica", "0"], "--tokens-per-replica"),
+    (["--achieved-tflops", "-1"], "--achieved-tflops"),
+    (["--flops-per-param-token", "nan"], "--flops-per-param-token"),
+    (["--step-s", "0"], "--step-s"),
+    (["--first-step-steps", "-1"], "--first-step-steps"),
+    (["--node-timeout-s", "soon"], "--node-timeout-s"),
+    (["--detect-tick-s", "-0.05"], "--detect-tick-s"),
+    (["--heartbeat-interval-s", "0"], "--heartbeat-interval-s"),
+    (["--monitor-interval-s", "0"], "--monitor-interval-s"),
+    (["--control-law", "cubic"], "--control-law"),
+    (["--gpus", "1000"], "--gpus"),
+    (["--tp", "3", "--gpus", "1024"], "--gpus"),
+    (["--standby-gpus", "1.5"], "--standby-gpus"),
+    (["--unexpected-per-planned", "0"], "--unexpected-per-planned"),
+    (["--restart-fixed-min", "-1"], "--restart-fixed-min"),
+    (["--reschedule-extra-min", "x"], "--reschedule-extra-min"),
 ])
 def test_cli_bad_inputs_name_the_flag(argv, flag, tmp_path: Path, capsys, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
@@ -162,3 +187,103 @@ def test_corrupt_downtime_json_names_file(tmp_path: Path) -> None:
     bad.write_text(json.dumps({"rows": []}))
     with pytest.raises(ConfigError, match="tmslurm_planned_median_s"):
         pj.read_measured_downtimes(bad)
+
+
+DEFAULT = pj.ProjectionInputs()
+
+
+def _row(result: dict, strategy: str, gpus: int) -> dict:
+    return next(r for r in result["rows"] if r["strategy"] == strategy and r["gpus"] == gpus)
+
+
+def test_default_tmslurm_rows_are_the_component_model() -> None:
+    result = pj.project(DEFAULT)
+    assert {r["strategy"] for r in result["rows"]} == set(pj.STRATEGIES) - {"tmslurm_measured"}
+    for gpus in pj.DEFAULT_GPUS:
+        for strategy, mode in (("tmslurm", "delta"), ("tmslurm_full_rebuild", "full")):
+            row = _row(result, strategy, gpus)
+            for kind in pt.KINDS:
+                parts = pt.downtime_parts(kind, gpus, DEFAULT.parts, mode)
+                assert row[f"parts_{kind}"] == parts
+                assert row[f"downtime_s_{kind}"] == pytest.approx(sum(parts.values()))
+    assert [s["gpus"] for s in result["scale"]] == list(pj.DEFAULT_GPUS)
+    json.dumps(result)
+
+
+@pytest.mark.parametrize("gpus", [1024, 16384, 131072])
+def test_tmslurm_waste_by_hand(gpus: int) -> None:
+    total, planned, unexpected = pj.interruptions_per_week(gpus, DEFAULT)
+    d_p = pt.downtime_s("planned", gpus, DEFAULT.parts)
+    d_u = pt.downtime_s("unexpected", gpus, DEFAULT.parts)
+    downtime_h = (planned * d_p + unexpected * d_u) / 3600
+    c = pt.commit_s(gpus, DEFAULT.parts)
+    step = pt.step_time_s(DEFAULT.parts)
+    control = gpus * (168 - downtime_h) * c / (step + c)
+    row = _row(pj.project(DEFAULT), "tmslurm", gpus)
+    assert row["downtime_gpu_hours_per_week"] == pytest.approx(gpus * downtime_h)
+    assert row["control_gpu_hours_per_week"] == pytest.approx(control)
+    assert row["wasted_gpu_hours_per_week"] == pytest.approx(gpus * downtime_h + control + 8 * 168)
+    for strategy in ("checkpoint_restart", "trainmover_paper"):
+        assert _row(pj.project(DEFAULT), strategy, gpus)["control_gpu_hours_per_week"] == 0.0
+
+
+def test_comparison_with_the_paper_at_1k_16k_64k_128k() -> None:
+    comparison = pj.project(DEFAULT)["comparison"]
+    assert [c["gpus"] for c in comparison] == [1024, 16384, 65536, 131072]
+    assert comparison[0]["paper_source"] == "measured"
+    assert (comparison[0]["paper_planned_s"], comparison[0]["paper_unexpected_s"]) == (16.6, 21.0)
+    for c in comparison:
+        for kind in pt.KINDS:
+            assert c[f"paper_{kind}_s"] == pj.trainmover_downtime_s(kind, c["gpus"])
+            assert c[f"tmslurm_{kind}_s"] == pytest.approx(
+                pt.downtime_s(kind, c["gpus"], DEFAULT.parts))
+            assert c[f"ratio_{kind}"] == pytest.approx(c[f"tmslurm_{kind}_s"] / c[f"paper_{kind}_s"])
+            assert "largest parts" in c[f"note_{kind}"]
+
+
+def test_tmslurm_sensitivity_moves_the_right_way() -> None:
+    rows = {s["variant"]: s for s in pj.project(DEFAULT)["tmslurm_sensitivity"]}
+    base = rows["as given"]
+    assert rows["link x0.25 (100 Gb/s)"]["planned_1k_s"] > base["planned_1k_s"]
+    assert rows["link x4 (1600 Gb/s)"]["planned_1k_s"] < base["planned_1k_s"]
+    assert rows["node_timeout_s=3 (no node monitors)"]["unexpected_1k_s"] == pytest.approx(
+        base["unexpected_1k_s"] + 2.2)
+    assert rows["node_timeout_s=3 (no node monitors)"]["planned_1k_s"] == base["planned_1k_s"]
+    assert rows["control_law=hold"]["planned_128k_s"] < rows["control_law=linear"]["planned_128k_s"]
+    assert rows["control_law=linear"]["planned_128k_s"] < base["planned_128k_s"]
+    assert rows["control_law=target"]["control_overhead_64k_pct"] < base["control_overhead_64k_pct"]
+    assert rows["first_step_steps=0 (pause only)"]["planned_1k_s"] == pytest.approx(
+        base["planned_1k_s"] - pt.step_time_s(DEFAULT.parts))
+    assert {"model 70B, TP8 x PP4", "model 405B, TP8 x PP16"} <= set(rows)
+    hidden = rows["async_commit (what-if)"]
+    assert hidden["control_overhead_64k_pct"] == 0.0
+    assert hidden["planned_1k_s"] == base["planned_1k_s"]
+
+
+def test_cli_flags_reach_the_component_model(tmp_path: Path) -> None:
+    inputs, _ = pj.parse_inputs(["--link-gbps", "100", "--node-timeout-s", "3", "--params", "70e9",
+                                 "--pp", "4", "--step-s", "2", "--control-law", "hold",
+                                 "--gpus", "1024,2048", "--out", str(tmp_path / "p.json")])
+    p = inputs.parts
+    assert (p.link_gbps, p.node_timeout_s, p.params, p.pp, p.step_s, p.control_law) == (
+        100.0, 3.0, 70e9, 4, 2.0, "hold")
+    assert pt.transfer_s(p) == pytest.approx(70e9 * 14 / 32 / 12.5e9)
+    assert inputs.gpus == (1024, 2048) and not inputs.measured
+    defaults, _ = pj.parse_inputs([])
+    assert defaults.parts == pt.PartInputs() and defaults.standby_gpus == 8
+
+
+def test_default_cli_has_no_constant_rows(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "p.json"
+    assert pj.main(["--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert "tmslurm_measured" not in {r["strategy"] for r in data["rows"]}
+    assert data["inputs"]["parts"]["derived_step_s"] == pytest.approx(pt.step_time_s(pt.PartInputs()))
+
+
+def test_constant_downtimes_need_both() -> None:
+    with pytest.raises(ConfigError, match="tmslurm_planned_s"):
+        pj.ProjectionInputs(tmslurm_planned_s=1.0)
+    with pytest.raises(ConfigError, match="gpus: 1000"):
+        pj.ProjectionInputs(gpus=(1000,))

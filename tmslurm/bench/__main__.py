@@ -76,7 +76,7 @@ def parser() -> argparse.ArgumentParser:
     k.add_argument("--json", default="docs/bench/ckpt.json")
     t = sub.add_parser("tables", help="render docs/bench/*.json as markdown")
     t.add_argument("--dir", default="docs/bench")
-    sub.add_parser("project", help="wasted GPU-hours per week at scale (uses docs/bench/downtime.json); "
+    sub.add_parser("project", help="wasted GPU-hours per week at scale, tmslurm's downtime modelled part by part; "
                                    "options are tmslurm.sim.projection's")
     for sp in (d, s, o, m, r, c, k, so):
         sp.add_argument("--out", default=f"runs/bench-{stamp}")
