@@ -74,6 +74,12 @@ def parser() -> argparse.ArgumentParser:
     k.add_argument("--repeats", type=int, default=2)
     k.add_argument("--warmup", type=int, default=3)
     k.add_argument("--json", default="docs/bench/ckpt.json")
+    w = sub.add_parser("watcher", help="the Slurm watcher's poll against a cluster that defines many nodes (local Slurm)")
+    w.add_argument("--polls", type=int, default=20)
+    w.add_argument("--per-node-polls", type=int, default=3)
+    w.add_argument("--watch", type=int, default=0, help="watch at most this many of the defined nodes (0: all)")
+    w.add_argument("--idle-s", type=float, default=10.0, help="quiet window to measure slurmctld's idle CPU")
+    w.add_argument("--json", default="docs/bench/watcher.json")
     t = sub.add_parser("tables", help="render docs/bench/*.json as markdown")
     t.add_argument("--dir", default="docs/bench")
     sub.add_parser("project", help="wasted GPU-hours per week at scale, tmslurm's downtime modelled part by part; "
