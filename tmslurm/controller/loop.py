@@ -55,7 +55,7 @@ from tmslurm.runtime.journal import Journal
 from tmslurm.runtime.spawner import Spawner
 from tmslurm.signing import NoticeVerifier, load_public_key
 from tmslurm.topology import Layout
-from tmslurm.train.checkpoint import latest_complete
+from tmslurm.train.ckpt_index import latest_complete
 
 log = logging.getLogger(__name__)
 TICK_S = 0.05

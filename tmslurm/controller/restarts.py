@@ -30,7 +30,7 @@ from tmslurm.controller.planbook import PlanBook
 from tmslurm.controller.state import CheckpointThen, Mode
 from tmslurm.messages import Started
 from tmslurm.runtime.journal import read_journal
-from tmslurm.train.checkpoint import latest_complete
+from tmslurm.train.ckpt_index import latest_complete
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,6 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import torch.distributed as dist
 
 from tmslurm.runtime.gate import Gate, GateLimits
 from tmslurm.runtime.journal import Journal
@@ -65,4 +64,6 @@ class ControlServer:
 
 def open_store(host: str) -> Any:
     """The run's rendezvous store (group keys only), on an ephemeral port of ``host``."""
+    import torch.distributed as dist  # here: a controller that only serves never imports torch
+
     return dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, use_libuv=True)

@@ -12,9 +12,10 @@ looks equal to another run.
 
 from __future__ import annotations
 
+import hashlib
+
 from typing import Any
 
-from tmslurm.train.schedule import combine_digests
 
 
 def final_hashes(reports: dict[int, tuple[int, str, str]], pp: int) -> dict[str, Any]:
@@ -33,3 +34,11 @@ def final_hashes(reports: dict[int, tuple[int, str, str]], pp: int) -> dict[str,
             "final_state_sha256": combine_digests(stage_states) if equal else None,
             "stage_digests": stage_digests, "stage_state_digests": stage_states,
             "replicas_equal": not diverging, "diverging": diverging}
+
+
+def combine_digests(stage_digests: list[str]) -> str:
+    """The run's ``final_params_sha256``: sha256 over the stage digests in stage order."""
+    h = hashlib.sha256()
+    for d in stage_digests:
+        h.update(d.encode())
+    return h.hexdigest()

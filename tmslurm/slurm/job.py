@@ -57,7 +57,7 @@ def run_in_allocation(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
     from tmslurm.slurm.spawner import SlurmSpawner, job_nodes
     from tmslurm.slurm.watcher import NodeWatch, SlurmWatcher
     from tmslurm.topology import Layout
-    from tmslurm.train.checkpoint import latest_complete
+    from tmslurm.train.ckpt_index import latest_complete
 
     job_id = os.environ["SLURM_JOB_ID"]
     nodes = job_nodes()

@@ -30,6 +30,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from tmslurm.errors import CheckpointError
 from tmslurm.rundir import RunDir
+from tmslurm.train.ckpt_index import latest_complete  # noqa: F401  (re-exported)
 from tmslurm.train.schedule import StageRunner, named_digest
 
 log = logging.getLogger(__name__)
@@ -120,19 +121,6 @@ def state_digest(state: dict[str, torch.Tensor]) -> str:
         h.update(key.encode())
         h.update(state[key].detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
-
-
-def latest_complete(run_dir: str | Path, shards: int | list[str]) -> int | None:
-    """Newest step with every shard saved; ``shards`` is the number of stages (tp = 1) or the shard names."""
-    root = RunDir(Path(run_dir)).checkpoints
-    if not root.is_dir():
-        return None
-    names = [f"stage{j}" for j in range(shards)] if isinstance(shards, int) else list(shards)
-    steps = []
-    for d in root.glob("step_*"):
-        if all((d / name / "meta.json").is_file() for name in names):
-            steps.append(int(d.name.split("_")[1]))
-    return max(steps) if steps else None
 
 
 def load_stage(run_dir: str | Path, step: int, stage: int | str, runner: StageRunner) -> None:

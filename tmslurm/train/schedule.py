@@ -148,11 +148,3 @@ def _feed(h: Any, obj: Any) -> None:
         h.update(b"]")
     else:
         h.update(repr(obj).encode())
-
-
-def combine_digests(stage_digests: list[str]) -> str:
-    """The run's ``final_params_sha256``: sha256 over the stage digests in stage order."""
-    h = hashlib.sha256()
-    for d in stage_digests:
-        h.update(d.encode())
-    return h.hexdigest()
