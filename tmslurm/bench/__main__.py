@@ -74,6 +74,15 @@ def parser() -> argparse.ArgumentParser:
     k.add_argument("--repeats", type=int, default=2)
     k.add_argument("--warmup", type=int, default=3)
     k.add_argument("--json", default="docs/bench/ckpt.json")
+    cr = sub.add_parser("ctlrestart", help="kill -9 of the controller at random steps: downtime and its parts, exactness (local)")
+    cr.add_argument("--kills", type=int, default=10)
+    cr.add_argument("--steps", type=int, default=400)
+    cr.add_argument("--dp", type=int, default=2)
+    cr.add_argument("--pp", type=int, default=2)
+    cr.add_argument("--model", default="tiny")
+    cr.add_argument("--step-delay-s", type=float, default=0.05)
+    cr.add_argument("--seed", type=int, default=0)
+    cr.add_argument("--json", default="docs/bench/ctlrestart.json")
     w = sub.add_parser("watcher", help="the Slurm watcher's poll against a cluster that defines many nodes (local Slurm)")
     w.add_argument("--polls", type=int, default=20)
     w.add_argument("--per-node-polls", type=int, default=3)
@@ -84,7 +93,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--dir", default="docs/bench")
     sub.add_parser("project", help="wasted GPU-hours per week at scale, tmslurm's downtime modelled part by part; "
                                    "options are tmslurm.sim.projection's")
-    for sp in (d, s, o, m, r, c, k, so):
+    for sp in (d, s, o, m, r, c, k, so, cr):
         sp.add_argument("--out", default=f"runs/bench-{stamp}")
     return ap
 
