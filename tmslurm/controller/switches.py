@@ -5,8 +5,9 @@ Contract (on the controller's thread):
   when they fit), takes a new epoch, and sends phase 1 (``prepare`` to the stayers in the affected
   groups and the leaver, ``join`` with ``activate=false`` to the joiners). With no warm standby
   yet but one warming, the notice waits (retried when a standby is ready); with none at all it
-  checkpoints at the next step and restarts from that checkpoint (nothing lost); in a restart
-  baseline mode it restarts at once.
+  checkpoints at the next step and restarts from that checkpoint (nothing lost); so does a restart
+  baseline (``runtime.restart_mode`` injob_restart / requeue_restart), as a good restart-based
+  system honours a notice: no step is lost to a planned event in any mode.
 - The next commit decision after every ``prepared`` carries the switch (see
   :mod:`tmslurm.controller.commits`); ``left`` and ``joined`` finish it. A failed phase 1 cancels
   the switch and retries the notice; a failed joiner does the same before the switch was applied
@@ -44,8 +45,8 @@ class Switches:
 
     def start(self, ranks: list[int], notice: Notice) -> None:
         t0, cfg, layout = time.time(), self.ctx.cfg, self.ctx.layout
-        if cfg.runtime.restart_mode != "tmslurm":
-            self.restarts.restart(f"planned {notice.reason} ({cfg.runtime.restart_mode})", ranks, "planned", t0)
+        if cfg.runtime.restart_mode != "tmslurm":  # a fair baseline honours the notice: checkpoint, then restart
+            self.restarts.checkpoint_and_restart(ranks, f"planned {notice.reason} ({cfg.runtime.restart_mode})", t0)
             return
         try:
             moves = sw.pick_joiners(layout, ranks, self.members.warm_pool(), self.members.standby_nodes())
