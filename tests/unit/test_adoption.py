@@ -28,6 +28,7 @@ def first_incarnation(tmp_path) -> Harness:
     h = Harness(tmp_path, 2, 2, 1)
     for _ in range(COMMITTED):
         h.commit_all()
+    h.state.incarnation = 2  # two checkpoint restarts before the controller died
     h.ctl._offer_snapshot()
     h.ctl.snapshots.close()
     return h
@@ -72,6 +73,7 @@ def test_restore_takes_back_the_step_log_and_waits_for_every_live_process(tmp_pa
     assert [e["step"] for e in read_steps(tmp_path / "steps.jsonl")] == [0, 1, 2]
     r = Restarted(tmp_path, ALL)
     assert r.ctl.state.mode is Mode.ADOPTING and r.ctl.state.step == COMMITTED
+    assert r.ctl.state.incarnation == 2  # a later restart names its processes after the ones before
     assert r.spawner.workers == [] and r.spawner.standbys == []  # it spawns nothing
     for rank in range(3):
         r.hello(rank, "worker", rank, rejoin(rank, COMMITTED - 1))

@@ -150,7 +150,7 @@ class Controller:
         entries, self.logged = st.step_log[self.logged:], len(st.step_log)
         self.snapshots.offer(st.step, {"epoch": st.epoch, "epochs": st.epochs, "t": time.time(),
                                        "last_commit_t": self.ctx.events.last_commit_t, "fired": sorted(st.fired),
-                                       "standbys_started": st.standbys_started}, entries)
+                                       "standbys_started": st.standbys_started, "incarnation": st.incarnation}, entries)
 
     def touch(self, conn: int) -> None:
         """A line arrived on ``conn`` (called from the gate's reader thread: only stamps a time)."""

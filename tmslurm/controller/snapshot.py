@@ -5,7 +5,8 @@ commit and returns at once; a writer thread writes only the newest one it has (o
 has not reached are skipped) to ``snapshot.json`` atomically (a temporary file, then
 ``os.replace``), so a reader sees a whole snapshot or the previous one, never a torn file. What it
 holds: ``step`` (steps committed so far), ``epoch``, ``epochs`` (the highest epoch handed out),
-``last_commit_t``, ``t``, ``fired`` (injected faults already fired), ``standbys_started``. With a
+``last_commit_t``, ``t``, ``fired`` (injected faults already fired), ``standbys_started``,
+``incarnation`` (of the ranks' processes, raised by each checkpoint restart). With a
 ``steps_path``, the step log entries handed to :meth:`offer` are appended there (one JSON line
 each, before the snapshot that counts them), so a restarted controller has the whole step log. It
 is what the next incarnation of a requeued job compares with the
