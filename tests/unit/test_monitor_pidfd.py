@@ -29,6 +29,17 @@ class FakeLink:
         self.sent.append(msg)
 
 
+def start(mon: Monitor, watching: int) -> tuple[threading.Thread, float]:
+    """Run the monitor in a thread and wait until it watches ``watching`` pids; the thread and a deadline."""
+    t = threading.Thread(target=mon.run, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 10
+    while len(mon.watched) < watching:
+        assert time.monotonic() < deadline, mon.watched
+        time.sleep(0.01)
+    return t, deadline
+
+
 def fake_agent(run_dir: Path) -> subprocess.Popen:
     """A process whose command line is an agent's of ``run_dir`` (it only sleeps)."""
     code = "import time; time.sleep(60)"
@@ -45,12 +56,7 @@ def test_a_watched_agent_exit_is_reported_and_a_stranger_is_not_watched(tmp_path
         mon = Monitor(tmp_path, link, "n0", stop_after_s=60.0)
         for aid, pid in (("worker0.1#1", agent.pid), ("x", stranger.pid), ("y", other_run.pid)):
             link.inbox.put(Watch(agent=aid, pid=pid))
-        t = threading.Thread(target=mon.run, daemon=True)
-        t.start()
-        deadline = time.monotonic() + 10
-        while len(mon.watched) < 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        t, deadline = start(mon, watching=1)
         killed_t = time.monotonic()
         agent.kill()
         stranger.kill()
@@ -76,12 +82,7 @@ def test_a_watched_agent_stopped_past_the_limit_is_reported_once_and_a_short_sto
         mon = Monitor(tmp_path, link, "n0", stop_after_s=0.5)
         link.inbox.put(Watch(agent="worker1.1#1", pid=agent.pid))
         link.inbox.put(Watch(agent="worker2.2#2", pid=other.pid))
-        t = threading.Thread(target=mon.run, daemon=True)
-        t.start()
-        deadline = time.monotonic() + 10
-        while len(mon.watched) < 2:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        t, deadline = start(mon, watching=2)
         os.kill(other.pid, signal.SIGSTOP)  # a short stop: resumed before the limit
         time.sleep(0.05)  # far shorter than stop_after_s: what is checked is that this is NOT reported
         os.kill(other.pid, signal.SIGCONT)
@@ -109,12 +110,7 @@ def test_after_a_rejoin_only_the_new_controllers_watches_count(tmp_path):
         link = FakeLink()
         mon = Monitor(tmp_path, link, "n0", stop_after_s=60.0)
         link.inbox.put(Watch(agent="worker0.1#1", pid=agent.pid))  # named by the dead controller
-        t = threading.Thread(target=mon.run, daemon=True)
-        t.start()
-        deadline = time.monotonic() + 10
-        while len(mon.watched) < 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        t, deadline = start(mon, watching=1)
         (rejoined,) = link.on_reconnect  # what the link's reader calls after a rejoin, before reading on
         rejoined()
         link.inbox.put(Watch(agent="worker0.1#7", pid=agent.pid))  # the same process, named by the new one
