@@ -176,9 +176,9 @@ class RuntimeConfig:
     whose connection closed, exits by itself (status 3); the controller beats every
     controller_lost_s / 5, so a live but idle controller is never mistaken for a lost one."""
     controller_restarts: int = 3
-    """cluster=local: how many times the supervisor restarts a controller that died (kill -9, crash);
-    the new one re-adopts the live agents, which reconnect within runtime.controller_lost_s. 0: a
-    dead controller ends the run (its agents exit)."""
+    """How many times the supervisor (the launcher locally, the batch step on Slurm) restarts a
+    controller that died (kill -9, crash); the new one re-adopts the live agents, which reconnect
+    within runtime.controller_lost_s. 0: a dead controller ends the run (its agents exit)."""
     heartbeats: bool = True
     """Agents send heartbeats (off only to measure their cost; hangs are then not detected)."""
     commit_vote: bool = True

@@ -1,7 +1,7 @@
 """The run directory: every file name of a run in one place.
 
 Contract: :class:`RunDir` names each file a run keeps (``config.json``, ``token``,
-``controller.json``, ``jobs.json``, ``events.jsonl``, ``summary.json``, ``requeue.json``, ``snapshot.json``, ``steps.jsonl``, ``adopt.json``,
+``controller.json``, ``jobs.json``, ``events.jsonl``, ``summary.json``, ``requeue.json``, ``snapshot.json``, ``steps.jsonl``, ``adopt.json``, ``spawner.json``,
 ``controller-lost.json``, ``logs/``, ``final/``,
 ``checkpoints/``, ``sandbox/``); no other module spells these names. :meth:`RunDir.create` makes the directory
 mode 0700 (the token, checkpoints and logs inside are the owner's alone). It does no other I/O.
@@ -62,6 +62,11 @@ class RunDir:
     def steps(self) -> Path:
         """The step log, one committed step per line, appended off the controller's loop."""
         return self.path / "steps.jsonl"
+
+    @property
+    def spawner(self) -> Path:
+        """On Slurm: what the spawner launched (steps, spare jobs), for a restarted controller."""
+        return self.path / "spawner.json"
 
     @property
     def adopt(self) -> Path:

@@ -1,12 +1,20 @@
-"""The local supervisor: owns what must outlive a controller, and restarts a controller that died.
+"""The supervisor: owns what must outlive a controller, and restarts a controller that died.
 
-Contract (``cluster=local``): :class:`Supervisor` holds the listening control socket and the
-rendezvous store (a restarted controller listens at the same address, and the groups keep their
-store) and the :class:`~tmslurm.runtime.spawner.LocalSpawner` whose children every agent and
-monitor is (so fencing stays by the handle of the process that started it, whichever controller
-asks). It runs the controller as a child process (:mod:`tmslurm.controller.main`), serves its
-spawn requests from a pipe (:mod:`tmslurm.runtime.spawnpipe`), and advertises it in
-``controller.json`` (address and the controller's ``pid``, replaced atomically).
+Contract: :class:`Supervisor` holds the listening control socket and the rendezvous store (a
+restarted controller listens at the same address, and the groups keep their store) and an
+:class:`Owner` of the run's processes. It runs the controller as a child process and advertises
+it in ``controller.json`` (address, the controller's ``pid``, its incarnation and ``advert``,
+replaced atomically).
+
+- ``cluster=local`` (:mod:`tmslurm.controller.main`): the owner is the
+  :class:`~tmslurm.runtime.spawner.LocalSpawner` whose children every agent and monitor is, so
+  fencing stays by the handle of the process that started it, whichever controller asks; the
+  controller's spawn requests come through a pipe (:mod:`tmslurm.runtime.spawnpipe`).
+- ``cluster=slurm`` (:mod:`tmslurm.slurm.ctlmain`, in the main job's batch step): the processes
+  are Slurm steps and spare jobs, which outlive the controller; the controller launches and fences
+  them itself and records them in ``spawner.json``; the owner
+  (:class:`~tmslurm.slurm.spawnstate.SlurmOwner`) only says which still run, and cancels the spare
+  jobs when no controller is left.
 
 - The controller exits with a finished status (0, or 10 without a final hash) or a start error
   (2): :meth:`Supervisor.run` stops every process and returns that status.
@@ -29,13 +37,13 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tmslurm.config import RunConfig
 from tmslurm.rundir import RunDir
 from tmslurm.runtime.journal import Journal
-from tmslurm.runtime.spawner import LocalSpawner
 from tmslurm.runtime.spawnpipe import serve
 
 log = logging.getLogger(__name__)
@@ -43,15 +51,38 @@ ENDED = (0, 10, 2)
 """Controller exit statuses that end the run (see :mod:`tmslurm.controller.main`)."""
 
 
+class Owner(Protocol):
+    """Who holds the run's processes for the supervisor."""
+
+    def alive(self) -> list[tuple[str, int]]:
+        """(kind, ident) of every worker and standby still running."""
+        ...
+
+    def stop_all(self, grace_s: float = 0.0) -> None: ...
+
+
+@dataclass(frozen=True)
+class Child:
+    """How to run the controller child."""
+
+    module: str = "tmslurm.controller.main"
+    pipe: bool = True
+    """Serve its spawn requests on the owner (a :class:`~tmslurm.runtime.spawner.Spawner`) through a pipe."""
+    args: tuple[str, ...] = ()
+    advert: dict[str, Any] = field(default_factory=dict)
+    """Extra fields of ``controller.json`` (on Slurm: ``main_job_id``)."""
+
+
 class Supervisor:
-    def __init__(self, cfg: RunConfig, run_dir: Path, spawner: LocalSpawner, listener: socket.socket, store: Any,
-                 host: str) -> None:
+    def __init__(self, cfg: RunConfig, run_dir: Path, owner: Owner, listener: socket.socket, store: Any,
+                 host: str, child: Child = Child()) -> None:
         self.cfg = cfg
         self.rundir = RunDir(Path(run_dir))
-        self.spawner = spawner
+        self.owner = owner
         self.listener = listener
         self.store = store
         self.host = host
+        self.child = child
         self.journal = Journal(self.rundir.events)
 
     def run(self) -> int:
@@ -64,17 +95,22 @@ class Supervisor:
                     return rc
                 incarnation += 1
         finally:
-            self.spawner.stop_all()
+            self.owner.stop_all()
             self.listener.close()
 
     def _run_controller(self, incarnation: int) -> int:
-        rfd, wfd = os.pipe()
         lfd = self.listener.fileno()
-        cmd = [sys.executable, "-m", "tmslurm.controller.main", "--run-dir", str(self.rundir.path), "--host", self.host,
-               "--listen-fd", str(lfd), "--store-port", str(self.store.port), "--spawn-fd", str(wfd)]
-        proc = subprocess.Popen(cmd + (["--adopt"] if incarnation else []), pass_fds=(lfd, wfd))
+        cmd = [sys.executable, "-m", self.child.module, "--run-dir", str(self.rundir.path), "--host", self.host,
+               "--listen-fd", str(lfd), "--store-port", str(self.store.port), *self.child.args]
+        cmd += ["--adopt"] if incarnation else []
+        if not self.child.pipe:
+            proc = subprocess.Popen(cmd, pass_fds=(lfd,))
+            self._advertise(proc.pid, incarnation)
+            return proc.wait()
+        rfd, wfd = os.pipe()
+        proc = subprocess.Popen(cmd + ["--spawn-fd", str(wfd)], pass_fds=(lfd, wfd))
         os.close(wfd)  # the pipe ends (EOF) when the controller does
-        reader = threading.Thread(target=serve, args=(rfd, self.spawner), name="spawn-requests", daemon=True)
+        reader = threading.Thread(target=serve, args=(rfd, self.owner), name="spawn-requests", daemon=True)
         reader.start()
         self._advertise(proc.pid, incarnation)
         rc = proc.wait()
@@ -85,12 +121,12 @@ class Supervisor:
         path = self.rundir.controller
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps({"host": self.host, "port": self.listener.getsockname()[1], "store_port": self.store.port,
-                                   "pid": pid, "incarnation": incarnation}))
+                                   "pid": pid, "incarnation": incarnation, **self.child.advert}))
         os.replace(tmp, path)
 
     def _restart(self, incarnation: int, rc: int) -> bool:
         died_t = time.time()
-        alive = self.spawner.alive()
+        alive = self.owner.alive()
         limit = self.cfg.runtime.controller_restarts
         self.journal.write("controller_died", incarnation=incarnation, returncode=rc, alive=[f"{k}{i}" for k, i in alive])
         if incarnation >= limit:

@@ -75,7 +75,7 @@ def parser() -> argparse.ArgumentParser:
     k.add_argument("--repeats", type=int, default=2)
     k.add_argument("--warmup", type=int, default=3)
     k.add_argument("--json", default="docs/bench/ckpt.json")
-    cr = sub.add_parser("ctlrestart", help="kill -9 of the controller at random steps: downtime and its parts, exactness (local)")
+    cr = sub.add_parser("ctlrestart", help="kill -9 of the controller at random steps: downtime and its parts, exactness")
     cr.add_argument("--kills", type=int, default=10)
     cr.add_argument("--steps", type=int, default=400)
     cr.add_argument("--dp", type=int, default=2)
@@ -83,6 +83,8 @@ def parser() -> argparse.ArgumentParser:
     cr.add_argument("--model", default="tiny")
     cr.add_argument("--step-delay-s", type=float, default=0.05)
     cr.add_argument("--seed", type=int, default=0)
+    cr.add_argument("--cluster", choices=("local", "slurm"), default="local",
+                    help="where the interrupted run runs (slurm: the local cluster, scripts/local-slurm up)")
     cr.add_argument("--json", default="docs/bench/ctlrestart.json")
     w = sub.add_parser("watcher", help="the Slurm watcher's poll against a cluster that defines many nodes (local Slurm)")
     w.add_argument("--polls", type=int, default=20)

@@ -21,14 +21,13 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from tmslurm.bench.common import say
+from tmslurm.bench.common import commit, say
 from tmslurm.comm.stage_comm import SoloStageComm
 from tmslurm.config import MODEL_PRESETS, TrainConfig
 from tmslurm.train import checkpoint
@@ -88,15 +87,6 @@ def summarise(rows: list[tuple[int, bool, float]], warmup: int, every: int) -> d
 def shard_bytes(out: Path) -> int | None:
     shards = sorted(out.glob("checkpoints/step_*/stage0"))
     return sum(f.stat().st_size for f in shards[-1].iterdir()) if shards else None
-
-
-def commit() -> str:
-    try:
-        r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=10)
-        return r.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "") if r.returncode == 0 else "unknown"
-    except OSError:
-        return "unknown"
 
 
 def ms(x: float | None) -> str:

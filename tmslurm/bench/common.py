@@ -159,3 +159,14 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 def is_root() -> bool:
     return os.geteuid() == 0
+
+
+def commit() -> str:
+    """The measured commit (short hash, ``-dirty`` with uncommitted changes to tracked files), or ``unknown``."""
+    try:
+        r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+                               timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return r.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "") if r.returncode == 0 else "unknown"

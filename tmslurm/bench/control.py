@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from tmslurm.bench.common import say, write_json
+from tmslurm.bench.common import commit, say, write_json
 from tmslurm.bench.ctlhost import raise_open_files
 from tmslurm.bench.loadgen import LoadGen
 from tmslurm.bench.procstat import proc_sample, self_cpu_s, summarize, top_frames
@@ -317,13 +317,6 @@ def _portable(argv: list[str]) -> list[str]:
     return [("<scratch dir>" if a.startswith("/") and i and argv[i - 1] == "--out" else a) for i, a in enumerate(argv)]
 
 
-def git_commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip() or None
-    except OSError:
-        return None
-
-
 def main(args: Any) -> dict[str, Any]:
     nofile = raise_open_files()
     out = Path(args.out).resolve()
@@ -332,7 +325,7 @@ def main(args: Any) -> dict[str, Any]:
         say(f"N={n}: starting the controller ({n} ranks, pp={args.pp}, {STANDBYS} standbys, open files limit {nofile})")
         rows.append(one_size(n, args, out))
     print(table(rows))
-    command, commit = "python -m tmslurm.bench control " + " ".join(_portable(sys.argv[2:])), git_commit()
+    command, commit = "python -m tmslurm.bench control " + " ".join(_portable(sys.argv[2:])), commit()
     for row in rows:
         row.update(label=args.label, overrides=args.override, command=command, git_commit=commit,
                    date=time.strftime("%Y-%m-%d %H:%M:%S %Z"))

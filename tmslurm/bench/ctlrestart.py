@@ -1,8 +1,10 @@
-"""``python -m tmslurm.bench ctlrestart``: what a ``kill -9`` of the controller costs a local run.
+"""``python -m tmslurm.bench ctlrestart``: what a ``kill -9`` of the controller costs a run.
 
-Contract: runs the same ``cluster=local`` job twice (``--dp`` x ``--pp``, ``--model``, one warm
-standby, ``--steps`` steps): once uninterrupted, once with the controller process (the pid in
-``controller.json``, checked to be a child of the launcher this bench started) SIGKILLed at
+Contract: runs the same job twice (``--dp`` x ``--pp``, ``--model``, one warm standby, ``--steps``
+steps): once uninterrupted (``cluster=local``: the numerics do not depend on where ranks run), once
+on ``--cluster`` (``local``, or ``slurm`` on the local cluster, ``scripts/local-slurm up``) with
+the controller process (the pid in ``controller.json``, checked to be a child of the launcher this
+bench started, or on Slurm to be this run's ``tmslurm.slurm.ctlmain`` process) SIGKILLed at
 ``--kills`` random committed steps, one kill after the previous restart was adopted
 (``runtime.controller_restarts`` = ``--kills``). Per ``controller_restart`` event of the summary it
 prints the downtime and its parts (``before_death``, ``restart``, ``adopt``, ``first_step``, which
@@ -24,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tmslurm.bench.common import LocalJob, run_local, say, write_json
+from tmslurm.bench.common import LocalJob, SlurmJob, commit, run_local, say, write_json
 from tmslurm.errors import TmslurmError
 
 PARTS = ("before_death_s", "restart_s", "adopt_s", "first_step_s", "gap_s", "downtime_s")
@@ -50,6 +52,52 @@ def kill_controller(job: LocalJob) -> int:
         raise TmslurmError(f"pid {pid} in controller.json is not a child of the launcher {job.proc.pid}")
     os.kill(pid, signal.SIGKILL)
     return pid
+
+
+def kill_slurm_controller(run_dir: Path, incarnation: int, timeout: float = 60) -> int:
+    """SIGKILL this run's Slurm controller of ``incarnation`` (the lab's nodes share this pid namespace)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            info = json.loads((run_dir / "controller.json").read_text())
+            cmd = Path(f"/proc/{int(info['pid'])}/cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError, KeyError):
+            cmd = []
+        if info.get("incarnation") == incarnation and b"tmslurm.slurm.ctlmain" in cmd and str(run_dir).encode() in cmd:
+            os.kill(int(info["pid"]), signal.SIGKILL)
+            return int(info["pid"])
+        time.sleep(0.05)
+    raise TmslurmError(f"no controller of incarnation {incarnation} of {run_dir} on this host")
+
+
+def interrupted_slurm(out: Path, overrides: list[str], kill_steps: list[int]) -> dict[str, Any]:
+    run_dir = (out / "killed-slurm").resolve()
+    SlurmJob(run_dir, [*overrides, f"runtime.controller_restarts={len(kill_steps)}", "slurm.partition=debug",
+                       "slurm.time=00:30:00", "slurm.poll_interval_s=0.5"])
+    for i, step in enumerate(kill_steps):
+        deadline = time.monotonic() + 600
+        while committed(run_dir) < step:
+            if (run_dir / "summary.json").exists() or time.monotonic() > deadline:
+                raise TmslurmError(f"the run ended or stalled before step {step}; see {run_dir}")
+            time.sleep(0.01)
+        say(f"kill {i + 1}/{len(kill_steps)}: SIGKILL of controller {kill_slurm_controller(run_dir, i)} at step {committed(run_dir)}")
+        wait_journal(run_dir, lambda e, i=i: e["type"] == "adopted" and e["incarnation"] == i + 1, 60, f"adoption {i + 1}")
+    deadline = time.monotonic() + 900
+    while not (run_dir / "summary.json").exists():
+        if time.monotonic() > deadline:
+            raise TmslurmError(f"no summary after 900s; see {run_dir}")
+        time.sleep(0.5)
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def wait_journal(run_dir: Path, pred: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = (run_dir / "events.jsonl").read_text().splitlines() if (run_dir / "events.jsonl").exists() else []
+        if any(pred(json.loads(line)) for line in lines):
+            return
+        time.sleep(0.05)
+    raise TmslurmError(f"timed out after {timeout:.0f}s waiting for {what}; see {run_dir}")
 
 
 def interrupted(out: Path, overrides: list[str], kill_steps: list[int]) -> dict[str, Any]:
@@ -82,7 +130,7 @@ def main(args: argparse.Namespace) -> None:
     say(f"reference run ({args.steps} steps) -> {out}/reference")
     ref = run_local(out / "reference", overrides)
     say(f"interrupted run: kills at steps {kill_steps} -> {out}/killed")
-    s = interrupted(out, overrides, kill_steps)
+    s = (interrupted_slurm if args.cluster == "slurm" else interrupted)(out, overrides, kill_steps)
     events = [e for e in s["events"] if e["kind"] == "controller_restart"]
     exact = s["final_state_sha256"] == ref["final_state_sha256"] and s["replicas_equal"] is True
     say(f"{'#':>3}{'downtime':>10}{'before death':>14}{'restart':>9}{'adopt':>8}{'first step':>12}{'gap':>8}")
@@ -95,5 +143,5 @@ def main(args: argparse.Namespace) -> None:
     say(f"median step {s['median_step_s']:.3f}s; exact: {exact} ({s['final_state_sha256']})")
     write_json(Path(args.json), {"command": "python -m tmslurm.bench ctlrestart " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("cmd", "out", "json")),
-        "date": time.strftime("%Y-%m-%d %H:%M"), "kill_steps": kill_steps, "overrides": overrides,
+        "date": time.strftime("%Y-%m-%d %H:%M"), "commit": commit(), "cluster": args.cluster, "kill_steps": kill_steps, "overrides": overrides,
         "median_step_s": s["median_step_s"], "exact": exact, "events": events, "spread": summary})

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from tmslurm.bench.common import LocalJob, say
+from tmslurm.bench.common import LocalJob, commit, say
 
 ALARMS = ("hung", "abort", "node_lost", "stuck", "process_exit", "standby_lost", "fenced", "restart", "comm_error",
           "handler_error", "exited_ignored", "late_join")
@@ -57,7 +56,7 @@ def main(args: Any) -> dict[str, Any]:
     found = alarms(job.journal(), stop_t)
     dts = [e["dt"] for e in summary.get("step_log", []) if e.get("dt") is not None]
     result = {"command": "python -m tmslurm.bench soak " + " ".join(sys.argv[2:]), "date": time.strftime("%Y-%m-%d %H:%M"),
-              "commit": _commit(), "overrides": overrides, "minutes": round((stop_t - t0) / 60, 2),
+              "commit": commit(), "overrides": overrides, "minutes": round((stop_t - t0) / 60, 2),
               "steps": summary.get("steps"), "median_step_s": statistics.median(dts) if dts else None,
               "alarms": dict(found), "alarm_count": sum(found.values()), "unexpected_events":
               [e for e in summary.get("events", []) if e.get("trigger") == "unexpected" or e.get("kind") == "unexpected"]}
@@ -65,11 +64,3 @@ def main(args: Any) -> dict[str, Any]:
         f"alarms {result['alarm_count']} {result['alarms']}")
     Path(args.json).write_text(json.dumps(result, indent=1))
     return result
-
-
-def _commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              timeout=10).stdout.strip() or None
-    except (OSError, subprocess.TimeoutExpired):
-        return None

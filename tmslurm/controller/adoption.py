@@ -1,4 +1,4 @@
-"""Re-adopting the live agents after the controller itself was restarted (cluster=local).
+"""Re-adopting the live agents after the controller itself was restarted (by its supervisor).
 
 Contract: built by a restarted incarnation only (the supervisor wrote ``adopt.json``: the
 incarnation number, when the previous one died, and the (kind, ident) of every worker and standby

@@ -13,8 +13,8 @@ callbacks), whatever the training thread is doing: when the connection closed an
 not exited :data:`LOST_GRACE_S` later, or when nothing at all came from the controller for
 ``runtime.controller_lost_s`` (a silent controller host sends no FIN).
 
-Surviving a controller restart (``runtime.controller_restarts`` > 0, cluster=local, where a
-supervisor restarts a controller that died): when the connection closes, the reader thread does
+Surviving a controller restart (``runtime.controller_restarts`` > 0: a supervisor, locally and
+on Slurm, restarts a controller that died): when the connection closes, the reader thread does
 not give up but reconnects (backoff 0.05 s doubling to 1 s, the address re-read from
 ``controller.json``) until ``runtime.controller_lost_s`` has passed. Its hello carries a
 :class:`~tmslurm.messages.Rejoin` (the slot it serves, its epoch, the last decision it received,
@@ -278,8 +278,8 @@ def hello(run_dir: Path, kind: str, ident: int, node: str,
 
 
 def restartable(cfg: dict[str, Any]) -> bool:
-    """A supervisor restarts this run's controller (cluster=local with runtime.controller_restarts > 0)."""
-    return cfg.get("cluster") == "local" and int(cfg["runtime"].get("controller_restarts", 0)) > 0
+    """A supervisor restarts this run's controller (runtime.controller_restarts > 0)."""
+    return int(cfg["runtime"].get("controller_restarts", 0)) > 0
 
 
 def node_name(arg: str | None) -> str:

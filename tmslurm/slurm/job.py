@@ -2,9 +2,11 @@
 
 Contract: ``python -m tmslurm.slurm.job [--run-dir D] [OVERRIDE ...]`` (what
 ``scripts/tmslurm.sbatch`` runs) or :func:`main_job` (what ``tmslurm-launch cluster=slurm`` submits)
-runs inside the main allocation, on its batch host. It starts the controller, one ``--no-kill`` step
-per rank, the spare jobs, and a :class:`~tmslurm.slurm.watcher.SlurmWatcher` over the job's and the
-spares' nodes whose notices drive planned switches (drain, reboot ASAP, maintenance reservation) and
+runs inside the main allocation, on its batch host. It runs the supervisor
+(:class:`~tmslurm.supervisor.Supervisor`: it holds the control socket and the rendezvous store and
+restarts a controller that dies, up to ``runtime.controller_restarts`` times), whose child
+controller (:mod:`tmslurm.slurm.ctlmain`) starts one ``--no-kill`` step per rank, the spare jobs,
+and a :class:`~tmslurm.slurm.watcher.SlurmWatcher` over the job's and the spares' nodes whose notices drive planned switches (drain, reboot ASAP, maintenance reservation) and
 failures (DOWN, NOT_RESPONDING, FAIL). After a planned switch empties a node, the node is cut out of
 the job (``scontrol update jobid=J nodelist=...``) so a draining node becomes DRAINED while training
 goes on. A drain of the batch host itself cannot be handled by a switch (the job ends with it): the
@@ -14,7 +16,6 @@ that checkpoint. Exit status 0 when the run finished.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -27,7 +28,6 @@ from typing import Any
 from tmslurm.config import RunConfig, compose_config, from_dict, num_nodes
 from tmslurm.errors import SlurmError, TmslurmError
 from tmslurm.rundir import RunDir
-from tmslurm.runtime.protocol import read_token
 
 log = logging.getLogger(__name__)
 
@@ -51,39 +51,32 @@ def main_job(run_dir: str) -> dict[str, Any]:
 
 
 def run_in_allocation(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
-    from tmslurm.controller import Controller, ControlServer
+    """Run the supervisor here (the batch host) until the run ends; the summary (``failed`` and no
+    final hash when the run ended without one)."""
+    from tmslurm.controller.server import open_store
     from tmslurm.slurm.client import make_client
-    from tmslurm.slurm.hooks import SlurmHooks
-    from tmslurm.slurm.spawner import SlurmSpawner, job_nodes
-    from tmslurm.slurm.watcher import NodeWatch, SlurmWatcher
+    from tmslurm.slurm.spawner import job_nodes
+    from tmslurm.slurm.spawnstate import SlurmOwner
+    from tmslurm.supervisor import Child, Supervisor
     from tmslurm.topology import Layout
     from tmslurm.train.ckpt_index import latest_complete
 
     job_id = os.environ["SLURM_JOB_ID"]
     nodes = job_nodes()
-    client = make_client(cfg.slurm.backend)
     rundir = RunDir(run_dir)
-    token = read_token(run_dir)
-    if latest_complete(run_dir, Layout.from_config(cfg).shard_names) is not None and not cfg.train.resume_from:
-        cfg.train.resume_from = str(run_dir)  # a requeued main job resumes from its own checkpoint
+    resume = latest_complete(run_dir, Layout.from_config(cfg).shard_names) is not None and not cfg.train.resume_from
+    if resume:  # a requeued main job resumes from its own checkpoint
         log.info("resuming from the run directory's latest checkpoint (requeued job)")
-    spawner = SlurmSpawner(run_dir, cfg, client, job_id, nodes)
-    watch = NodeWatch({n: "main" for n in nodes})
-    server = ControlServer.open(_advertise_host(client, nodes[0]))
-    ctl = Controller(cfg, run_dir, spawner, SlurmHooks(client, spawner, watch, job_id, nodes[0]), server.address)
-    rundir.controller.write_text(json.dumps({**server.address, "main_job_id": job_id, "pid": os.getpid()}))
-    watcher = SlurmWatcher(client, watch, cfg.slurm.poll_interval_s, on_notice=lambda n: _on_slurm_notice(ctl, n))
-    if cfg.slurm.watch:
-        watcher.start()
+    rundir.spawner.unlink(missing_ok=True)  # a previous job incarnation's steps are gone with it
+    host = _advertise_host(make_client(cfg.slurm.backend), nodes[0])
+    child = Child(module="tmslurm.slurm.ctlmain", pipe=False, args=("--resume-own",) if resume else (),
+                  advert={"main_job_id": job_id})
+    sup = Supervisor(cfg, run_dir, SlurmOwner(rundir.spawner), socket.create_server((host, 0)), open_store(host), host, child)
+    rc = sup.run()
     try:
-        return ctl.run(server, token)
-    finally:
-        if cfg.slurm.watch:
-            watcher.stop(timeout=5)
-
-
-def _on_slurm_notice(ctl: Any, notice: Any) -> None:
-    ctl.submit_notice(dataclasses.replace(notice, reason=f"{notice.slurm_state} {notice.reason}".strip()))
+        return json.loads(rundir.summary.read_text())
+    except (OSError, ValueError):
+        return {"failed": f"the controller ended with status {rc} and wrote no summary", "final_params_sha256": None}
 
 
 def submit_main(run_dir: Path, cfg: RunConfig) -> str:

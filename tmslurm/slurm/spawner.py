@@ -40,6 +40,7 @@ from tmslurm.slurm.client import SlurmClient
 from tmslurm.slurm.hostlist import expand_hostlist
 from tmslurm.slurm.lane import Lane
 from tmslurm.slurm.parse import OK, classify
+from tmslurm.slurm.spawnstate import RecordWriter, Spare, SpawnRecord
 from tmslurm.slurm.submit import submit_spare
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,8 @@ log = logging.getLogger(__name__)
 
 class SlurmSpawner:
     def __init__(self, run_dir: Path, cfg: RunConfig, client: SlurmClient, job_id: str, nodes: list[str], *,
-                 background: Callable[[Callable[[], None], str], None] | None = None, lane: Lane | None = None) -> None:
+                 background: Callable[[Callable[[], None], str], None] | None = None, lane: Lane | None = None,
+                 record: SpawnRecord | None = None) -> None:
         self.background = background or _daemon_thread  # runs Slurm commands the caller must not wait for
         self.lane = lane or Lane()  # the other Slurm commands, in order, off the controller's thread
         self.lock = threading.Lock()  # spares, bad_nodes and main_nodes are shared with the lane
@@ -62,9 +64,30 @@ class SlurmSpawner:
         self.rank_steps: dict[int, tuple[str, str]] = {}  # rank -> (job, step name) of its latest step
         self.spares: dict[str, dict[str, Any]] = {}
         self.bad_nodes: set[str] = set()
-        self.spare_counter = 0
         self.monitored: set[tuple[str, str]] = set()  # (job, node) with a monitor step
+        if record is not None:  # a restarted controller takes over what its predecessor launched
+            self._restore(record)
+        self.writer = RecordWriter(RunDir(self.run_dir).spawner)
         RunDir(self.run_dir).logs.mkdir(parents=True, exist_ok=True)
+
+    def _restore(self, record: SpawnRecord) -> None:
+        self.rank_node.update(record.rank_node)
+        self.rank_steps = dict(record.rank_steps)
+        self.spares = {j: s.model_dump() for j, s in record.spares.items()}
+        self.main_nodes = list(record.main_nodes)
+        self.bad_nodes = set(record.bad_nodes)
+        self.monitored = set(record.monitored)
+
+    def record(self) -> SpawnRecord:
+        with self.lock:
+            return SpawnRecord(main_job_id=self.job_id, ranks_per_node=self.rpn, rank_node=dict(self.rank_node),
+                               rank_steps=dict(self.rank_steps), spares={j: Spare(**s) for j, s in self.spares.items()},
+                               main_nodes=list(self.main_nodes), bad_nodes=sorted(self.bad_nodes),
+                               monitored=sorted(self.monitored))
+
+    def _changed(self) -> None:
+        """Hand the new record to the writer (``spawner.json``, off this thread)."""
+        self.writer.offer(self.record())
 
     def node_of_rank(self, rank: int) -> str:
         return self.rank_node[rank]
@@ -72,10 +95,12 @@ class SlurmSpawner:
     # ---- ranks --------------------------------------------------------------------------------
     def _srun(self, job_id: str, node: str, who: str, args: list[str], module: str = "tmslurm.runtime.agent") -> None:
         if wants_monitors(self.cfg) and (job_id, node) not in self.monitored:  # the node's monitor: a step of its own
-            self.monitored.add((job_id, node))
+            with self.lock:
+                self.monitored.add((job_id, node))
             self._srun(job_id, node, f"monitor-{node}", [], module="tmslurm.slurm.orphan")
         if args[:1] == ["--rank"]:
-            self.rank_steps[int(args[1])] = (job_id, f"tmslurm-{who}")
+            with self.lock:
+                self.rank_steps[int(args[1])] = (job_id, f"tmslurm-{who}")
         log_path = RunDir(self.run_dir).log(who)
         cmd = ["srun", f"--jobid={job_id}", "-N1", "-n1", f"-w{node}", "--no-kill", "--kill-on-bad-exit=0", "--overlap",
                f"--job-name=tmslurm-{who}", "--output", str(log_path), sys.executable, "-m", module,
@@ -84,6 +109,7 @@ class SlurmSpawner:
                                                                                   "SLURM_NNODES", "SLURM_TASKS_PER", "SLURM_CPU"))}
         with open(log_path.with_suffix(".srun"), "ab") as err:
             self.steps.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env, start_new_session=True))
+        self._changed()
 
     def spawn_worker(self, rank: int, incarnation: int) -> bool:
         """Start rank's step on its node; off a bad node onto a spare when one is there; False when
@@ -104,8 +130,9 @@ class SlurmSpawner:
                 return True
             log.error("rank %d has no node to restart on (node %s left the job; no spare allocation)", rank, node)
             return False
-        spare["used_for_restart"] = True
-        self.rank_node[rank] = spare["node"]
+        with self.lock:
+            spare["used_for_restart"] = True
+            self.rank_node[rank] = spare["node"]
         self._srun(spare["job_id"], spare["node"], f"rank{rank}.{incarnation}", ["--rank", str(rank)])
         return True
 
@@ -126,6 +153,7 @@ class SlurmSpawner:
             return
         with self.lock:
             self.spares[job_id] = {"job_id": job_id, "index": job_index, "node": None}
+        self._changed()
         log.info("spare job %s submitted (standbys %d..%d)", job_id, index, index + self.rpn - 1)
 
     def still_bad(self) -> list[str]:
@@ -143,11 +171,17 @@ class SlurmSpawner:
         healed = {name for name, info in infos.items() if classify(info) == OK}
         with self.lock:
             self.bad_nodes -= healed
-            return sorted(self.bad_nodes)
+            bad = sorted(self.bad_nodes)
+        if healed:
+            self._changed()
+        return bad
 
     def add_bad_node(self, node: str) -> None:
         with self.lock:
+            new = node not in self.bad_nodes
             self.bad_nodes.add(node)
+        if new:
+            self._changed()
 
     def spare_job_ids(self) -> list[str]:
         with self.lock:
@@ -165,6 +199,7 @@ class SlurmSpawner:
             if job is not None and job.nodes:
                 with self.lock:
                     self.spares[job_id]["node"] = job.nodes[0]
+                self._changed()
 
     def _job(self, job_id: str) -> Any:
         try:
@@ -226,6 +261,7 @@ class SlurmSpawner:
             return
         with self.lock:
             self.main_nodes = [n for n in self.main_nodes if n != node]
+        self._changed()
         log.info("node %s released from job %s", node, self.job_id)
         released(node)
 

@@ -1,0 +1,123 @@
+"""What a restarted Slurm controller takes over: the spawner's record, and who still runs.
+
+Slurm's commands are captured (no cluster); the real path runs in
+tests/slurm/test_slurm_controller_restart.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from types import SimpleNamespace
+
+import pytest
+
+from tmslurm.config import compose_config
+from tmslurm.errors import TmslurmError
+from tmslurm.rundir import RunDir
+from tmslurm.slurm import spawner as sp
+from tmslurm.slurm import spawnstate as ss
+from tmslurm.slurm.lane import Lane
+
+RUNNING = "77\n90\n"
+STEPS = "77.batch batch\n77.extern extern\n77.0 tmslurm-monitor-n1\n77.3 tmslurm-rank0.0\n77.5 tmslurm-rank2.0\n" \
+        "90.batch batch\n90.2 tmslurm-rank1.1\n"
+
+
+def record(**kw) -> ss.SpawnRecord:
+    base = dict(main_job_id="77", ranks_per_node=1, rank_node={0: "n1", 1: "n9", 2: "n3"},
+                rank_steps={0: ("77", "tmslurm-rank0.0"), 1: ("90", "tmslurm-rank1.1"), 2: ("77", "tmslurm-rank2.0")},
+                spares={"90": ss.Spare(job_id="90", index=0, node="n9", used_for_restart=True),
+                        "91": ss.Spare(job_id="91", index=1)},
+                main_nodes=["n1", "n3"], bad_nodes=["n2"], monitored=[("77", "n1")])
+    return ss.SpawnRecord(**{**base, **kw})
+
+
+def test_parse_listing_keeps_jobs_and_named_steps():
+    jobs, steps = ss.parse_listing(RUNNING, STEPS)
+    assert jobs == {"77", "90"}
+    assert ("77", "tmslurm-rank0.0") in steps and ("90", "tmslurm-rank1.1") in steps and ("77", "batch") in steps
+    assert ss.parse_listing("", "garbage line with words\n\n") == (set(), set())
+
+
+@pytest.mark.parametrize("listing, alive", [
+    # every rank's latest step runs; spare 90 runs (standby 0), spare 91 is still pending (standby 1 not started)
+    (ss.parse_listing(RUNNING, STEPS), [("standby", 0), ("worker", 0), ("worker", 1), ("worker", 2)]),
+    # rank 2's step ended (its node was lost), spare 90 ended: rank 1's step in it too
+    (ss.parse_listing("77\n", "77.3 tmslurm-rank0.0\n"), [("worker", 0)]),
+    # an older step of rank 1 on the main job does not count: only its latest
+    (ss.parse_listing("77\n", "77.1 tmslurm-rank1.0\n"), []),
+    # Slurm could not be asked: everyone the record names, the controller fences who does not come back
+    (None, [("standby", 0), ("standby", 1), ("worker", 0), ("worker", 1), ("worker", 2)]),
+])
+def test_live_processes(listing, alive):
+    assert ss.live_processes(record(), listing) == alive
+
+
+def test_live_processes_counts_every_standby_of_a_spare_job():
+    rec = record(ranks_per_node=2, spares={"90": ss.Spare(job_id="90", index=1)}, rank_steps={})
+    assert ss.live_processes(rec, ({"90"}, set())) == [("standby", 2), ("standby", 3)]
+
+
+def test_read_record_round_trip_and_errors(tmp_path):
+    path = tmp_path / "spawner.json"
+    assert ss.read_record(path) is None
+    writer = ss.RecordWriter(path)
+    writer.offer(record())
+    assert writer.flush(5.0)
+    assert ss.read_record(path) == record()
+    path.write_text('{"main_job_id": "77"}')
+    with pytest.raises(TmslurmError, match="spawner.json"):
+        ss.read_record(path)
+
+
+@pytest.fixture
+def captured(tmp_path, monkeypatch):
+    runs: list[list[str]] = []
+
+    def fake_run(cmd, **kwargs):
+        runs.append(list(cmd))
+        out = STEPS if "-s" in cmd else RUNNING if "-t" in cmd else ""
+        return subprocess.CompletedProcess(cmd, 0, out, "")
+
+    monkeypatch.setattr(sp.subprocess, "run", fake_run)
+    monkeypatch.setattr(ss.subprocess, "run", fake_run)
+    monkeypatch.setattr(sp.subprocess, "Popen", lambda cmd, **k: runs.append(list(cmd)) or SimpleNamespace(poll=lambda: 0))
+    return runs
+
+
+def test_a_restarted_spawner_fences_what_its_predecessor_launched(tmp_path, captured):
+    cfg = compose_config(["cluster=slurm", "parallel.dp=2", "parallel.pp=2"])
+    client = SimpleNamespace(nodes=lambda names: [])
+    first = sp.SlurmSpawner(tmp_path, cfg, client, "77", ["n1", "n2", "n3", "n4"], background=lambda w, n: w(),
+                            lane=Lane(inline=True))
+    for rank in range(4):
+        first.spawn_worker(rank, 0)
+    first.spares["90"] = {"job_id": "90", "index": 0, "node": "n9", "used_for_restart": False}
+    first.add_bad_node("n2")
+    assert first.writer.flush(5.0)
+    rec = ss.read_record(RunDir(tmp_path).spawner)
+    assert rec.rank_steps[1] == ("77", "tmslurm-rank1.0") and rec.bad_nodes == ["n2"] and "90" in rec.spares
+    second = sp.SlurmSpawner(tmp_path, cfg, client, "77", ["n1", "n2", "n3", "n4"], background=lambda w, n: w(),
+                             lane=Lane(inline=True), record=rec)
+    captured.clear()
+    second.fence("worker", 0)  # by the step name the first spawner gave it, as Slurm lists it
+    assert captured == [["squeue", "-h", "-s", "-j", "77", "-o", "%i %j"], ["scancel", "--signal=KILL", "77.3"]]
+    assert second.spare_job_ids() == ["90"] and second.bad_nodes == {"n2"}
+    assert second.monitored == first.monitored  # no second monitor step on a node that has one
+    captured.clear()
+    second.spawn_worker(3, 1)
+    (srun,) = [c for c in captured if c[0] == "srun"]  # the rank's step only: n4 already has its monitor
+    assert "--job-name=tmslurm-rank3.1" in srun and "-wn4" in srun
+
+
+def test_the_owner_cancels_only_spare_jobs_that_still_run(tmp_path, captured):
+    path = tmp_path / "spawner.json"
+    writer = ss.RecordWriter(path)
+    writer.offer(record())
+    assert writer.flush(5.0)
+    owner = ss.SlurmOwner(path)
+    assert owner.alive() == [("standby", 0), ("worker", 0), ("worker", 1), ("worker", 2)]
+    captured.clear()
+    owner.stop_all()
+    assert [c for c in captured if c[0] == "scancel"] == [["scancel", "90"]]  # 91 is not running
+    assert ss.SlurmOwner(tmp_path / "none.json").alive() == []
