@@ -325,15 +325,15 @@ def main(args: Any) -> dict[str, Any]:
         say(f"N={n}: starting the controller ({n} ranks, pp={args.pp}, {STANDBYS} standbys, open files limit {nofile})")
         rows.append(one_size(n, args, out))
     print(table(rows))
-    command, commit = "python -m tmslurm.bench control " + " ".join(_portable(sys.argv[2:])), commit()
+    command, measured = "python -m tmslurm.bench control " + " ".join(_portable(sys.argv[2:])), commit()
     for row in rows:
-        row.update(label=args.label, overrides=args.override, command=command, git_commit=commit,
+        row.update(label=args.label, overrides=args.override, command=command, git_commit=measured,
                    date=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
     path = Path(args.json)
     if args.append and path.exists():
         rows = json.loads(path.read_text())["rows"] + rows
     result = {"command": command,
-              "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "git_commit": commit,
+              "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "git_commit": measured,
               "setup": {"pp": args.pp, "standbys": STANDBYS, "step_ms": args.step_ms, "heartbeat_s": args.heartbeat_s,
                         "warmup": args.warmup, "steps": args.steps, "window": args.window, "overrides": args.override},
               "rows": rows}

@@ -4,7 +4,7 @@ Contract:
 - :class:`LoadGen` connects one :class:`~tmslurm.bench.simagent.SimAgent` per worker rank and per
   standby to a real controller over loopback TCP, at most ``window`` hellos waiting for their
   ``welcome`` at once (the gate drops connections beyond ``GateLimits.max_unauthenticated``), and
-  then plays every agent's part: heartbeats every ``hb_s`` (each agent at its own phase), a vote
+  then plays every agent's part: a heartbeat after ``hb_s`` without another line (each agent at its own phase), a vote
   ``step_s`` after each decision, the replies of the reply logic, the state hand-overs between a
   leaver or source and its joiner, and the recovery barrier. Everything runs on the thread that
   calls :meth:`LoadGen.run`; other threads use :meth:`call` / :meth:`query` / :meth:`stop`.
@@ -90,6 +90,8 @@ class Conn:
     closed: bool = False
     connecting: bool = False
     vote_seq: int = 0
+    sent_m: float = 0.0
+    """When the last line went to the controller (monotonic)."""
 
 
 class LoadGen:
@@ -304,6 +306,7 @@ class LoadGen:
     def _send(self, conn: Conn, data: bytes) -> None:
         if conn.closed:
             return
+        conn.sent_m = time.monotonic()
         if conn.out:
             conn.out += data
             return
@@ -354,11 +357,15 @@ class LoadGen:
             self._apply(conn, conn.agent.vote())
 
     def _beat(self, conn: Conn) -> None:
+        """As a real agent (:meth:`~tmslurm.runtime.link.Link._beat`): a heartbeat only after
+        ``hb_s`` without any other line."""
         if conn.closed:
             return
-        self._send(conn, HB_LINE)
-        self.hb_sent += 1
-        self._at(time.monotonic() + self.hb_s, lambda: self._beat(conn))
+        now = time.monotonic()
+        if now - conn.sent_m >= self.hb_s:
+            self._send(conn, HB_LINE)
+            self.hb_sent += 1
+        self._at(conn.sent_m + self.hb_s, lambda: self._beat(conn))
 
     def _give(self, xfer: str, step: int) -> None:
         taker = self.takers.pop(xfer, None)

@@ -66,6 +66,9 @@ class Link:
     abort_lock: threading.Lock = field(default_factory=threading.Lock)
     heard_m: float = field(default_factory=time.monotonic)
     """When the last line came from the controller (monotonic)."""
+    sent_m: float = field(default_factory=time.monotonic)
+    """When this agent last sent a line (monotonic; its hello just before the link was made): any
+    line proves it alive, so a heartbeat is only sent after ``heartbeat_s`` without one."""
     on_lost: Callable[[str], None] | None = None
     """Called (with why) by the watchdog just before it ends the process for a lost controller."""
     before_exit: list[Callable[[], Any]] = field(default_factory=list)
@@ -93,7 +96,9 @@ class Link:
                 self.pending_vote = msg
             elif msg.get("type") in STICKY:
                 self.sticky.append(msg)
-            if not self.channel.try_send(msg) and self.rejoin is None:
+            if self.channel.try_send(msg):
+                self.sent_m = time.monotonic()
+            elif self.rejoin is None:
                 self.lost.set()
 
     def _read(self) -> None:
@@ -166,11 +171,17 @@ class Link:
         return True
 
     def _beat(self) -> None:
+        """A heartbeat whenever nothing else was sent for ``heartbeat_s``: the controller counts any
+        line as a sign of life, so a rank voting faster than that sends none (at 4,096 ranks that
+        is ~20,000 lines a second the controller no longer reads; docs/benchmarks.md section 7)."""
         if self.heartbeat_s <= 0:
             return
         while not self.lost.is_set():
-            self.send({"type": "hb"})
-            time.sleep(self.heartbeat_s)
+            idle = time.monotonic() - self.sent_m
+            if idle >= self.heartbeat_s:
+                self.send({"type": "hb"})
+                idle = 0.0
+            time.sleep(self.heartbeat_s - idle)
 
     def _watch(self) -> None:
         while True:
