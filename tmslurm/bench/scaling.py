@@ -4,17 +4,18 @@ Contract: local processes (``cluster=local``), tiny model, DP x PP2 layouts with
 one standby; the same drain of rank 1 with ``runtime.switch_mode=delta`` (only the groups containing
 the leaver, built in the background) and ``full`` (every group rebuilt inside the pause). Prints
 phase-2 time and downtime for both series side by side and the 16-vs-4 ratios; writes
-``docs/bench/scaling.json``.
+``docs/bench/scaling.json`` (the command, commit and date, every row, and per size and mode the
+sample count, median, min and max).
 """
 
 from __future__ import annotations
 
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
-import time
-
-from tmslurm.bench.common import LocalJob, median, say, write_json
+from tmslurm.bench.common import LocalJob, commit, median, say, write_json
 
 
 def _one(out: Path, ranks: int, mode: str, rep: int, steps: int) -> dict[str, Any]:
@@ -51,11 +52,27 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def spread(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per size and mode: n, median, min and max of the downtime and of phase 2."""
+    out = []
+    for n in sorted({r["ranks"] for r in rows}):
+        for m in ("delta", "full"):
+            cell = [r for r in rows if r["ranks"] == n and r["mode"] == m]
+            entry: dict[str, Any] = {"ranks": n, "mode": m, "n": len(cell)}
+            for k in ("downtime_s", "phase2_s"):
+                xs = [r[k] for r in cell if r[k] is not None]
+                entry[k] = {"median": median(xs), "min": min(xs, default=None), "max": max(xs, default=None)}
+            out.append(entry)
+    return out
+
+
 def main(args: Any) -> dict[str, Any]:
     out = Path(args.out).resolve()
     rows = [_one(out, n, mode, rep, args.steps) for n in args.sizes for rep in range(args.repeats) for mode in ("delta", "full")]
     print(table(rows))
-    result = {"setup": {"model": "tiny", "layout": "DP x PP2, one standby, drain of rank 1", "repeats": args.repeats,
-                        "host": "local processes on one 2-core machine"}, "rows": rows}
+    result = {"command": "python -m tmslurm.bench scaling " + " ".join(sys.argv[2:]), "commit": commit(),
+              "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+              "setup": {"model": "tiny", "layout": "DP x PP2, one standby, drain of rank 1", "repeats": args.repeats,
+                        "host": "local processes on one 2-core machine"}, "rows": rows, "spread": spread(rows)}
     write_json(Path(args.json), result)
     return result
