@@ -68,6 +68,10 @@ class FakeSpawner:
 class FakeCluster(LocalHooks):
     def __init__(self) -> None:
         self.released: list[list[str]] = []
+        self.lost: list[str] = []
+
+    def node_lost(self, node):
+        self.lost.append(node)
 
     def release_nodes(self, nodes, released):
         self.released.append(nodes)

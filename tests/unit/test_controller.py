@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.unit.controller_harness import FakeChannel, Harness
+from tests.unit.controller_harness import FakeChannel, FakeCluster, FakeSpawner, Harness
 from tmslurm.controller.plans import PlannedSwitch, Recovery
 from tmslurm.controller.state import Mode
 from tmslurm.messages import NoticeRequest
@@ -168,6 +168,7 @@ def test_no_standby_falls_back_to_a_restart_from_the_checkpoint(tmp_path):
     h.abort_all([0, 1, 3])
     assert h.spawner.workers[-4:] == [(0, 1), (1, 1), (2, 1), (3, 1)] and h.state.incarnation == 1
     assert h.state.expected == {("worker", r) for r in range(4)} and h.state.mode is Mode.RUNNING
+    assert h.cluster.released == []  # every rank restarted on its own node: nothing to give back
 
 
 AGENT_MESSAGES = st.sampled_from(["vote", "prepared", "switched", "left", "aborted", "recovered", "joined", "join_failed",
@@ -251,3 +252,23 @@ def test_launch_warns_when_a_slurm_run_has_no_periodic_checkpoint(caplog):
     warn_unprotected(compose_config(["cluster=slurm", "standby.count=1", "train.checkpoint_every=0"]))
     (rec,) = caplog.records
     assert rec.levelname == "WARNING" and "train.checkpoint_every=K" in rec.message and "batch host" in rec.message
+
+
+def test_a_restart_that_moves_a_rank_off_a_bad_node_gives_that_node_back(tmp_path):
+    class Moving(FakeSpawner):
+        def __init__(self) -> None:
+            super().__init__()
+            self.nodes = {r: f"n{r}" for r in range(4)}
+
+        def spawn_worker(self, rank: int, incarnation: int) -> bool:
+            if incarnation and rank == 2:
+                self.nodes[2] = "spare0"  # n2 went bad: the restart puts rank 2 on a spare allocation
+            return super().spawn_worker(rank, incarnation)
+
+        def node_of_rank(self, rank: int) -> str:
+            return self.nodes[rank]
+
+    h = Harness(tmp_path, 2, 2, 0, cluster=lambda cfg: (Moving(), FakeCluster()))
+    h.disconnect(2)
+    h.abort_all([0, 1, 3])
+    assert h.state.incarnation == 1 and h.cluster.released == [["n2"]]

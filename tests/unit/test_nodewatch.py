@@ -57,8 +57,9 @@ def test_a_node_is_lost_only_when_it_alone_went_dark(tmp_path, dark, age_s, lost
         assert h.spawner.fenced == [("worker", 1)]
         assert isinstance(h.state.plan, Recovery) and h.state.plan.dead == {1}
         assert "node n1 lost" in h.state.plan.reason
+        assert h.cluster.lost == ["n1"]  # remembered as bad before anything is restarted
     else:
-        assert entries == [] and h.spawner.fenced == [] and h.state.plan is None
+        assert entries == [] and h.spawner.fenced == [] and h.state.plan is None and h.cluster.lost == []
 
 
 def test_a_silent_monitor_whose_processes_talk_is_dropped_not_the_node(tmp_path):

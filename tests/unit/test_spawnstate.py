@@ -121,3 +121,78 @@ def test_the_owner_cancels_only_spare_jobs_that_still_run(tmp_path, captured):
     owner.stop_all()
     assert [c for c in captured if c[0] == "scancel"] == [["scancel", "90"]]  # 91 is not running
     assert ss.SlurmOwner(tmp_path / "none.json").alive() == []
+
+
+def test_a_pending_spare_may_use_a_node_once_it_healed(tmp_path, captured):
+    """A spare submitted while n2 drained excludes n2; once Slurm says n2 is fine again (and n5 is
+    still down), the pending spare's exclusions drop n2 only; a started spare is left alone."""
+    from tmslurm.slurm.parse import NodeInfo
+
+    states = {"n2": "IDLE", "n5": "DOWN"}
+    updates: list[tuple[str, list[str]]] = []
+    client = SimpleNamespace(
+        nodes=lambda names: [NodeInfo(n, states[n], states[n], frozenset()) for n in names],
+        job=lambda job_id: SimpleNamespace(nodes=["n6"] if job_id == "92" else []),
+        update_job_excludes=lambda job_id, nodes: updates.append((job_id, list(nodes))))
+    cfg = compose_config(["cluster=slurm", "parallel.dp=2", "parallel.pp=2"])
+    spawner = sp.SlurmSpawner(tmp_path, cfg, client, "77", ["n1", "n3", "n4", "n7"], background=lambda w, n: w(),
+                              lane=Lane(inline=True))
+    spawner.add_bad_node("n2")
+    spawner.add_bad_node("n5")
+    spawner.spares["91"] = {"job_id": "91", "index": 0, "node": None, "exclude": ["n2", "n5"]}
+    spawner.spares["92"] = {"job_id": "92", "index": 1, "node": None, "exclude": ["n2"]}
+    spawner.note_spare_node("")
+    assert updates == [("91", ["n5"])]  # 92 started on n6 meanwhile
+    assert spawner.spares["91"]["exclude"] == ["n5"] and spawner.bad_nodes == {"n5"}
+    updates.clear()
+    spawner.note_spare_node("")
+    assert updates == []  # nothing healed since
+    assert spawner.writer.flush(5.0)
+    assert ss.read_record(RunDir(tmp_path).spawner).spares["91"].exclude == ["n5"]
+
+
+@pytest.mark.parametrize("rank_node,bad,spares,want", [
+    ("n2", set(), {}, ("77", "n2")),                                            # its own node in the main job
+    ("n2", {"n2"}, {"90": ("n9", False)}, ("90", "n9")),                      # its node is bad: onto a free spare
+    ("n9", set(), {"90": ("n9", True), "91": ("n8", False)}, ("90", "n9")),   # it restarted on spare 90 before: again there
+    ("n9", {"n9"}, {"90": ("n9", True), "91": ("n8", False)}, ("91", "n8")),  # that spare's node died: the next spare
+    ("n9", {"n9"}, {"90": ("n9", True)}, None),                                # nowhere left: False, nothing launched
+])
+def test_where_a_restarted_rank_runs(tmp_path, captured, rank_node, bad, spares, want):
+    cfg = compose_config(["cluster=slurm", "parallel.dp=2", "parallel.pp=2"])
+    client = SimpleNamespace(nodes=lambda names: [])  # Slurm says nothing: bad nodes stay bad
+    spawner = sp.SlurmSpawner(tmp_path, cfg, client, "77", ["n1", "n2", "n3", "n4"], background=lambda w, n: w(),
+                              lane=Lane(inline=True))
+    spawner.rank_node[1] = rank_node
+    spawner.bad_nodes = set(bad)
+    spawner.spares = {j: {"job_id": j, "index": i, "node": n, "used_for_restart": used}
+                      for i, (j, (n, used)) in enumerate(spares.items())}
+    spawner.monitored = {(j, n) for j in ("77", "90", "91") for n in ("n2", "n8", "n9")}  # no monitor steps here
+    captured.clear()
+    ok = spawner.spawn_worker(1, 3)
+    sruns = [c for c in captured if c[0] == "srun"]
+    if want is None:
+        assert ok is False and sruns == []
+    else:
+        (srun,) = sruns
+        assert ok and f"--jobid={want[0]}" in srun and f"-w{want[1]}" in srun and spawner.rank_node[1] == want[1]
+
+
+def test_a_node_our_liveness_found_dead_heals_only_after_slurm_saw_it_unhealthy(tmp_path, captured):
+    """Slurm still calls a powered-off node ALLOCATED for SlurmdTimeout: that must not heal it (a
+    restart would launch there and hang); once Slurm said DOWN and then IDLE, it is usable again."""
+    from tmslurm.slurm.parse import NodeInfo
+
+    seen = {"n2": "ALLOCATED"}
+    client = SimpleNamespace(nodes=lambda names: [NodeInfo(n, seen[n], seen[n], frozenset()) for n in names])
+    cfg = compose_config(["cluster=slurm", "parallel.dp=2", "parallel.pp=2"])
+    spawner = sp.SlurmSpawner(tmp_path, cfg, client, "77", ["n1", "n2", "n3", "n4"], lane=Lane(inline=True))
+    spawner.add_bad_node("n2", confirmed=False)
+    assert spawner.still_bad() == ["n2"]
+    seen["n2"] = "DOWN"
+    assert spawner.still_bad() == ["n2"] and spawner.unconfirmed == set()
+    seen["n2"] = "IDLE"
+    assert spawner.still_bad() == [] and spawner.bad_nodes == set()
+    spawner.add_bad_node("n3")  # a notice Slurm gave us: healed as soon as Slurm calls it fine
+    seen["n3"] = "IDLE"
+    assert spawner.still_bad() == []

@@ -1,206 +1,199 @@
-"""``bench downtime``: downtime per interruption, tmslurm against the two restarts users run today.
+"""``bench downtime``: downtime per interruption on the failure lab, tmslurm against fair restart baselines.
 
 Contract: on the local Slurm cluster (``scripts/local-slurm up``), one model (``small`` with
-``torch.compile`` by default, so warm-up is real work) and one layout (DP2 x PP2, one rank per node),
-three runs in one go:
+``torch.compile`` by default, so warm-up is real work), one layout (DP2 x PP2, one rank per node)
+and a checkpoint every ``--checkpoint-every`` steps for every strategy:
 
-- tmslurm: planned migration (``scontrol`` drain), unexpected failure (``--unexpected``:
-  ``local-slurm power-off`` of the rank's node by default, silent like a real power loss, or
-  ``kill-node``), hang (SIGSTOP of a rank), the ``--events`` chosen, each repeated ``--repeats`` times; the benchmark plays the admin and
-  brings each node back after the event (resume, revive) so the spare pool refills;
-- in-job restart (``runtime.restart_mode=injob_restart``, torchrun/elastic style) and requeue
-  restart (``runtime.restart_mode=requeue_restart``, submitit/Lightning style): the same planned
-  (drain) and unexpected (SIGKILL of a rank) events, with a checkpoint every K steps, each event
-  injected in the middle of a checkpoint interval.
-It prints each event with its parts, medians, and the ratios baseline / tmslurm, and writes
-``docs/bench/downtime.json``. Failures to drive Slurm raise TmslurmError with the run directory.
+- ``reference``: an uninterrupted run with the same ranks; its median step is the one reference
+  step subtracted from every strategy's gaps (``downtime = gap - reference step``);
+- ``tmslurm`` (two warm standbys): the events of ``--events`` (dtstats.TM_EVENTS): admin drain,
+  silent power-off, partition, SIGKILL and SIGSTOP of a rank, drain and power-off of the batch host;
+- ``injob_restart`` / ``requeue_restart`` (``runtime.restart_mode``): ``--restart-events``; a planned
+  event checkpoints at the next step and restarts (nothing lost), an unexpected one pays the same
+  detection as tmslurm (same node monitors and heartbeats). The in-job restart gets one spare
+  allocation per event that takes a node away (a restart needs somewhere to run), and Slurm's own
+  fixed requeue delay (``EligibleTime`` - requeue time) is recorded per requeue.
+
+Each event is injected at a random step of a checkpoint interval (seeded, recorded); the benchmark
+plays the admin afterwards (resume, power-on, heal) and waits until every running standby is warm
+again, so no event overlaps another's warm-up. ``--repeats`` events per cell; rows go to
+``--json`` (merged with the cells already there unless ``--fresh``), with p50/p90, ratios, the
+command, the commit and the date. Failures to drive Slurm raise TmslurmError naming the run.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import random
 import signal
+import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from tmslurm.bench.common import SlurmJob, local_slurm, median, resume_node, say, sh, write_json
+from tmslurm.bench import dtstats
+from tmslurm.bench.common import SlurmJob, commit, local_slurm, resume_node, say, sh, write_json
+from tmslurm.errors import TmslurmError
 
-TM_PARTS = ("detect_s", "pick_s", "phase1_s", "phase2_s", "transfer_s", "first_step_s")
-RS_PARTS = ("detect_s", "stop_s", "reschedule_s", "startup_s", "group_setup_s", "ckpt_load_s", "redo_s")
+LEAVES = ("planned", "power-off", "partition", "bh-drain", "bh-power-off")
+"""Events after which the victim's node has to be brought back by the admin."""
 
 
 def base_overrides(args: Any) -> list[str]:
-    out = ["parallel.dp=2", "parallel.pp=2", f"model={args.model}", f"model.compile={str(args.compile).lower()}",
-           "train.steps=1000000", "slurm.partition=debug", "slurm.time=02:00:00", "slurm.poll_interval_s=0.5",
-           f"runtime.heartbeat_timeout_s={args.heartbeat_timeout}"]
-    return out
+    return ["parallel.dp=2", "parallel.pp=2", f"model={args.model}", f"model.compile={str(args.compile).lower()}",
+            "train.steps=1000000", f"train.checkpoint_every={args.checkpoint_every}", "slurm.partition=debug",
+            "slurm.time=03:00:00", "slurm.poll_interval_s=0.5"] + (
+            [] if args.heartbeat_timeout is None else [f"runtime.heartbeat_timeout_s={args.heartbeat_timeout}"])
 
 
-def _row(event: str, strategy: str, repeat: int, ev: dict[str, Any], t_inject: float) -> dict[str, Any]:
-    parts = {k: ev.get(k) for k in (TM_PARTS if strategy == "tmslurm" else RS_PARTS) if ev.get(k) is not None}
-    if isinstance(ev.get("notice_t"), (int, float)):
-        # detection measured from the moment the benchmark injected the event (the run cannot know it)
-        parts["detect_s"] = max(0.0, ev["notice_t"] - t_inject)
-    row = {"event": event, "strategy": strategy, "repeat": repeat, "downtime_s": ev.get("downtime_s"),
-           "gap_s": ev.get("gap_s"), "parts": parts, "ranks": ev.get("ranks"), "node": ev.get("node"),
-           "lost_steps": ev.get("lost_steps")}
-    say(f"{strategy:<16} {event:<10} #{repeat}: downtime {row['downtime_s']:.3f}s  " +
-        " ".join(f"{k[:-2]}={v:.3f}" for k, v in parts.items() if isinstance(v, (int, float))))
-    return row
+def reference(out: Path, args: Any) -> dict[str, Any]:
+    """The median step of an uninterrupted run with the same ranks (no standbys)."""
+    job = SlurmJob(out / "reference", base_overrides(args) + ["standby.count=0"])
+    job.wait(lambda st: st.get("step", 0) >= args.reference_steps, 3600, f"{args.reference_steps} steps")
+    s = job.stop()
+    say(f"reference step: median {s['median_step_s']:.4f}s over the run ({s.get('steps')} steps)")
+    return {"median_step_s": s["median_step_s"], "steps": s.get("steps"), "final_params_sha256": s["final_params_sha256"]}
 
 
-def run_tmslurm(out: Path, args: Any) -> list[dict[str, Any]]:
-    job = SlurmJob(out / "tmslurm", base_overrides(args) + ["standby.count=2"])
+def run_strategy(out: Path, args: Any, strategy: str, events: list[str], ref_step: float) -> list[dict[str, Any]]:
+    over = base_overrides(args)
+    if strategy == "tmslurm":
+        over.append("standby.count=2")
+    else:  # spare allocations for restarts off a node that left (none for a requeue: it gets a new allocation)
+        takes = sum(1 for e in events if e in LEAVES) * args.repeats if strategy == "injob_restart" else 0
+        over += [f"runtime.restart_mode={strategy}", f"standby.count={min(takes + 1, 24) if takes else 0}"]
+    job = SlurmJob(out / strategy, over)
     job.wait(lambda st: st.get("step", 0) >= 3, 1800, "training to start")
-    job.warm_pool(1, timeout=1800)
-    rows, n = [], 0
+    settle(job)
+    rng = random.Random(f"{args.seed}-{strategy}")
+    rows: list[dict[str, Any]] = []
+    seen: set[tuple[Any, Any]] = {_key(e) for e in job.events_done(job.status())}
     for rep in range(args.repeats):
-        for event in args.events.split(","):
-            before = job.done_count()
-            rank = 1 + n % 3  # rank 0 runs on the batch host
+        for i, event in enumerate(events):
+            rank = 0 if event.startswith("bh-") else (1 + (rep + i) % 3 if event in LEAVES else (rep + i) % 4)
+            offset = rng.randrange(args.checkpoint_every)
+            step = at_offset(job, args.checkpoint_every, offset)
             node, pid = job.node_of_rank(rank)
-            say(f"tmslurm {event} #{rep}: rank {rank} on {node}")
+            say(f"{strategy} {event} #{rep}: rank {rank} on {node} at step {step} (offset {step % args.checkpoint_every})")
             t_inject = time.time()
-            if event == "planned":
-                sh("scontrol", "update", f"nodename={node}", "state=drain", "reason=bench-maintenance")
-            elif event == "unexpected":
-                local_slurm(args.unexpected, node)
-            else:
-                os.kill(pid, signal.SIGSTOP)
-            n += 1
-            rows.append(_row(event, "tmslurm", rep, job.wait_event(before, t_inject), t_inject))
-            _bring_back(event, node, args.unexpected)
-            job.warm_pool(1, timeout=1800)
+            inject(event, node, pid)
+            ev = wait_new(job, seen, t_inject, strategy)
+            delay = fixed_delay(job.job_id, ev) if "requeue" in str(ev.get("kind")) else None
+            row = dtstats.make_row(strategy, event, rep, ev, ref_step_s=ref_step, t_inject=t_inject, inject_step=step,
+                                   offset=step % args.checkpoint_every, fixed_delay_s=delay)
+            say(dtstats.describe(row))
+            rows.append(row)
+            bring_back(event, node)
+            settle(job)
     summary = job.stop()
-    return rows + [{"summary_median_step_s": summary["median_step_s"], "strategy": "tmslurm", "event": "_run",
-                    "final_params_sha256": summary["final_params_sha256"]}]
+    say(f"{strategy}: median step {summary['median_step_s']:.4f}s, final hash {summary['final_params_sha256'][:12]}")
+    return rows
 
 
-def _bring_back(event: str, node: str, unexpected: str = "kill-node") -> None:
-    """Play the admin: maintenance done, node repaired."""
-    if event == "planned":
-        deadline = time.monotonic() + 60
-        while "drained" not in sh("sinfo", "-h", "-n", node, "-o", "%T").lower() and time.monotonic() < deadline:
-            time.sleep(0.5)
+def at_offset(job: SlurmJob, k: int, offset: int, timeout: float = 600) -> int:
+    """Wait for a commit at ``offset`` (or the step after) within a checkpoint interval, past the first one."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = job.status()
+        step = st.get("step", 0) if st.get("mode") == "running" else -1
+        if step > k and (step - offset) % k < 2:
+            return int(step)
+        time.sleep(0.03)
+    raise TmslurmError(f"run {job.run_dir}: no commit at offset {offset} of an interval within {timeout:.0f}s")
+
+
+def inject(event: str, node: str, pid: int) -> None:
+    if event in ("planned", "bh-drain"):
+        sh("scontrol", "update", f"nodename={node}", "state=drain", "reason=bench-maintenance")
+    elif event in ("power-off", "bh-power-off"):
+        local_slurm("power-off", node)
+    elif event == "partition":
+        local_slurm("partition", node)
+    elif event in ("sigkill", "sigstop"):  # the rank's pid comes from its agent id, checked against /proc
+        if "tmslurm" not in Path(f"/proc/{pid}/cmdline").read_text(errors="replace"):
+            raise TmslurmError(f"pid {pid} on {node} is not a tmslurm agent")
+        os.kill(pid, signal.SIGKILL if event == "sigkill" else signal.SIGSTOP)
+    else:
+        raise TmslurmError(f"unknown event {event!r}; valid: {', '.join(dtstats.TM_EVENTS)}")
+
+
+def wait_new(job: SlurmJob, seen: set[tuple[Any, Any]], t_inject: float, strategy: str) -> dict[str, Any]:
+    """The first completed event not seen before whose first step committed after the injection."""
+    def new(st: dict[str, Any]) -> list[dict[str, Any]]:
+        return [e for e in job.events_done(st) if _key(e) not in seen and (e.get("first_step_t") or 0) > t_inject]
+    st = job.wait(lambda s: bool(new(s)), 1800, f"the {strategy} event to complete")
+    ev = new(st)[0]
+    seen.add(_key(ev))
+    return ev
+
+
+def _key(ev: dict[str, Any]) -> tuple[Any, Any]:
+    return ev.get("kind"), ev.get("first_step_t")
+
+
+def fixed_delay(job_id: str, ev: dict[str, Any]) -> float | None:
+    """Slurm's fixed requeue delay for this requeue: its EligibleTime minus the requeue time."""
+    requeue_t = ev.get("requeue_t")
+    out = sh("scontrol", "show", "job", "-o", job_id, check=False)
+    eligible = next((f.split("=", 1)[1] for f in out.split() if f.startswith("EligibleTime=")), None)
+    if not isinstance(requeue_t, (int, float)) or not eligible or eligible in ("None", "Unknown"):
+        say(f"no fixed requeue delay for job {job_id} (EligibleTime={eligible}, requeue_t={requeue_t})")
+        return None
+    return max(0.0, datetime.strptime(eligible, "%Y-%m-%dT%H:%M:%S").timestamp() - requeue_t)
+
+
+def bring_back(event: str, node: str) -> None:
+    """Play the admin: maintenance done, node repaired, link mended; the node is usable again."""
+    if event in ("power-off", "bh-power-off"):
+        local_slurm("power-on", node)
+    elif event == "partition":
+        local_slurm("heal", node)
+    if event in LEAVES:
         resume_node(node)
-    elif event == "unexpected":
-        local_slurm("power-on" if unexpected == "power-off" else "revive-node", node)
-        resume_node(node)
 
 
-def run_restart(out: Path, args: Any, mode: str) -> list[dict[str, Any]]:
-    k = args.checkpoint_every
-    job = SlurmJob(out / mode, base_overrides(args) + [f"runtime.restart_mode={mode}", "standby.count=0",
-                                                       f"train.checkpoint_every={k}"])
-    rows, n = [], 0
-    for rep in range(args.repeats_restart):
-        for event in ("planned", "unexpected"):
-            st = job.wait(lambda s: s.get("mode") == "running" and s.get("step", 0) >= k + k // 2 and s["step"] % k == k // 2,
-                          3600, "the middle of a checkpoint interval")
-            rank = 1 + n % 3
-            node, pid = job.node_of_rank(rank)
-            before = job.done_count()
-            say(f"{mode} {event} #{rep}: rank {rank} on {node} at step {st['step']}")
-            t_inject = time.time()
-            if event == "planned":
-                sh("scontrol", "update", f"nodename={node}", "state=drain", "reason=bench-maintenance")
-            else:
-                os.kill(pid, signal.SIGKILL)
-            n += 1
-            ev = job.wait_event(before, t_inject, timeout=3600)
-            rows.append(_row(event, mode, rep, ev, t_inject))
-            if event == "planned":
-                resume_node(node)
-    summary = job.stop()
-    return rows + [{"summary_median_step_s": summary["median_step_s"], "strategy": mode, "event": "_run",
-                    "final_params_sha256": summary["final_params_sha256"]}]
+def settle(job: SlurmJob, timeout: float = 900) -> None:
+    """Wait until no spare job is pending while a node is free (a returned node is taken again) and
+    every connected standby has warmed up every role: the next event overlaps nobody's start-up."""
+    deadline = time.monotonic() + timeout
+    while sh("squeue", "-h", "-t", "PD", "-o", "%i", check=False).strip() and \
+            sh("sinfo", "-h", "-t", "idle", "-o", "%N", check=False).strip():
+        if time.monotonic() > deadline:
+            raise TmslurmError(f"run {job.run_dir}: a spare job stays pending although a node is idle")
+        time.sleep(0.5)
+    job.wait(lambda st: _pool_warm(st), max(1.0, deadline - time.monotonic()), "every standby warm")
 
 
-def medians(rows: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
-    out: dict[str, dict[str, float | None]] = {}
-    for r in rows:
-        if r["event"].startswith("_"):
-            continue
-        out.setdefault(r["strategy"], {}).setdefault(r["event"], [])  # type: ignore[arg-type]
-        out[r["strategy"]][r["event"]].append(r["downtime_s"])  # type: ignore[union-attr]
-    return {s: {e: median(v) for e, v in d.items()} for s, d in out.items()}  # type: ignore[arg-type]
-
-
-def spread(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
-    """Per strategy and event: n, p50, p90 of the downtime and of detection, and every sample."""
-    out: dict[str, dict[str, dict[str, Any]]] = {}
-    for r in rows:
-        if not r["event"].startswith("_") and r["downtime_s"] is not None:
-            cell = out.setdefault(r["strategy"], {}).setdefault(r["event"], {"samples": [], "detect": []})
-            cell["samples"].append(r["downtime_s"])
-            cell["detect"].append(r["parts"].get("detect_s"))
-    for cells in out.values():
-        for cell in cells.values():
-            xs, ds = sorted(cell["samples"]), sorted(d for d in cell["detect"] if d is not None)
-            cell.update(n=len(xs), p50=_pct(xs, 50), p90=_pct(xs, 90), detect_p50=_pct(ds, 50), detect_p90=_pct(ds, 90))
-    return out
-
-
-def _pct(xs: list[float], q: float) -> float | None:
-    """Nearest-rank percentile of sorted ``xs``."""
-    return xs[max(0, min(len(xs) - 1, -(-len(xs) * q // 100) - 1))] if xs else None
-
-
-def ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
-
-
-def table(result: dict[str, Any]) -> str:
-    m = result["medians"]
-    lines = [f"{'event':<11}{'tmslurm':>10}{'in-job restart':>16}{'requeue restart':>17}{'in-job/tm':>11}{'requeue/tm':>12}"]
-    for ev in ("planned", "unexpected", "hang"):
-        tm = m.get("tmslurm", {}).get(ev)
-        ij = m.get("injob_restart", {}).get(ev)
-        rq = m.get("requeue_restart", {}).get(ev)
-        f = lambda x: "-" if x is None else f"{x:.2f}s"  # noqa: E731
-        r = lambda a, b: "-" if ratio(a, b) is None else f"{ratio(a, b):.0f}x"  # noqa: E731
-        lines.append(f"{ev:<11}{f(tm):>10}{f(ij):>16}{f(rq):>17}{r(ij, tm):>11}{r(rq, tm):>12}")
-    lines.append("")
-    lines.append("median parts per strategy and event (seconds):")
-    for strategy in ("tmslurm", "injob_restart", "requeue_restart"):
-        for ev in ("planned", "unexpected", "hang"):
-            rows = [r for r in result["rows"] if r["strategy"] == strategy and r["event"] == ev]
-            if not rows:
-                continue
-            keys = TM_PARTS if strategy == "tmslurm" else RS_PARTS
-            parts = {k: median([r["parts"].get(k) for r in rows]) for k in keys}
-            lines.append(f"  {strategy:<16}{ev:<11}" + " ".join(f"{k[:-2]}={v:.3f}" for k, v in parts.items() if v is not None))
-    return "\n".join(lines)
+def _pool_warm(st: dict[str, Any]) -> bool:
+    roles = {r["role"] for r in st.get("ranks", [])}
+    standbys = st.get("standbys", [])
+    return st.get("mode") == "running" and all(len(s["roles"]) >= len(roles) for s in standbys)
 
 
 def main(args: Any) -> dict[str, Any]:
-    out = Path(args.out).resolve()
+    out, path = Path(args.out).resolve(), Path(args.json)
+    old = {} if args.fresh or not path.exists() else json.loads(path.read_text())
+    old = old if "reference" in old else {}  # a file of the old format (no reference run) is replaced whole
+    strategies = args.strategies.split(",")
+    ref = reference(out, args) if "reference" in strategies or not old else old["reference"]
     rows: list[dict[str, Any]] = []
-    for strategy in args.strategies.split(","):
-        say(f"== {strategy}")
-        rows += run_tmslurm(out, args) if strategy == "tmslurm" else run_restart(out, args, strategy)
-    m = medians(rows)
-    tm = m.get("tmslurm", {})
-    result = {
-        "setup": {"model": args.model, "compile": args.compile, "layout": "DP2 x PP2, one rank per node",
-                  "checkpoint_every": args.checkpoint_every, "repeats": args.repeats, "repeats_restart": args.repeats_restart,
-                  "cluster": "local Slurm (scripts/local-slurm), 6 nodes on one 2-core host",
-                  "baseline_unexpected_event": f"SIGKILL of a rank process (tmslurm: {args.unexpected} of its node)",
-                  "events": args.events,
-                  "injob_restart_planned": "ranks restart on the same nodes (the draining node included)"},
-        "rows": rows, "medians": m, "spread": spread(rows),
-        "tmslurm_planned_median_s": tm.get("planned"), "tmslurm_unexpected_median_s": tm.get("unexpected"),
-        "tmslurm_hang_median_s": tm.get("hang"),
-        "ratio_planned": ratio(m.get("injob_restart", {}).get("planned"), tm.get("planned")),
-        "ratio_unexpected": ratio(m.get("injob_restart", {}).get("unexpected"), tm.get("unexpected")),
-        "ratio_planned_requeue": ratio(m.get("requeue_restart", {}).get("planned"), tm.get("planned")),
-        "ratio_unexpected_requeue": ratio(m.get("requeue_restart", {}).get("unexpected"), tm.get("unexpected")),
-    }
-    print(table(result))
-    for strategy, cells in result["spread"].items():
-        for ev, c in cells.items():
-            say(f"{strategy} {ev}: n={c['n']} downtime p50 {c['p50']:.3f}s p90 {c['p90']:.3f}s; "
-                f"detect p50 {c['detect_p50']}, p90 {c['detect_p90']}")
-    write_json(Path(args.json), result)
+    for strategy in [s for s in strategies if s != "reference"]:
+        events = (args.events if strategy == "tmslurm" else args.restart_events).split(",")
+        say(f"== {strategy}: {', '.join(events)} x {args.repeats}")
+        rows += run_strategy(out, args, strategy, events, ref["median_step_s"])
+    rows = dtstats.merge(old.get("rows", []), rows)
+    cs = dtstats.cells(rows)
+    result = {"command": "python -m tmslurm.bench " + " ".join(sys.argv[2:] if len(sys.argv) > 2 else ["downtime"]),
+              "commit": commit(), "date": time.strftime("%Y-%m-%d"), "reference": ref,
+              "setup": {"model": args.model, "compile": args.compile, "layout": "DP2 x PP2, one rank per node",
+                        "checkpoint_every": args.checkpoint_every, "repeats": args.repeats, "seed": args.seed,
+                        "heartbeat_timeout_s": args.heartbeat_timeout,
+                        "cluster": "local Slurm (scripts/local-slurm), 6 nodes on one 2-core host",
+                        "downtime": "gap (commit before -> first commit after) - the reference run's median step"},
+              "rows": rows, "cells": cs, "ratios": dtstats.ratios(cs)}
+    result.update(result["ratios"])
+    print(dtstats.table(result))
+    write_json(path, result)
     return result

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tmslurm.bench.common import median
-from tmslurm.bench.downtime import RS_PARTS, TM_PARTS
+from tmslurm.bench import dtstats
 
 
 def _f(x: Any, unit: str = "s", nd: int = 3) -> str:
@@ -20,36 +20,9 @@ def _f(x: Any, unit: str = "s", nd: int = 3) -> str:
 
 
 def downtime(d: dict[str, Any]) -> str:
-    m = d["medians"]
-    out = ["| event | tmslurm | in-job restart | requeue restart | in-job / tmslurm | requeue / tmslurm |", "|---|---|---|---|---|---|"]
-    for ev in ("planned", "unexpected", "hang"):
-        tm, ij, rq = (m.get(s, {}).get(ev) for s in ("tmslurm", "injob_restart", "requeue_restart"))
-        r1 = f"{ij / tm:.0f}x" if tm and ij else "–"
-        r2 = f"{rq / tm:.0f}x" if tm and rq else "–"
-        out.append(f"| {ev} | {_f(tm)} | {_f(ij, nd=2)} | {_f(rq, nd=1)} | {r1} | {r2} |")
-    out += ["", "Median parts (seconds):", "", "| strategy | event | n | " + " | ".join(p[:-2] for p in TM_PARTS) + " |",
-            "|---|---|---|" + "---|" * len(TM_PARTS)]
-    for ev in ("planned", "unexpected", "hang"):
-        rows = [r for r in d["rows"] if r["strategy"] == "tmslurm" and r["event"] == ev]
-        if rows:
-            out.append(f"| tmslurm | {ev} | {len(rows)} | " + " | ".join(_f(median([r['parts'].get(p) for r in rows]), '') for p in TM_PARTS) + " |")
-    out += ["", "| strategy | event | n | " + " | ".join(p[:-2] for p in RS_PARTS) + " | lost steps |", "|---|---|---|" + "---|" * (len(RS_PARTS) + 1)]
-    for s in ("injob_restart", "requeue_restart"):
-        for ev in ("planned", "unexpected"):
-            rows = [r for r in d["rows"] if r["strategy"] == s and r["event"] == ev]
-            if rows:
-                out.append(f"| {s} | {ev} | {len(rows)} | " + " | ".join(_f(median([r['parts'].get(p) for r in rows]), '', 2) for p in RS_PARTS)
-                           + f" | {median([r.get('lost_steps') for r in rows])} |")
-    out += ["", "Every event, as measured:", "", "| strategy | event | # | downtime | gap (commit to commit) |", "|---|---|---|---|---|"]
-    for r in d["rows"]:
-        if not r["event"].startswith("_"):
-            out.append(f"| {r['strategy']} | {r['event']} | {r['repeat']} | {_f(r['downtime_s'])} | {_f(r.get('gap_s'))} |")
-    hashes = {r["strategy"]: r.get("final_params_sha256") for r in d["rows"] if r["event"] == "_run"}
-    steps = {r["strategy"]: r.get("summary_median_step_s") for r in d["rows"] if r["event"] == "_run"}
-    out += ["", "Median step time per run: " + ", ".join(f"{k} {_f(v)}" for k, v in steps.items()),
-            "", "Final hashes of the three runs (they stop at different steps, so they differ): " +
-            ", ".join(f"{k} `{(v or '')[:12]}`" for k, v in hashes.items())]
-    return "\n".join(out)
+    if "reference" not in d:
+        return "(docs/bench/downtime.json is of the old format; run `python -m tmslurm.bench downtime` again)"
+    return f"Reference step {d['reference']['median_step_s']:.3f}s ({d['command']}, commit {d['commit']}, {d['date']}).\n\n" + dtstats.table(d)
 
 
 def scaling(d: dict[str, Any]) -> str:

@@ -29,6 +29,10 @@ class ClusterHooks(Protocol):
     def is_batch_host(self, node: str | None) -> bool:
         """Remember a noticed node as bad; True when it is the main job's batch host."""
 
+    def node_lost(self, node: str) -> None:
+        """Remember a node found dead (its monitor and processes silent) as bad, so that nothing
+        started from now on (a restarted rank, a spare) lands there before it is healthy again."""
+
     def requeue(self, exclude: list[str]) -> bool:
         """Requeue the run's own job away from ``exclude`` (sent in the background; :meth:`flush`
         waits for it); False when the cluster cannot."""
@@ -55,6 +59,9 @@ class LocalHooks:
 
     def is_batch_host(self, node: str | None) -> bool:
         return False
+
+    def node_lost(self, node: str) -> None:
+        return None
 
     def requeue(self, exclude: list[str]) -> bool:
         return False

@@ -150,6 +150,7 @@ class NodeWatch:
         self.ctx.journal.write("node_lost", node=mon.node, silent_s=round(silent_s, 4), source="monitor",
                                agents=[a.aid for a in agents])
         self._drop(mon, "node lost")
+        self.ctx.hooks.node_lost(mon.node)  # before any restart picks a node for its ranks
         ranks = []
         for agent in agents:
             self.members.kill(agent)

@@ -5,6 +5,7 @@ Contract (on the controller's thread; nothing here raises into the loop):
   the latest complete checkpoint, or step 0; the lost steps are redone, so the result stays exact.
   With ``runtime.restart_mode=requeue_restart`` and a cluster that can requeue, it requeues instead.
   A rank with nowhere to run ends the run (``failed``) instead of hanging; its checkpoint stays.
+  Nodes the restarted ranks moved off (bad nodes; their ranks now run on spares) are given back.
 - :meth:`Restarts.requeue` saves the step log and the open event to ``requeue.json`` and requeues
   the job (optionally away from nodes); :meth:`resume_after_requeue` (at start-up) completes that
   event in the next incarnation, so the downtime includes Slurm's rescheduling delay.
@@ -83,7 +84,12 @@ class Restarts:
         st.incarnation += 1
         st.restart_t = time.time()
         st.started = {}
-        failed = [r for r in range(self.ctx.layout.world) if self.members.spawn_worker(r, st.incarnation) is False]
+        world = range(self.ctx.layout.world)
+        before = {self.ctx.spawner.node_of_rank(r) for r in world}
+        failed = [r for r in world if self.members.spawn_worker(r, st.incarnation) is False]
+        left = sorted(before - {self.ctx.spawner.node_of_rank(r) for r in world})
+        if left and not failed:  # ranks moved off these (bad) nodes: give them back, as a switch does
+            self.ctx.hooks.release_nodes(left, lambda node: self.ctx.submit(("released", node, None)))
         st.mode = Mode.RUNNING
         if failed:  # never hang: end the run with what it has, the checkpoint stays for a resume
             log.error("ranks %s cannot be restarted anywhere; ending the run (resume with train.resume_from)", failed)
@@ -138,6 +144,7 @@ class Restarts:
         rec = self._record(saved["kind"], saved["trigger"], saved["cause"], saved["ranks"], saved["detect_t"],
                            saved["failure_t"], saved["target_step"], st.step)
         rec["stop_s"] = saved["stop_s"]
+        rec["requeue_t"] = saved["requeue_t"]
         rec["reschedule_s"] = time.time() - saved["requeue_t"]
         st.restart_t = time.time()
         self.ctx.journal.write("resumed_after_requeue", from_step=st.step, reschedule_s=rec["reschedule_s"])
@@ -165,6 +172,7 @@ class Restarts:
                            snap.get("last_commit_t"), target, st.step)
         rec["reschedule_s"] = time.time() - float(claim.get("t", time.time()))
         rec["requeue_rc"] = claim.get("requeue_rc")
+        rec["requeue_t"] = float(claim.get("t", time.time()))
         st.restart_t = time.time()
         self.ctx.journal.write("resumed_after_lost_controller", from_step=st.step, redo_steps=target - st.step,
                                last_committed=target, reschedule_s=rec["reschedule_s"], node=claim.get("node"))

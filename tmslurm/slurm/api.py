@@ -48,6 +48,10 @@ class SlurmClient(abc.ABC):
         """Shrink a running job to ``nodes`` (``scontrol update jobid=J nodelist=...``)."""
 
     @abc.abstractmethod
+    def update_job_excludes(self, job_id: str | int, nodes: Sequence[str]) -> None:
+        """Set a pending job's excluded nodes (``scontrol update jobid=J ExcNodeList=...``; none: clear)."""
+
+    @abc.abstractmethod
     def update_node(self, name: str, state: str, reason: str | None = None) -> None:
         """``scontrol update nodename=N state=S [reason=R]`` (DRAIN and DOWN need a reason)."""
 

@@ -111,6 +111,9 @@ class CliSlurmClient(SlurmClient):
         with tempfile.TemporaryDirectory(prefix="tmslurm-resize-") as scratch:
             self._run(args, cwd=scratch)
 
+    def update_job_excludes(self, job_id: str | int, nodes: Sequence[str]) -> None:
+        self._run(["scontrol", "update", f"jobid={job_id}", f"ExcNodeList={parse.compress_hostlist(nodes) if nodes else ''}"])
+
     def update_node(self, name: str, state: str, reason: str | None = None) -> None:
         args = ["scontrol", "update", f"nodename={name}", f"state={state}"]
         if reason is not None:

@@ -68,6 +68,9 @@ class SlurmHooks:
             self.spawner.add_bad_node(node)
         return bool(node) and node == self.batch_host
 
+    def node_lost(self, node: str) -> None:
+        self.spawner.add_bad_node(node, confirmed=False)
+
     def can_requeue(self) -> bool:
         return True
 

@@ -6,7 +6,7 @@ Contract:
   ``sinfo --version`` reports (each pyslurm release is tied to one Slurm release; PyPI only
   carries 25.11 now, which does not talk to a 22.05 or 24.11 controller). It never raises.
 - :class:`PyslurmClient` reads nodes, a job and reservations through pyslurm and delegates every
-  other method (sacct, submit, cancel, update_job_nodelist, update_node, version) to the CLI
+  other method (sacct, submit, cancel, update_job_nodelist, update_job_excludes, update_node, version) to the CLI
   backend it is given. pyslurm failures become :class:`~tmslurm.errors.SlurmError`.
 
 API mapping (pyslurm >= 23.2 "new" API, read from the pyslurm sources; NOT exercised against a
@@ -116,6 +116,9 @@ class PyslurmClient(SlurmClient):
 
     def update_job_nodelist(self, job_id: str | int, nodes: Sequence[str]) -> None:
         self._cli.update_job_nodelist(job_id, nodes)
+
+    def update_job_excludes(self, job_id: str | int, nodes: Sequence[str]) -> None:
+        self._cli.update_job_excludes(job_id, nodes)
 
     def update_node(self, name: str, state: str, reason: str | None = None) -> None:
         self._cli.update_node(name, state, reason)

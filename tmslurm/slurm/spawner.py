@@ -64,6 +64,10 @@ class SlurmSpawner:
         self.rank_steps: dict[int, tuple[str, str]] = {}  # rank -> (job, step name) of its latest step
         self.spares: dict[str, dict[str, Any]] = {}
         self.bad_nodes: set[str] = set()
+        self.unconfirmed: set[str] = set()
+        """Bad by our own liveness, not yet by Slurm: a node that Slurm still calls fine a second after
+        it went silent is not healed (Slurm notices only after SlurmdTimeout); it heals once Slurm
+        has called it unhealthy and then fine again."""
         self.monitored: set[tuple[str, str]] = set()  # (job, node) with a monitor step
         if record is not None:  # a restarted controller takes over what its predecessor launched
             self._restore(record)
@@ -76,6 +80,7 @@ class SlurmSpawner:
         self.spares = {j: s.model_dump() for j, s in record.spares.items()}
         self.main_nodes = list(record.main_nodes)
         self.bad_nodes = set(record.bad_nodes)
+        self.unconfirmed = set(record.unconfirmed)
         self.monitored = set(record.monitored)
 
     def record(self) -> SpawnRecord:
@@ -83,6 +88,7 @@ class SlurmSpawner:
             return SpawnRecord(main_job_id=self.job_id, ranks_per_node=self.rpn, rank_node=dict(self.rank_node),
                                rank_steps=dict(self.rank_steps), spares={j: Spare(**s) for j, s in self.spares.items()},
                                main_nodes=list(self.main_nodes), bad_nodes=sorted(self.bad_nodes),
+                               unconfirmed=sorted(self.unconfirmed),
                                monitored=sorted(self.monitored))
 
     def _changed(self) -> None:
@@ -117,9 +123,11 @@ class SlurmSpawner:
         node = self.rank_node[rank]
         with self.lock:
             bad = set(self.bad_nodes)
+            home = self.job_id if node in self.main_nodes else next(
+                (s["job_id"] for s in self.spares.values() if s.get("node") == node and s.get("used_for_restart")), None)
         self.lane.submit(self.still_bad, "refresh-bad-nodes")
-        if node in self.main_nodes and node not in bad:
-            self._srun(self.job_id, node, f"rank{rank}.{incarnation}", ["--rank", str(rank)])
+        if home is not None and node not in bad:  # its node in the main job, or the spare it restarted on before
+            self._srun(home, node, f"rank{rank}.{incarnation}", ["--rank", str(rank)])
             return True
         with self.lock:
             spare = next((s for s in self.spares.values() if s.get("node") and not s.get("used_for_restart")), None)
@@ -146,13 +154,14 @@ class SlurmSpawner:
         self.lane.submit(lambda: self._submit_spare(index, job_index), f"submit-spare{job_index}")
 
     def _submit_spare(self, index: int, job_index: int) -> None:
+        exclude = self.still_bad()
         try:
-            job_id = submit_spare(self.run_dir, self.cfg, job_index, first_standby=index, exclude=self.still_bad())
+            job_id = submit_spare(self.run_dir, self.cfg, job_index, first_standby=index, exclude=exclude)
         except SlurmError as exc:
             log.error("cannot submit spare job %d: %s", job_index, exc)
             return
         with self.lock:
-            self.spares[job_id] = {"job_id": job_id, "index": job_index, "node": None}
+            self.spares[job_id] = {"job_id": job_id, "index": job_index, "node": None, "exclude": exclude}
         self._changed()
         log.info("spare job %s submitted (standbys %d..%d)", job_id, index, index + self.rpn - 1)
 
@@ -168,18 +177,23 @@ class SlurmSpawner:
         except SlurmError as exc:
             log.warning("cannot read node states (%s); excluding every node that had a notice", exc)
             return bad
-        healed = {name for name, info in infos.items() if classify(info) == OK}
+        ok = {name for name, info in infos.items() if classify(info) == OK}
         with self.lock:
+            self.unconfirmed -= set(infos) - ok  # Slurm sees it too now
+            healed = ok - self.unconfirmed
             self.bad_nodes -= healed
             bad = sorted(self.bad_nodes)
         if healed:
             self._changed()
         return bad
 
-    def add_bad_node(self, node: str) -> None:
+    def add_bad_node(self, node: str, *, confirmed: bool = True) -> None:
+        """``confirmed=False``: found dead by our liveness, Slurm may not know yet (:attr:`unconfirmed`)."""
         with self.lock:
             new = node not in self.bad_nodes
             self.bad_nodes.add(node)
+            if not confirmed and new:
+                self.unconfirmed.add(node)
         if new:
             self._changed()
 
@@ -188,7 +202,8 @@ class SlurmSpawner:
             return list(self.spares)
 
     def note_spare_node(self, node: str) -> None:
-        """Learn the nodes of spare jobs that started (on the lane: returns at once)."""
+        """Learn the nodes of spare jobs that started, and let pending ones use nodes that healed since
+        they were submitted (on the lane: returns at once)."""
         self.lane.submit(self._note_spare_nodes, "note-spare-nodes")
 
     def _note_spare_nodes(self) -> None:
@@ -200,6 +215,30 @@ class SlurmSpawner:
                 with self.lock:
                     self.spares[job_id]["node"] = job.nodes[0]
                 self._changed()
+        self._unexclude_healed()
+
+    def _unexclude_healed(self) -> None:
+        """A pending spare submitted while a node was bad would never run there once it is repaired
+        (a small cluster, or the node it is waiting for): drop healed nodes from its exclusions."""
+        with self.lock:
+            pending = {j: list(s.get("exclude") or []) for j, s in self.spares.items() if s["node"] is None and s.get("exclude")}
+        if not pending:
+            return
+        bad = set(self.still_bad())
+        for job_id, exclude in pending.items():
+            keep = sorted(set(exclude) & bad)
+            if keep == sorted(exclude):
+                continue
+            try:
+                self.client.update_job_excludes(job_id, keep)
+            except SlurmError as exc:  # it may have started or ended meanwhile: the next call sees it
+                log.warning("cannot update the excluded nodes of spare job %s: %s", job_id, exc)
+                continue
+            log.info("spare job %s may now use %s (healed)", job_id, ",".join(sorted(set(exclude) - bad)))
+            with self.lock:
+                if job_id in self.spares:
+                    self.spares[job_id]["exclude"] = keep
+            self._changed()
 
     def _job(self, job_id: str) -> Any:
         try:

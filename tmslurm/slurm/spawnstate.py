@@ -43,6 +43,8 @@ class Spare(_Rec):
     """The spare job's index: it runs standbys ``index * ranks_per_node`` and up."""
     node: str | None = None
     used_for_restart: bool = False
+    exclude: list[str] = []
+    """The nodes it was submitted to avoid (bad then); cleared of healed ones while it is pending."""
 
 
 class SpawnRecord(_Rec):
@@ -54,6 +56,8 @@ class SpawnRecord(_Rec):
     spares: dict[str, Spare]
     main_nodes: list[str]
     bad_nodes: list[str]
+    unconfirmed: list[str] = []
+    """Bad nodes found dead by our own liveness that Slurm has not yet reported as unhealthy."""
     monitored: list[tuple[str, str]]
 
 

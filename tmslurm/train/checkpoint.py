@@ -141,7 +141,7 @@ def load_stage(run_dir: str | Path, step: int, stage: int | str, runner: StageRu
     if state_digest(state) != meta.get("state_digest"):
         raise CheckpointError(f"checkpoint {path}: the loaded tensors do not match the digest in {meta_file} (corrupt data file)")
     _restore(runner, state, bool(meta.get("has_optim_state", True)))
-    log.info("checkpoint step=%d stage=%d loaded from %s", step, stage, path)
+    log.info("checkpoint step=%d stage=%s loaded from %s", step, stage, path)
 
 
 def _restore(runner: StageRunner, state: dict[str, torch.Tensor], has_optim: bool) -> None:
