@@ -68,6 +68,7 @@ def run_strategy(out: Path, args: Any, strategy: str, events: list[str], ref_ste
     job.wait(lambda st: st.get("step", 0) >= 3, 1800, "training to start")
     settle(job)
     rng = random.Random(f"{args.seed}-{strategy}")
+    measured = commit()
     rows: list[dict[str, Any]] = []
     seen: set[tuple[Any, Any]] = {_key(e) for e in job.events_done(job.status())}
     for rep in range(args.repeats):
@@ -83,6 +84,7 @@ def run_strategy(out: Path, args: Any, strategy: str, events: list[str], ref_ste
             delay = fixed_delay(job.job_id, ev) if "requeue" in str(ev.get("kind")) else None
             row = dtstats.make_row(strategy, event, rep, ev, ref_step_s=ref_step, t_inject=t_inject, inject_step=step,
                                    offset=step % args.checkpoint_every, fixed_delay_s=delay)
+            row.update(commit=measured, date=time.strftime("%Y-%m-%d"))
             say(dtstats.describe(row))
             rows.append(row)
             bring_back(event, node)
@@ -175,17 +177,27 @@ def _pool_warm(st: dict[str, Any]) -> bool:
 def main(args: Any) -> dict[str, Any]:
     out, path = Path(args.out).resolve(), Path(args.json)
     old = {} if args.fresh or not path.exists() else json.loads(path.read_text())
-    old = old if "reference" in old else {}  # a file of the old format (no reference run) is replaced whole
     strategies = args.strategies.split(",")
+    # a file of the old format (no reference run) is replaced whole, and so is one whose reference is measured again
+    old = old if "reference" in old and "reference" not in strategies else {}
     ref = reference(out, args) if "reference" in strategies or not old else old["reference"]
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = old.get("rows", [])
+    result: dict[str, Any] = {}
     for strategy in [s for s in strategies if s != "reference"]:
         events = (args.events if strategy == "tmslurm" else args.restart_events).split(",")
         say(f"== {strategy}: {', '.join(events)} x {args.repeats}")
-        rows += run_strategy(out, args, strategy, events, ref["median_step_s"])
-    rows = dtstats.merge(old.get("rows", []), rows)
+        rows = dtstats.merge(rows, run_strategy(out, args, strategy, events, ref["median_step_s"]))
+        result = _result(args, ref, rows)
+        write_json(path, result)  # after each strategy: a later failure loses nothing measured
+    result = result or _result(args, ref, rows)
+    print(dtstats.table(result))
+    write_json(path, result)
+    return result
+
+
+def _result(args: Any, ref: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
     cs = dtstats.cells(rows)
-    result = {"command": "python -m tmslurm.bench " + " ".join(sys.argv[2:] if len(sys.argv) > 2 else ["downtime"]),
+    result = {"command": "python -m tmslurm.bench downtime " + " ".join(sys.argv[2:]),
               "commit": commit(), "date": time.strftime("%Y-%m-%d"), "reference": ref,
               "setup": {"model": args.model, "compile": args.compile, "layout": "DP2 x PP2, one rank per node",
                         "checkpoint_every": args.checkpoint_every, "repeats": args.repeats, "seed": args.seed,
@@ -194,6 +206,4 @@ def main(args: Any) -> dict[str, Any]:
                         "downtime": "gap (commit before -> first commit after) - the reference run's median step"},
               "rows": rows, "cells": cs, "ratios": dtstats.ratios(cs)}
     result.update(result["ratios"])
-    print(dtstats.table(result))
-    write_json(path, result)
     return result
