@@ -95,11 +95,18 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--watch", type=int, default=0, help="watch at most this many of the defined nodes (0: all)")
     w.add_argument("--idle-s", type=float, default=10.0, help="quiet window to measure slurmctld's idle CPU")
     w.add_argument("--json", default="docs/bench/watcher.json")
+    sb = sub.add_parser("standby", help="a warm standby's CPU and memory while it waits, per shape class (local)")
+    sb.add_argument("--model", default="small")
+    sb.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False)
+    sb.add_argument("--standbys", type=int, default=2)
+    sb.add_argument("--idle-s", type=float, default=30.0, help="the sampling window once every standby is warm")
+    sb.add_argument("--step-delay-s", type=float, default=0.5, help="pace each step (train.step_delay_s)")
+    sb.add_argument("--json", default="docs/bench/standby.json")
     t = sub.add_parser("tables", help="render docs/bench/*.json as markdown")
     t.add_argument("--dir", default="docs/bench")
     sub.add_parser("project", help="wasted GPU-hours per week at scale, tmslurm's downtime modelled part by part; "
                                    "options are tmslurm.sim.projection's")
-    for sp in (d, s, o, m, r, c, k, so, cr):
+    for sp in (d, s, o, m, r, c, k, so, cr, sb):
         sp.add_argument("--out", default=f"runs/bench-{stamp}")
     return ap
 

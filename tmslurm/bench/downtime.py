@@ -66,7 +66,8 @@ def run_strategy(out: Path, args: Any, strategy: str, events: list[str], ref_ste
         over += [f"runtime.restart_mode={strategy}", f"standby.count={min(takes + 1, 24) if takes else 0}"]
     job = SlurmJob(out / strategy, over)
     job.wait(lambda st: st.get("step", 0) >= 3, 1800, "training to start")
-    settle(job)
+    pool = 2 if strategy == "tmslurm" else None
+    settle(job, pool)
     rng = random.Random(f"{args.seed}-{strategy}")
     measured = commit()
     rows: list[dict[str, Any]] = []
@@ -88,7 +89,7 @@ def run_strategy(out: Path, args: Any, strategy: str, events: list[str], ref_ste
             say(dtstats.describe(row))
             rows.append(row)
             bring_back(event, node)
-            settle(job)
+            settle(job, pool)
     summary = job.stop()
     say(f"{strategy}: median step {summary['median_step_s']:.4f}s, final hash {summary['final_params_sha256'][:12]}")
     return rows
@@ -156,16 +157,30 @@ def bring_back(event: str, node: str) -> None:
         resume_node(node)
 
 
-def settle(job: SlurmJob, timeout: float = 900) -> None:
-    """Wait until no spare job is pending while a node is free (a returned node is taken again) and
-    every connected standby has warmed up every role: the next event overlaps nobody's start-up."""
+def settle(job: SlurmJob, pool: int | None, timeout: float = 900) -> None:
+    """Wait until no spare job is pending while a node is free (a returned node is taken again), the
+    standby pool is whole (``pool`` standbys; None: one per running spare job, for restarts, whose
+    standbys are never used up) and every standby has warmed up every role: the next event overlaps
+    nobody's start-up."""
     deadline = time.monotonic() + timeout
     while sh("squeue", "-h", "-t", "PD", "-o", "%i", check=False).strip() and \
             sh("sinfo", "-h", "-t", "idle", "-o", "%N", check=False).strip():
         if time.monotonic() > deadline:
             raise TmslurmError(f"run {job.run_dir}: a spare job stays pending although a node is idle")
         time.sleep(0.5)
-    job.wait(lambda st: _pool_warm(st), max(1.0, deadline - time.monotonic()), "every standby warm")
+
+    def whole(st: dict[str, Any]) -> bool:
+        if not _pool_warm(st):
+            return False
+        have = len(st.get("standbys", []))
+        if pool is None:  # restarts: a standby for every running spare job
+            return have >= len([j for j in sh("squeue", "-h", "-t", "R", "-o", "%i").split() if j != job.job_id])
+        # a pending spare with no free node cannot come (e.g. the batch host is never given back)
+        stuck = bool(sh("squeue", "-h", "-t", "PD", "-o", "%i", check=False).strip()) and \
+            not sh("sinfo", "-h", "-t", "idle", "-o", "%N", check=False).strip()
+        return have >= pool or stuck
+
+    job.wait(whole, max(1.0, deadline - time.monotonic()), "the standby pool whole and warm")
 
 
 def _pool_warm(st: dict[str, Any]) -> bool:
