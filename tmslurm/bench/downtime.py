@@ -36,6 +36,7 @@ from typing import Any
 from tmslurm.bench import dtstats
 from tmslurm.bench.common import SlurmJob, commit, local_slurm, resume_node, say, sh, write_json
 from tmslurm.errors import TmslurmError
+from tmslurm.slurm.lab import fault_moment
 
 LEAVES = ("planned", "power-off", "partition", "bh-drain", "bh-power-off")
 """Events after which the victim's node has to be brought back by the admin."""
@@ -79,9 +80,9 @@ def run_strategy(out: Path, args: Any, strategy: str, events: list[str], ref_ste
             step = at_offset(job, args.checkpoint_every, offset)
             node, pid = job.node_of_rank(rank)
             say(f"{strategy} {event} #{rep}: rank {rank} on {node} at step {step} (offset {step % args.checkpoint_every})")
-            t_inject = time.time()
-            inject(event, node, pid)
-            ev = wait_new(job, seen, t_inject, strategy)
+            t_start = time.time()
+            t_inject = inject(event, node, pid)
+            ev = wait_new(job, seen, t_start, strategy)
             delay = fixed_delay(job.job_id, ev) if "requeue" in str(ev.get("kind")) else None
             row = dtstats.make_row(strategy, event, rep, ev, ref_step_s=ref_step, t_inject=t_inject, inject_step=step,
                                    offset=step % args.checkpoint_every, fixed_delay_s=delay)
@@ -107,19 +108,22 @@ def at_offset(job: SlurmJob, k: int, offset: int, timeout: float = 600) -> int:
     raise TmslurmError(f"run {job.run_dir}: no commit at offset {offset} of an interval within {timeout:.0f}s")
 
 
-def inject(event: str, node: str, pid: int) -> None:
+def inject(event: str, node: str, pid: int) -> float:
+    """Cause ``event``; returns its moment: the lab's ``at=`` (when the node froze or its link went
+    down, after the script started), else the time right before the command or signal."""
+    t = time.time()
     if event in ("planned", "bh-drain"):
         sh("scontrol", "update", f"nodename={node}", "state=drain", "reason=bench-maintenance")
-    elif event in ("power-off", "bh-power-off"):
-        local_slurm("power-off", node)
-    elif event == "partition":
-        local_slurm("partition", node)
+    elif event in ("power-off", "bh-power-off", "partition"):
+        return fault_moment(local_slurm("power-off" if event != "partition" else "partition", node)) or t
     elif event in ("sigkill", "sigstop"):  # the rank's pid comes from its agent id, checked against /proc
         if "tmslurm" not in Path(f"/proc/{pid}/cmdline").read_text(errors="replace"):
             raise TmslurmError(f"pid {pid} on {node} is not a tmslurm agent")
+        t = time.time()
         os.kill(pid, signal.SIGKILL if event == "sigkill" else signal.SIGSTOP)
     else:
         raise TmslurmError(f"unknown event {event!r}; valid: {', '.join(dtstats.TM_EVENTS)}")
+    return t
 
 
 def wait_new(job: SlurmJob, seen: set[tuple[Any, Any]], t_inject: float, strategy: str) -> dict[str, Any]:
