@@ -39,7 +39,7 @@ EVENT_PARTS = ("detect_s", "pick_s", "phase1_s", "phase2_s", "transfer_s", "firs
 RESTART_PARTS = ("stop_s", "reschedule_s", "startup_s", "group_setup_s", "ckpt_load_s",
                  "warmup_s", "redo_s")
 STRATEGIES = ("tmslurm", "injob_restart", "requeue_restart")
-EVENT_KINDS = ("planned", "unexpected", "hang")
+EVENT_KINDS = ("planned", "power-off", "partition", "sigkill", "sigstop", "bh-drain", "bh-power-off", "unexpected", "hang")
 PART_LABELS = {"detect_s": "detect", "pick_s": "standby pick",
                "phase1_s": "phase 1 (overlaps training if planned)", "phase2_s": "phase 2",
                "transfer_s": "state transfer", "first_step_s": "first step", "stop_s": "stop",

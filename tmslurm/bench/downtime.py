@@ -151,12 +151,17 @@ def fixed_delay(job_id: str, ev: dict[str, Any]) -> float | None:
     return max(0.0, datetime.strptime(eligible, "%Y-%m-%dT%H:%M:%S").timestamp() - requeue_t)
 
 
-def bring_back(event: str, node: str) -> None:
-    """Play the admin: maintenance done, node repaired, link mended; the node is usable again."""
-    if event in ("power-off", "bh-power-off"):
-        local_slurm("power-on", node)
-    elif event == "partition":
-        local_slurm("heal", node)
+def bring_back(event: str, node: str, timeout: float = 300) -> None:
+    """Play the admin: maintenance done, node repaired, link mended; the node is usable again. A
+    silent node is repaired only once Slurm has flagged it (not responding or down), as an admin
+    would see it: a node back before Slurm ever noticed stays suspect to tmslurm (spawner)."""
+    if event in ("power-off", "bh-power-off", "partition"):
+        deadline = time.monotonic() + timeout
+        while not any(f in sh("sinfo", "-h", "-n", node, "-o", "%T").lower() for f in ("*", "down", "not_responding")):
+            if time.monotonic() > deadline:
+                raise TmslurmError(f"Slurm did not flag {node} within {timeout:.0f}s")
+            time.sleep(0.5)
+        local_slurm("power-on" if event != "partition" else "heal", node)
     if event in LEAVES:
         resume_node(node)
 
@@ -225,4 +230,6 @@ def _result(args: Any, ref: dict[str, Any], rows: list[dict[str, Any]]) -> dict[
                         "downtime": "gap (commit before -> first commit after) - the reference run's median step"},
               "rows": rows, "cells": cs, "ratios": dtstats.ratios(cs)}
     result.update(result["ratios"])
+    for kind, event in (("planned", "planned"), ("unexpected", "power-off")):  # what `bench project` reads
+        result[f"tmslurm_{kind}_median_s"] = cs.get("tmslurm", {}).get(event, {}).get("p50")
     return result
