@@ -89,7 +89,7 @@ def run_strategy(out: Path, args: Any, strategy: str, events: list[str], ref_ste
             row.update(commit=measured, date=time.strftime("%Y-%m-%d"))
             say(dtstats.describe(row))
             rows.append(row)
-            bring_back(event, node)
+            bring_back(event, node, job.run_dir)
             settle(job, pool)
     summary = job.stop()
     say(f"{strategy}: median step {summary['median_step_s']:.4f}s, final hash {summary['final_params_sha256'][:12]}")
@@ -151,19 +151,27 @@ def fixed_delay(job_id: str, ev: dict[str, Any]) -> float | None:
     return max(0.0, datetime.strptime(eligible, "%Y-%m-%dT%H:%M:%S").timestamp() - requeue_t)
 
 
-def bring_back(event: str, node: str, timeout: float = 300) -> None:
+def bring_back(event: str, node: str, run_dir: Path, timeout: float = 300) -> None:
     """Play the admin: maintenance done, node repaired, link mended; the node is usable again. A
-    silent node is repaired only once Slurm has flagged it (not responding or down), as an admin
-    would see it: a node back before Slurm ever noticed stays suspect to tmslurm (spawner)."""
+    silent node is repaired only once Slurm has flagged it (not responding or down) and the run has
+    seen that (``spawner.json``: a node found dead that Slurm never flagged stays suspect to it)."""
     if event in ("power-off", "bh-power-off", "partition"):
         deadline = time.monotonic() + timeout
-        while not any(f in sh("sinfo", "-h", "-n", node, "-o", "%T").lower() for f in ("*", "down", "not_responding")):
+        while not any(f in sh("sinfo", "-h", "-n", node, "-o", "%T").lower() for f in ("*", "down", "not_responding")) \
+                or (event != "bh-power-off" and node in _unconfirmed(run_dir)):
             if time.monotonic() > deadline:
-                raise TmslurmError(f"Slurm did not flag {node} within {timeout:.0f}s")
+                raise TmslurmError(f"Slurm did not flag {node}, or run {run_dir} did not see it, within {timeout:.0f}s")
             time.sleep(0.5)
         local_slurm("power-on" if event != "partition" else "heal", node)
     if event in LEAVES:
         resume_node(node)
+
+
+def _unconfirmed(run_dir: Path) -> list[str]:
+    try:
+        return list(json.loads((run_dir / "spawner.json").read_text()).get("unconfirmed", []))
+    except (OSError, ValueError):
+        return []
 
 
 def settle(job: SlurmJob, pool: int | None, timeout: float = 900) -> None:

@@ -215,6 +215,10 @@ class SlurmSpawner:
                 with self.lock:
                     self.spares[job_id]["node"] = job.nodes[0]
                 self._changed()
+        with self.lock:
+            unconfirmed = bool(self.unconfirmed)
+        if unconfirmed:  # learn as soon as Slurm flags a node we found dead, so that it can heal later
+            self.still_bad()
         self._unexclude_healed()
 
     def _unexclude_healed(self) -> None:
