@@ -196,3 +196,27 @@ def test_a_node_our_liveness_found_dead_heals_only_after_slurm_saw_it_unhealthy(
     spawner.add_bad_node("n3")  # a notice Slurm gave us: healed as soon as Slurm calls it fine
     seen["n3"] = "IDLE"
     assert spawner.still_bad() == []
+
+
+def test_the_state_of_a_node_found_dead_is_read_on_every_spare_check_until_slurm_flags_it(tmp_path, captured):
+    from tmslurm.slurm.parse import NodeInfo
+
+    asked: list[list[str]] = []
+    seen = {"n2": "ALLOCATED"}
+
+    def nodes(names):
+        asked.append(list(names))
+        return [NodeInfo(n, seen[n], seen[n].split("+")[0], frozenset(seen[n].split("+")[1:])) for n in names]
+
+    client = SimpleNamespace(nodes=nodes, job=lambda job_id: None)
+    cfg = compose_config(["cluster=slurm", "parallel.dp=2", "parallel.pp=2"])
+    spawner = sp.SlurmSpawner(tmp_path, cfg, client, "77", ["n1", "n2", "n3", "n4"], lane=Lane(inline=True))
+    spawner.note_spare_node("")
+    assert asked == []  # nothing bad: no query
+    spawner.add_bad_node("n2", confirmed=False)
+    spawner.note_spare_node("")
+    seen["n2"] = "ALLOCATED+NOT_RESPONDING"
+    spawner.note_spare_node("")
+    assert asked == [["n2"], ["n2"]] and spawner.unconfirmed == set()
+    spawner.note_spare_node("")
+    assert len(asked) == 2  # confirmed bad: no more queries from here (no pending spare excludes it)
