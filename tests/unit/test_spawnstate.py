@@ -218,5 +218,6 @@ def test_the_state_of_a_node_found_dead_is_read_on_every_spare_check_until_slurm
     seen["n2"] = "ALLOCATED+NOT_RESPONDING"
     spawner.note_spare_node("")
     assert asked == [["n2"], ["n2"]] and spawner.unconfirmed == set()
+    assert spawner.writer.flush(5.0) and ss.read_record(RunDir(tmp_path).spawner).unconfirmed == []  # recorded
     spawner.note_spare_node("")
     assert len(asked) == 2  # confirmed bad: no more queries from here (no pending spare excludes it)

@@ -179,11 +179,12 @@ class SlurmSpawner:
             return bad
         ok = {name for name, info in infos.items() if classify(info) == OK}
         with self.lock:
-            self.unconfirmed -= set(infos) - ok  # Slurm sees it too now
+            confirmed = self.unconfirmed & (set(infos) - ok)  # Slurm sees it too now
+            self.unconfirmed -= confirmed
             healed = ok - self.unconfirmed
             self.bad_nodes -= healed
             bad = sorted(self.bad_nodes)
-        if healed:
+        if healed or confirmed:
             self._changed()
         return bad
 
