@@ -141,7 +141,7 @@ def test_every_controller_facing_slurm_call_returns_at_once(slurm, tmp_path):
     spawner, hooks = cluster(compose_config(["cluster=slurm", "parallel.dp=2", "parallel.pp=2"]))
     hooks.is_batch_host("n3")
     calls = [lambda: spawner.spawn_standby(0), lambda: spawner.spawn_worker(3, 1), lambda: spawner.fence("worker", 3),
-             lambda: spawner.fence("standby", 0), lambda: hooks.on_step(20, {"n0": "main"}),
+             lambda: hooks.on_step(20, {"n0": "main"}), lambda: spawner.fence("standby", 0),
              lambda: hooks.release_nodes(["n1"], lambda node: None), lambda: hooks.requeue(["n3"]),
              lambda: hooks.inject_fault({"kind": "drain", "rank": 2}, lambda t, node: None)]
     for call in calls:

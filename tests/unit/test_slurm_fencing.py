@@ -72,6 +72,10 @@ def test_a_standby_is_fenced_by_cancelling_its_spare_job(slurm):
     spawner.fence("standby", 5)  # no spare job of ours: nothing to do
     spawner.fence("worker", 3)  # never spawned: nothing to do
     assert client.cancelled == ["90"] and runs == []
+    assert spawner.spare_job_ids() == []  # forgotten: a restart never launches a rank into a cancelled job
+    spawner.rank_node[2] = "n9"
+    spawner.bad_nodes = {"n9"}
+    assert spawner.spawn_worker(2, 1) is False and runs == []
 
 
 def test_hooks_release_emptied_nodes_but_never_the_batch_host(slurm, tmp_path):

@@ -75,7 +75,7 @@ def run_strategy(out: Path, args: Any, strategy: str, events: list[str], ref_ste
     seen: set[tuple[Any, Any]] = {_key(e) for e in job.events_done(job.status())}
     for rep in range(args.repeats):
         for i, event in enumerate(events):
-            rank = 0 if event.startswith("bh-") else (1 + (rep + i) % 3 if event in LEAVES else (rep + i) % 4)
+            rank = 0 if event.startswith("bh-") else 1 + (rep + i) % 3  # rank 0's node is the batch host: its own cells
             offset = rng.randrange(args.checkpoint_every)
             step = at_offset(job, args.checkpoint_every, offset)
             node, pid = job.node_of_rank(rank)
@@ -192,10 +192,7 @@ def settle(job: SlurmJob, pool: int | None, timeout: float = 900) -> None:
         have = len(st.get("standbys", []))
         if pool is None:  # restarts: a standby for every running spare job
             return have >= len([j for j in sh("squeue", "-h", "-t", "R", "-o", "%i").split() if j != job.job_id])
-        # a pending spare with no free node cannot come (e.g. the batch host is never given back)
-        stuck = bool(sh("squeue", "-h", "-t", "PD", "-o", "%i", check=False).strip()) and \
-            not sh("sinfo", "-h", "-t", "idle", "-o", "%N", check=False).strip()
-        return have >= pool or stuck
+        return have >= pool
 
     job.wait(whole, max(1.0, deadline - time.monotonic()), "the standby pool whole and warm")
 

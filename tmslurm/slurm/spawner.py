@@ -272,6 +272,9 @@ class SlurmSpawner:
         if job is not None:
             log.info("fencing spare job %s of standby %d", job, ident)
             self._cancel(job)
+            with self.lock:  # gone: no restart may launch a rank into it (its step would never start)
+                self.spares.pop(job, None)
+            self._changed()
 
     def _cancel(self, job: str) -> None:
         try:
