@@ -31,7 +31,7 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tmslurm.bench import dtstats
 from tmslurm.bench.common import SlurmJob, commit, local_slurm, resume_node, say, sh, write_json
@@ -58,7 +58,9 @@ def reference(out: Path, args: Any) -> dict[str, Any]:
     return {"median_step_s": s["median_step_s"], "steps": s.get("steps"), "final_params_sha256": s["final_params_sha256"]}
 
 
-def run_strategy(out: Path, args: Any, strategy: str, events: list[str], ref_step: float) -> list[dict[str, Any]]:
+def run_strategy(out: Path, args: Any, strategy: str, events: list[str], ref_step: float,
+                 save: Callable[[list[dict[str, Any]]], None]) -> list[dict[str, Any]]:
+    """Every event of ``strategy`` in one run; ``save(rows so far)`` after each event."""
     over = base_overrides(args)
     if strategy == "tmslurm":
         over.append("standby.count=2")
@@ -89,6 +91,7 @@ def run_strategy(out: Path, args: Any, strategy: str, events: list[str], ref_ste
             row.update(commit=measured, date=time.strftime("%Y-%m-%d"))
             say(dtstats.describe(row))
             rows.append(row)
+            save(rows)
             bring_back(event, node, job.run_dir)
             settle(job, pool)
     summary = job.stop()
@@ -167,6 +170,21 @@ def bring_back(event: str, node: str, run_dir: Path, timeout: float = 300) -> No
         resume_node(node)
 
 
+def _idle_nodes() -> list[str]:
+    """Nodes a pending job could start on now (``sinfo -t idle`` also lists IDLE+DRAIN ones)."""
+    return [line.split()[0] for line in sh("sinfo", "-h", "-N", "-t", "idle", "-o", "%N %T", check=False).splitlines()
+            if line.split()[1:] == ["idle"]]
+
+
+def _free_spares(run_dir: Path, running: list[str]) -> int:
+    """Running spare jobs whose node the run knows and that no restarted rank uses (``spawner.json``)."""
+    try:
+        spares = json.loads((run_dir / "spawner.json").read_text()).get("spares", {})
+    except (OSError, ValueError):
+        return 0
+    return sum(1 for j, s in spares.items() if j in running and s.get("node") and not s.get("used_for_restart"))
+
+
 def _unconfirmed(run_dir: Path) -> list[str]:
     try:
         return list(json.loads((run_dir / "spawner.json").read_text()).get("unconfirmed", []))
@@ -180,8 +198,7 @@ def settle(job: SlurmJob, pool: int | None, timeout: float = 900) -> None:
     standbys are never used up) and every standby has warmed up every role: the next event overlaps
     nobody's start-up."""
     deadline = time.monotonic() + timeout
-    while sh("squeue", "-h", "-t", "PD", "-o", "%i", check=False).strip() and \
-            sh("sinfo", "-h", "-t", "idle", "-o", "%N", check=False).strip():
+    while sh("squeue", "-h", "-t", "PD", "-o", "%i", check=False).strip() and _idle_nodes():
         if time.monotonic() > deadline:
             raise TmslurmError(f"run {job.run_dir}: a spare job stays pending although a node is idle")
         time.sleep(0.5)
@@ -190,8 +207,9 @@ def settle(job: SlurmJob, pool: int | None, timeout: float = 900) -> None:
         if not _pool_warm(st):
             return False
         have = len(st.get("standbys", []))
-        if pool is None:  # restarts: a standby for every running spare job
-            return have >= len([j for j in sh("squeue", "-h", "-t", "R", "-o", "%i").split() if j != job.job_id])
+        if pool is None:  # restarts: a standby for every running spare job, and one spare no rank uses yet
+            running = [j for j in sh("squeue", "-h", "-t", "R", "-o", "%i").split() if j != job.job_id]
+            return have >= len(running) and _free_spares(job.run_dir, running) >= 1
         return have >= pool
 
     job.wait(whole, max(1.0, deadline - time.monotonic()), "the standby pool whole and warm")
@@ -215,18 +233,35 @@ def main(args: Any) -> dict[str, Any]:
     for strategy in [s for s in strategies if s != "reference"]:
         events = (args.events if strategy == "tmslurm" else args.restart_events).split(",")
         say(f"== {strategy}: {', '.join(events)} x {args.repeats}")
-        rows = dtstats.merge(rows, run_strategy(out, args, strategy, events, ref["median_step_s"]))
+        before = rows
+
+        def save(new: list[dict[str, Any]], before: list[dict[str, Any]] = before) -> None:
+            write_json(path, _result(args, ref, dtstats.merge(before, new)))  # a later failure loses nothing measured
+
+        rows = dtstats.merge(before, run_strategy(out, args, strategy, events, ref["median_step_s"], save))
         result = _result(args, ref, rows)
-        write_json(path, result)  # after each strategy: a later failure loses nothing measured
     result = result or _result(args, ref, rows)
     print(dtstats.table(result))
     write_json(path, result)
     return result
 
 
+def _without_out(argv: list[str]) -> list[str]:
+    """The arguments minus ``--out DIR`` (a scratch directory of this machine)."""
+    out, skip = [], False
+    for a in argv:
+        if skip or a.startswith("--out="):
+            skip = False
+            continue
+        skip = a == "--out"
+        if not skip:
+            out.append(a)
+    return out
+
+
 def _result(args: Any, ref: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
     cs = dtstats.cells(rows)
-    result = {"command": "python -m tmslurm.bench downtime " + " ".join(sys.argv[2:]),
+    result = {"command": "python -m tmslurm.bench downtime " + " ".join(_without_out(sys.argv[2:])),
               "commit": commit(), "date": time.strftime("%Y-%m-%d"), "reference": ref,
               "setup": {"model": args.model, "compile": args.compile, "layout": "DP2 x PP2, one rank per node",
                         "checkpoint_every": args.checkpoint_every, "repeats": args.repeats, "seed": args.seed,

@@ -125,10 +125,15 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+ORDER = ("detect_s", "pick_s", "phase1_s", "phase2_s", "transfer_s", "stop_s", "reschedule_s", "startup_s", "redo_s",
+         "first_step_s", "other_s")
+
+
 def _parts_table(rows: list[dict[str, Any]]) -> list[str]:
     keys: list[str] = []
     for r in rows:
         keys += [k for k in r["parts"] if k not in keys]
+    keys.sort(key=lambda k: ORDER.index(k) if k in ORDER else len(ORDER))
     out = ["| strategy | event | n | " + " | ".join(k[:-2] for k in keys) + " |", "|---|---|---|" + "---|" * len(keys)]
     for s in STRATEGIES:
         for ev in TM_EVENTS:
