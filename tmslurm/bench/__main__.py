@@ -25,6 +25,7 @@ def parser() -> argparse.ArgumentParser:
                    help="tmslurm's events, in this order per repeat")
     d.add_argument("--restart-events", default="planned,power-off", help="the restart baselines' events")
     d.add_argument("--fresh", action="store_true", help="replace --json instead of merging the cells measured into it")
+    d.add_argument("--append", action="store_true", help="add the events to the cells already in --json (same reference)")
     d.add_argument("--json", default="docs/bench/downtime.json")
     s = sub.add_parser("scaling", help="phase 2 and downtime at 4, 8, 16 ranks: delta vs full rebuild (local)")
     s.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 16])

@@ -235,10 +235,13 @@ def main(args: Any) -> dict[str, Any]:
         say(f"== {strategy}: {', '.join(events)} x {args.repeats}")
         before = rows
 
-        def save(new: list[dict[str, Any]], before: list[dict[str, Any]] = before) -> None:
-            write_json(path, _result(args, ref, dtstats.merge(before, new)))  # a later failure loses nothing measured
+        def combine(new: list[dict[str, Any]], before: list[dict[str, Any]] = before) -> list[dict[str, Any]]:
+            return before + new if args.append else dtstats.merge(before, new)
 
-        rows = dtstats.merge(before, run_strategy(out, args, strategy, events, ref["median_step_s"], save))
+        def save(new: list[dict[str, Any]]) -> None:
+            write_json(path, _result(args, ref, combine(new)))  # a later failure loses nothing measured
+
+        rows = combine(run_strategy(out, args, strategy, events, ref["median_step_s"], save))
         result = _result(args, ref, rows)
     result = result or _result(args, ref, rows)
     print(dtstats.table(result))
@@ -259,6 +262,18 @@ def _without_out(argv: list[str]) -> list[str]:
     return out
 
 
+def _runs(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per strategy: the commit(s) and date(s) its rows were measured at."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        run = out.setdefault(r["strategy"], {"commits": [], "dates": [], "events": 0})
+        for key, value in (("commits", r.get("commit")), ("dates", r.get("date"))):
+            if value not in run[key]:
+                run[key].append(value)
+        run["events"] += 1
+    return out
+
+
 def _result(args: Any, ref: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
     cs = dtstats.cells(rows)
     result = {"command": "python -m tmslurm.bench downtime " + " ".join(_without_out(sys.argv[2:])),
@@ -268,7 +283,7 @@ def _result(args: Any, ref: dict[str, Any], rows: list[dict[str, Any]]) -> dict[
                         "heartbeat_timeout_s": args.heartbeat_timeout,
                         "cluster": "local Slurm (scripts/local-slurm), 6 nodes on one 2-core host",
                         "downtime": "gap (commit before -> first commit after) - the reference run's median step"},
-              "rows": rows, "cells": cs, "ratios": dtstats.ratios(cs)}
+              "runs": _runs(rows), "rows": rows, "cells": cs, "ratios": dtstats.ratios(cs)}
     result.update(result["ratios"])
     for kind, event in (("planned", "planned"), ("unexpected", "power-off")):  # what `bench project` reads
         result[f"tmslurm_{kind}_median_s"] = cs.get("tmslurm", {}).get(event, {}).get("p50")
