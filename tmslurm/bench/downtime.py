@@ -69,7 +69,7 @@ def run_strategy(out: Path, args: Any, strategy: str, events: list[str], ref_ste
         over += [f"runtime.restart_mode={strategy}", f"standby.count={min(takes + 1, 24) if takes else 0}"]
     job = SlurmJob(out / strategy, over)
     job.wait(lambda st: st.get("step", 0) >= 3, 1800, "training to start")
-    pool = 2 if strategy == "tmslurm" else None
+    pool = 2 if strategy == "tmslurm" else None if strategy == "injob_restart" else 0  # a requeue has no spares
     settle(job, pool)
     rng = random.Random(f"{args.seed}-{strategy}")
     measured = commit()
@@ -228,6 +228,8 @@ def main(args: Any) -> dict[str, Any]:
     # a file of the old format (no reference run) is replaced whole, and so is one whose reference is measured again
     old = old if "reference" in old and "reference" not in strategies else {}
     ref = reference(out, args) if "reference" in strategies or not old else old["reference"]
+    command = "python -m tmslurm.bench downtime " + " ".join(_without_out(sys.argv[2:]))
+    commands = [*[c for c in old.get("commands", []) if c != command], command]
     rows: list[dict[str, Any]] = old.get("rows", [])
     result: dict[str, Any] = {}
     for strategy in [s for s in strategies if s != "reference"]:
@@ -239,11 +241,11 @@ def main(args: Any) -> dict[str, Any]:
             return before + new if args.append else dtstats.merge(before, new)
 
         def save(new: list[dict[str, Any]]) -> None:
-            write_json(path, _result(args, ref, combine(new)))  # a later failure loses nothing measured
+            write_json(path, _result(args, commands, ref, combine(new)))  # a later failure loses nothing measured
 
         rows = combine(run_strategy(out, args, strategy, events, ref["median_step_s"], save))
-        result = _result(args, ref, rows)
-    result = result or _result(args, ref, rows)
+        result = _result(args, commands, ref, rows)
+    result = result or _result(args, commands, ref, rows)
     print(dtstats.table(result))
     write_json(path, result)
     return result
@@ -274,9 +276,9 @@ def _runs(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _result(args: Any, ref: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+def _result(args: Any, commands: list[str], ref: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
     cs = dtstats.cells(rows)
-    result = {"command": "python -m tmslurm.bench downtime " + " ".join(_without_out(sys.argv[2:])),
+    result = {"commands": commands,
               "commit": commit(), "date": time.strftime("%Y-%m-%d"), "reference": ref,
               "setup": {"model": args.model, "compile": args.compile, "layout": "DP2 x PP2, one rank per node",
                         "checkpoint_every": args.checkpoint_every, "repeats": args.repeats, "seed": args.seed,

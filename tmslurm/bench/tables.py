@@ -22,7 +22,9 @@ def _f(x: Any, unit: str = "s", nd: int = 3) -> str:
 def downtime(d: dict[str, Any]) -> str:
     if "reference" not in d:
         return "(docs/bench/downtime.json is of the old format; run `python -m tmslurm.bench downtime` again)"
-    return f"Reference step {d['reference']['median_step_s']:.3f}s ({d['command']}, commit {d['commit']}, {d['date']}).\n\n" + dtstats.table(d)
+    runs = ", ".join(f"{k}: {', '.join(v['commits'])}" for k, v in d.get("runs", {}).items())
+    return (f"Reference step {d['reference']['median_step_s']:.3f}s; commits per strategy: {runs}; commands:\n\n"
+            + "\n".join(f"    {c}" for c in d.get("commands", [])) + "\n\n" + dtstats.table(d))
 
 
 def scaling(d: dict[str, Any]) -> str:
