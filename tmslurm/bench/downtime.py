@@ -84,7 +84,7 @@ def run_strategy(out: Path, args: Any, strategy: str, events: list[str], ref_ste
             say(f"{strategy} {event} #{rep}: rank {rank} on {node} at step {step} (offset {step % args.checkpoint_every})")
             t_start = time.time()
             t_inject = inject(event, node, pid)
-            ev = wait_new(job, seen, t_start, strategy)
+            ev = wait_new(job, seen, t_start, strategy, None if event.startswith("bh-") else rank)
             delay = fixed_delay(job.job_id, ev) if "requeue" in str(ev.get("kind")) else None
             row = dtstats.make_row(strategy, event, rep, ev, ref_step_s=ref_step, t_inject=t_inject, inject_step=step,
                                    offset=step % args.checkpoint_every, fixed_delay_s=delay)
@@ -129,10 +129,15 @@ def inject(event: str, node: str, pid: int) -> float:
     return t
 
 
-def wait_new(job: SlurmJob, seen: set[tuple[Any, Any]], t_inject: float, strategy: str) -> dict[str, Any]:
-    """The first completed event not seen before whose first step committed after the injection."""
+def wait_new(job: SlurmJob, seen: set[tuple[Any, Any]], t_inject: float, strategy: str, rank: int | None) -> dict[str, Any]:
+    """The first completed event not seen before whose first step committed after the injection and
+    that involves ``rank`` (None: any); other events (a drain Slurm made itself) are skipped, logged."""
     def new(st: dict[str, Any]) -> list[dict[str, Any]]:
-        return [e for e in job.events_done(st) if _key(e) not in seen and (e.get("first_step_t") or 0) > t_inject]
+        fresh = [e for e in job.events_done(st) if _key(e) not in seen and (e.get("first_step_t") or 0) > t_inject]
+        for e in [e for e in fresh if rank is not None and rank not in (e.get("ranks") or [])]:
+            say(f"skipping an event the benchmark did not inject: {e.get('kind')} ranks={e.get('ranks')} ({e.get('cause')})")
+            seen.add(_key(e))
+        return [e for e in fresh if _key(e) not in seen]
     st = job.wait(lambda s: bool(new(s)), 1800, f"the {strategy} event to complete")
     ev = new(st)[0]
     seen.add(_key(ev))
@@ -170,6 +175,13 @@ def bring_back(event: str, node: str, run_dir: Path, timeout: float = 300) -> No
         resume_node(node)
 
 
+def _drained_by_slurm() -> list[str]:
+    """Nodes drained with a reason the benchmark did not give (its own is ``bench-maintenance``)."""
+    out = sh("sinfo", "-h", "-R", "-N", "-o", "%N|%E|%U", check=False)
+    return [n for n, reason, user in (line.split("|", 2) for line in out.splitlines() if line.count("|") == 2)
+            if reason.strip() and reason.strip() != "bench-maintenance"]
+
+
 def _idle_nodes() -> list[str]:
     """Nodes a pending job could start on now (``sinfo -t idle`` also lists IDLE+DRAIN ones)."""
     return [line.split()[0] for line in sh("sinfo", "-h", "-N", "-t", "idle", "-o", "%N %T", check=False).splitlines()
@@ -198,6 +210,9 @@ def settle(job: SlurmJob, pool: int | None, timeout: float = 900) -> None:
     standbys are never used up) and every standby has warmed up every role: the next event overlaps
     nobody's start-up."""
     deadline = time.monotonic() + timeout
+    for node in _drained_by_slurm():  # e.g. "Kill task failed" after a thawed node: the admin resumes it
+        say(f"resuming {node}, drained by Slurm itself")
+        resume_node(node)
     while sh("squeue", "-h", "-t", "PD", "-o", "%i", check=False).strip() and _idle_nodes():
         if time.monotonic() > deadline:
             raise TmslurmError(f"run {job.run_dir}: a spare job stays pending although a node is idle")
