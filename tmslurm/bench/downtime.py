@@ -83,7 +83,7 @@ def run_strategy(out: Path, args: Any, strategy: str, events: list[str], ref_ste
             node, pid = job.node_of_rank(rank)
             say(f"{strategy} {event} #{rep}: rank {rank} on {node} at step {step} (offset {step % args.checkpoint_every})")
             t_start = time.time()
-            t_inject = inject(event, node, pid)
+            t_inject = inject(event, node, pid, job.run_dir)
             ev = wait_new(job, seen, t_start, strategy, None if event.startswith("bh-") else rank)
             delay = fixed_delay(job.job_id, ev) if "requeue" in str(ev.get("kind")) else None
             row = dtstats.make_row(strategy, event, rep, ev, ref_step_s=ref_step, t_inject=t_inject, inject_step=step,
@@ -111,7 +111,17 @@ def at_offset(job: SlurmJob, k: int, offset: int, timeout: float = 600) -> int:
     raise TmslurmError(f"run {job.run_dir}: no commit at offset {offset} of an interval within {timeout:.0f}s")
 
 
-def inject(event: str, node: str, pid: int) -> float:
+def _is_rank_of(pid: int, run_dir: Path) -> bool:
+    """Whether ``pid`` runs ``tmslurm.runtime.agent --rank`` for ``run_dir``: a rank of the run this
+    benchmark submitted (Slurm started it; the lab's nodes share this host's pid namespace)."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return False
+    return "tmslurm.runtime.agent" in args and "--rank" in args and str(run_dir) in args
+
+
+def inject(event: str, node: str, pid: int, run_dir: Path) -> float:
     """Cause ``event``; returns its moment: the lab's ``at=`` (when the node froze or its link went
     down, after the script started), else the time right before the command or signal."""
     t = time.time()
@@ -120,8 +130,8 @@ def inject(event: str, node: str, pid: int) -> float:
     elif event in ("power-off", "bh-power-off", "partition"):
         return fault_moment(local_slurm("power-off" if event != "partition" else "partition", node)) or t
     elif event in ("sigkill", "sigstop"):  # the rank's pid comes from its agent id, checked against /proc
-        if "tmslurm" not in Path(f"/proc/{pid}/cmdline").read_text(errors="replace"):
-            raise TmslurmError(f"pid {pid} on {node} is not a tmslurm agent")
+        if not _is_rank_of(pid, run_dir):
+            raise TmslurmError(f"pid {pid} on {node} is not a rank agent of {run_dir}; not signalled")
         t = time.time()
         os.kill(pid, signal.SIGKILL if event == "sigkill" else signal.SIGSTOP)
     else:

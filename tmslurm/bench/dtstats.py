@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tmslurm.bench.common import median
+from tmslurm.bench.procstat import percentile
 from tmslurm.runtime.events import pause_parts
 
 TM_EVENTS = ("planned", "power-off", "partition", "sigkill", "sigstop", "bh-drain", "bh-power-off")
@@ -51,8 +53,8 @@ def describe(row: dict[str, Any]) -> str:
 
 
 def pct(xs: list[float], q: float) -> float | None:
-    """Nearest-rank percentile of sorted ``xs``."""
-    return xs[max(0, min(len(xs) - 1, int(-(-len(xs) * q // 100)) - 1))] if xs else None
+    """Nearest-rank percentile of ``xs`` (None for no sample)."""
+    return percentile(xs, q) if xs else None
 
 
 def cells(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
@@ -139,17 +141,9 @@ def _parts_table(rows: list[dict[str, Any]]) -> list[str]:
         for ev in TM_EVENTS:
             sel = [r for r in rows if r["strategy"] == s and r["event"] == ev]
             if sel:
-                meds = [_median([r["parts"].get(k) for r in sel]) for k in keys]
+                meds = [median([r["parts"].get(k) for r in sel]) for k in keys]
                 out.append(f"| {s} | {ev} | {len(sel)} | " + " | ".join("–" if m is None else f"{m:.3f}" for m in meds) + " |")
     return out
-
-
-def _median(xs: list[Any]) -> float | None:
-    ys = sorted(x for x in xs if _num(x) is not None)
-    if not ys:
-        return None
-    mid = len(ys) // 2
-    return ys[mid] if len(ys) % 2 else (ys[mid - 1] + ys[mid]) / 2
 
 
 def _num(x: Any) -> float | None:
