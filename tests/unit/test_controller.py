@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from tests.unit.controller_harness import FakeChannel, FakeCluster, FakeSpawner, Harness
 from tmslurm.controller.plans import PlannedSwitch, Recovery
 from tmslurm.controller.state import Mode
-from tmslurm.messages import NoticeRequest
+from tmslurm.messages import NoticeRequest, decode_agent
 from tmslurm.notices import Notice
 
 
@@ -272,3 +272,16 @@ def test_a_restart_that_moves_a_rank_off_a_bad_node_gives_that_node_back(tmp_pat
     h.disconnect(2)
     h.abort_all([0, 1, 3])
     assert h.state.incarnation == 1 and h.cluster.released == [["n2"]]
+
+
+def test_a_gate_batch_is_handled_item_by_item_in_order(tmp_path):
+    h = Harness(tmp_path)
+    step = h.state.step
+    votes = [("msg", h.conns[r], decode_agent({"type": "vote", "step": step, "epoch": 0, "rank": r, "loss": 1.0,
+                                               "dt": 0.01, "peak_rss_mb": 1.0})) for r in range(4)]
+    # a handler failing on one item (no handler for a heartbeat: the gate never queues one) leaves the
+    # items after it handled
+    broken = ("msg", h.conns[1], decode_agent({"type": "hb"}))
+    h.ctl.handle(("batch", [votes[0], votes[1], broken, votes[2], votes[3]], None))
+    assert h.state.step == step + 1 and h.got(0, "decision")[-1]["step"] == step
+    assert [e["item"] for e in h.journal("handler_error")] == ["msg"]

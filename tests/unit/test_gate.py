@@ -15,6 +15,18 @@ from tmslurm.runtime.journal import Journal, read_journal
 from tmslurm.runtime.protocol import MAX_LINE, exchange
 
 TOKEN = "t" * 32
+ROUNDS: list[int] = []
+"""How many items each hand-over of the gates in this module carried."""
+
+
+def unbatched(items: queue.Queue):
+    """The gate's ``submit``: every item of a round's ``batch`` queued on its own, in order."""
+    def submit(item) -> None:
+        many = item[1] if item[0] == "batch" else [item]
+        ROUNDS.append(len(many))
+        for one in many:
+            items.put(one)
+    return submit
 
 
 @pytest.fixture
@@ -22,7 +34,7 @@ def gate(tmp_path):
     server = socket.create_server(("127.0.0.1", 0))
     items: queue.Queue = queue.Queue()
     journal = Journal(tmp_path / "events.jsonl")
-    g = Gate(server, TOKEN, None, journal, items.put, lambda conn: None,
+    g = Gate(server, TOKEN, None, journal, unbatched(items), lambda conn: None,
              GateLimits(auth_timeout_s=0.5, max_unauthenticated=2))
     g.start()
     yield g, items, {"host": "127.0.0.1", "port": server.getsockname()[1]}, journal
@@ -72,7 +84,7 @@ def open_gate(tmp_path, **limits):
     items: queue.Queue = queue.Queue()
     touched: list[int] = []
     journal = Journal(tmp_path / "events.jsonl")
-    g = Gate(server, TOKEN, None, journal, items.put, touched.append, GateLimits(**limits))
+    g = Gate(server, TOKEN, None, journal, unbatched(items), touched.append, GateLimits(**limits))
     g.start()
     return g, items, touched, server.getsockname()[1], journal
 
@@ -150,8 +162,10 @@ def test_a_line_split_across_segments_and_two_lines_in_one_segment(tmp_path):
         time.sleep(0.05)
     (kind, msg, (conn, _)), = take(items, 1)
     assert (kind, msg.id) == ("hello", 7)
+    ROUNDS.clear()
     sock.sendall(vote(1) + vote(2))
     assert [(k, a, b.step) for k, a, b in take(items, 2)] == [("msg", conn, 1), ("msg", conn, 2)]
+    assert ROUNDS == [2]  # one read, one hand-over: a ("batch", [msg, msg], None)
     sock.close()
     g.stop()
 

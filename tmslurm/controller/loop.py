@@ -160,8 +160,13 @@ class Controller:
             self.members.touch(conn)
 
     def handle(self, item: tuple[str, Any, Any]) -> None:
-        """Handle one queue item; a failing handler is journalled, never raised."""
+        """Handle one queue item (a gate's ``batch``: each of its items); a failing handler is
+        journalled, never raised."""
         kind, a, b = item
+        if kind == "batch":
+            for one in a:
+                self.handle(one)
+            return
         try:
             self._dispatch(kind, a, b)
         except Exception as exc:  # a bug must not end the run: journal it loudly and go on
