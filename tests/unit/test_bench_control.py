@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tmslurm.bench.common import recorded_command
 from tmslurm.bench.control import table
 from tmslurm.bench.loadgen import Recorder, key_of
 from tmslurm.bench.procstat import parse_stat, percentile, summarize, top_frames
@@ -172,3 +173,13 @@ def test_table_marks_missing_figures_and_failures():
                   {"ranks": 4096, "reached": "admitted", "failed": "timed out"}])
     assert "| 64 |" in text and "| 1.5 |" in text and "- |" in text
     assert "N=4096: failed after 'admitted': timed out" in text
+
+
+@pytest.mark.parametrize("argv,recorded", [
+    (["--sizes", "64", "256"], "python -m tmslurm.bench control --sizes 64 256"),
+    (["--out", "/scratch/x", "--json", "/scratch/y.json", "--label", "a b"],
+     "python -m tmslurm.bench control --out <scratch dir> --json <scratch file> --label a b"),
+    (["--json", "docs/bench/control_scale.json"], "python -m tmslurm.bench control --json docs/bench/control_scale.json"),
+])
+def test_recorded_commands_name_no_machine_path(argv, recorded):
+    assert recorded_command("control", argv) == recorded

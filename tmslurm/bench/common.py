@@ -20,6 +20,16 @@ from tmslurm.errors import TmslurmError
 from tmslurm.runtime.protocol import request
 
 
+def recorded_command(sub: str, argv: list[str] | None = None) -> str:
+    """``python -m tmslurm.bench <sub> ARGS`` as a result file records it: an absolute path (a
+    scratch directory or file of this machine) becomes ``<scratch dir>`` after ``--out`` and
+    ``<scratch file>`` elsewhere, so the record names no machine path."""
+    args = sys.argv[2:] if argv is None else argv
+    kept = [("<scratch dir>" if i and args[i - 1] == "--out" else "<scratch file>") if a.startswith("/") else a
+            for i, a in enumerate(args)]
+    return " ".join([f"python -m tmslurm.bench {sub}", *kept])
+
+
 def say(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 

@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from tmslurm.bench.common import commit, say, write_json
+from tmslurm.bench.common import commit, recorded_command, say, write_json
 from tmslurm.bench.ctlhost import raise_open_files
 from tmslurm.bench.loadgen import LoadGen
 from tmslurm.bench.procstat import proc_sample, self_cpu_s, summarize, top_frames
@@ -312,11 +312,6 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _portable(argv: list[str]) -> list[str]:
-    """The command line as recorded: the scratch directory (``--out``, absolute) is not machine-independent."""
-    return [("<scratch dir>" if a.startswith("/") and i and argv[i - 1] == "--out" else a) for i, a in enumerate(argv)]
-
-
 def main(args: Any) -> dict[str, Any]:
     nofile = raise_open_files()
     out = Path(args.out).resolve()
@@ -325,7 +320,7 @@ def main(args: Any) -> dict[str, Any]:
         say(f"N={n}: starting the controller ({n} ranks, pp={args.pp}, {STANDBYS} standbys, open files limit {nofile})")
         rows.append(one_size(n, args, out))
     print(table(rows))
-    command, measured = "python -m tmslurm.bench control " + " ".join(_portable(sys.argv[2:])), commit()
+    command, measured = recorded_command("control"), commit()
     for row in rows:
         row.update(label=args.label, overrides=args.override, command=command, git_commit=measured,
                    date=time.strftime("%Y-%m-%d %H:%M:%S %Z"))

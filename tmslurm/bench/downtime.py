@@ -27,14 +27,13 @@ import json
 import os
 import random
 import signal
-import sys
 import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
 from tmslurm.bench import dtstats
-from tmslurm.bench.common import SlurmJob, commit, local_slurm, resume_node, say, sh, write_json
+from tmslurm.bench.common import SlurmJob, commit, recorded_command, local_slurm, resume_node, say, sh, write_json
 from tmslurm.errors import TmslurmError
 from tmslurm.slurm.lab import fault_moment
 
@@ -253,7 +252,7 @@ def main(args: Any) -> dict[str, Any]:
     # a file of the old format (no reference run) is replaced whole, and so is one whose reference is measured again
     old = old if "reference" in old and "reference" not in strategies else {}
     ref = reference(out, args) if "reference" in strategies or not old else old["reference"]
-    command = "python -m tmslurm.bench downtime " + " ".join(_without_out(sys.argv[2:]))
+    command = recorded_command("downtime")
     commands = [*[c for c in old.get("commands", []) if c != command], command]
     rows: list[dict[str, Any]] = old.get("rows", [])
     result: dict[str, Any] = {}
@@ -274,19 +273,6 @@ def main(args: Any) -> dict[str, Any]:
     print(dtstats.table(result))
     write_json(path, result)
     return result
-
-
-def _without_out(argv: list[str]) -> list[str]:
-    """The arguments minus ``--out DIR`` (a scratch directory of this machine)."""
-    out, skip = [], False
-    for a in argv:
-        if skip or a.startswith("--out="):
-            skip = False
-            continue
-        skip = a == "--out"
-        if not skip:
-            out.append(a)
-    return out
 
 
 def _runs(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

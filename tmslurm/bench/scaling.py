@@ -10,12 +10,11 @@ sample count, median, min and max).
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from tmslurm.bench.common import LocalJob, commit, median, say, write_json
+from tmslurm.bench.common import LocalJob, commit, recorded_command, median, say, write_json
 
 
 def _one(out: Path, ranks: int, mode: str, rep: int, steps: int) -> dict[str, Any]:
@@ -70,7 +69,7 @@ def main(args: Any) -> dict[str, Any]:
     out = Path(args.out).resolve()
     rows = [_one(out, n, mode, rep, args.steps) for n in args.sizes for rep in range(args.repeats) for mode in ("delta", "full")]
     print(table(rows))
-    result = {"command": "python -m tmslurm.bench scaling " + " ".join(sys.argv[2:]), "commit": commit(),
+    result = {"command": recorded_command("scaling"), "commit": commit(),
               "date": time.strftime("%Y-%m-%d %H:%M %Z"),
               "setup": {"model": "tiny", "layout": "DP x PP2, one standby, drain of rank 1", "repeats": args.repeats,
                         "host": "local processes on one 2-core machine"}, "rows": rows, "spread": spread(rows)}

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from tmslurm.bench.common import LocalJob, commit, say
+from tmslurm.bench.common import LocalJob, commit, recorded_command, say
 
 ALARMS = ("hung", "abort", "node_lost", "stuck", "process_exit", "standby_lost", "fenced", "restart", "comm_error",
           "handler_error", "exited_ignored", "late_join")
@@ -55,7 +54,7 @@ def main(args: Any) -> dict[str, Any]:
     summary = job.finish()
     found = alarms(job.journal(), stop_t)
     dts = [e["dt"] for e in summary.get("step_log", []) if e.get("dt") is not None]
-    result = {"command": "python -m tmslurm.bench soak " + " ".join(sys.argv[2:]), "date": time.strftime("%Y-%m-%d %H:%M"),
+    result = {"command": recorded_command("soak"), "date": time.strftime("%Y-%m-%d %H:%M"),
               "commit": commit(), "overrides": overrides, "minutes": round((stop_t - t0) / 60, 2),
               "steps": summary.get("steps"), "median_step_s": statistics.median(dts) if dts else None,
               "alarms": dict(found), "alarm_count": sum(found.values()), "unexpected_events":
