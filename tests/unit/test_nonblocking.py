@@ -141,7 +141,7 @@ def test_every_controller_facing_slurm_call_returns_at_once(slurm, tmp_path):
     spawner, hooks = cluster(compose_config(["cluster=slurm", "parallel.dp=2", "parallel.pp=2"]))
     hooks.is_batch_host("n3")
     calls = [lambda: spawner.spawn_standby(0), lambda: spawner.spawn_worker(3, 1), lambda: spawner.fence("worker", 3),
-             lambda: hooks.on_step(20, {"n0": "main"}), lambda: spawner.fence("standby", 0),
+             lambda: hooks.on_step(20, lambda: {"n0": "main"}), lambda: spawner.fence("standby", 0),
              lambda: hooks.release_nodes(["n1"], lambda node: None), lambda: hooks.requeue(["n3"]),
              lambda: hooks.inject_fault({"kind": "drain", "rank": 2}, lambda t, node: None)]
     for call in calls:
@@ -152,3 +152,26 @@ def test_every_controller_facing_slurm_call_returns_at_once(slurm, tmp_path):
     whats = [w for w, _ in hanging.calls]
     assert whats.index("sbatch (submitit)") < whats.index("scancel 900")  # a spare is cancelled after it exists
     assert {"scontrol update node n2 drain", "scontrol requeue 77", "scontrol show job 900"} <= set(whats)
+
+
+def test_the_watchers_node_set_is_rebuilt_at_most_every_refresh_period(slurm, monkeypatch):
+    from tmslurm.config import compose_config
+    from tmslurm.slurm import hooks as hooks_mod
+
+    hanging, cluster, built = slurm
+    hanging.release.set()
+    _, hooks = cluster(compose_config(["cluster=slurm", "parallel.dp=2", "parallel.pp=2"]))
+    now = [1000.0]
+    monkeypatch.setattr(hooks_mod.time, "monotonic", lambda: now[0])
+    built_sets: list[dict[str, str]] = []
+
+    def nodes() -> dict[str, str]:  # walks every agent in the controller: must not run at every step
+        built_sets.append({"n0": "main", "n1": "main"} if len(built_sets) < 1 else {"n0": "main", "n4": "spare"})
+        return built_sets[-1]
+
+    for step in range(1, 101):  # 100 commits within one refresh period
+        hooks.on_step(step, nodes)
+    assert len(built_sets) == 1 and hooks.watch.nodes == {"n0": "main", "n1": "main"}
+    now[0] += hooks_mod.NODES_REFRESH_S
+    hooks.on_step(101, nodes)
+    assert len(built_sets) == 2 and hooks.watch.nodes == {"n0": "main", "n4": "spare"}

@@ -129,7 +129,7 @@ class Commits:
         st = self.state
         st.votes = {}
         st.step += 1
-        self.ctx.hooks.on_step(st.step, self.members.nodes())
+        self.ctx.hooks.on_step(st.step, self.members.nodes)
         if st.step >= self.ctx.cfg.train.steps or final:
             st.mode = Mode.DRAINING
             return

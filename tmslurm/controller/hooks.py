@@ -14,8 +14,9 @@ from typing import Any, Callable, Protocol
 
 
 class ClusterHooks(Protocol):
-    def on_step(self, step: int, nodes: dict[str, str]) -> None:
-        """A step committed; ``nodes`` maps every node in use to ``main`` or ``spare``."""
+    def on_step(self, step: int, nodes: Callable[[], dict[str, str]]) -> None:
+        """A step committed; ``nodes()`` maps every node in use to ``main`` or ``spare``. It walks
+        every agent, so a hook calls it only when it needs the map, not at every step."""
 
     def release_nodes(self, nodes: list[str], released: Callable[[str], None]) -> None:
         """A switch finished and left ``nodes`` without ranks: give them back; ``released(node)``
@@ -48,7 +49,7 @@ class ClusterHooks(Protocol):
 
 
 class LocalHooks:
-    def on_step(self, step: int, nodes: dict[str, str]) -> None:
+    def on_step(self, step: int, nodes: Callable[[], dict[str, str]]) -> None:
         return None
 
     def release_nodes(self, nodes: list[str], released: Callable[[str], None]) -> None:

@@ -2,8 +2,10 @@
 
 Contract (called on the controller's thread, and none of them waits on Slurm: every command runs on
 the spawner's :class:`~tmslurm.slurm.lane.Lane`; Slurm command failures are logged, never raised):
-- :meth:`SlurmHooks.on_step` refreshes the watcher's node set and, every 20 steps, the spare
-  jobs' nodes (one ``scontrol`` per unknown spare, on the lane);
+- :meth:`SlurmHooks.on_step` refreshes the watcher's node set at most every
+  :data:`NODES_REFRESH_S` (building it walks every agent: at thousands of ranks and fast steps,
+  once per step was work growing with N; the watcher polls far less often) and, every 20 steps,
+  the spare jobs' nodes (one ``scontrol`` per unknown spare, on the lane);
 - :meth:`release_nodes` cuts each node a switch emptied out of the main job (never the batch host),
   so a draining node becomes DRAINED while training goes on; ``released(node)`` comes from the lane;
 - :meth:`inject_fault` raises an injected ``drain`` / ``node_down`` through ``scontrol`` (the
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import subprocess
+import time
 from typing import Any, Callable
 
 from tmslurm.errors import SlurmError
@@ -28,6 +31,8 @@ from tmslurm.slurm.spawner import SlurmSpawner
 from tmslurm.slurm.watcher import NodeWatch
 
 log = logging.getLogger(__name__)
+NODES_REFRESH_S = 0.25
+"""The watcher's node set is rebuilt at most this often (a poll is every ``slurm.poll_interval_s``)."""
 
 
 class SlurmHooks:
@@ -37,11 +42,16 @@ class SlurmHooks:
         self.watch = watch
         self.job_id = job_id
         self.batch_host = batch_host
+        self.nodes_refreshed_m = float("-inf")
+        """When the watcher's node set was last rebuilt (monotonic)."""
 
-    def on_step(self, step: int, nodes: dict[str, str]) -> None:
+    def on_step(self, step: int, nodes: Callable[[], dict[str, str]]) -> None:
         if step % 20 == 0:
             self.spawner.note_spare_node("")
-        self.watch.set_nodes(nodes)
+        now = time.monotonic()
+        if now - self.nodes_refreshed_m >= NODES_REFRESH_S:
+            self.nodes_refreshed_m = now
+            self.watch.set_nodes(nodes())
 
     def release_nodes(self, nodes: list[str], released: Callable[[str], None]) -> None:
         for node in nodes:
