@@ -15,7 +15,6 @@ Contract (on the controller's thread):
 from __future__ import annotations
 
 import logging
-import statistics
 import time
 from typing import Any
 
@@ -23,6 +22,7 @@ from tmslurm.config import CLUSTER_FAULTS
 from tmslurm.controller.context import Context
 from tmslurm.controller.plans import PlannedSwitch
 from tmslurm.controller.state import Agent, Mode
+from tmslurm.controller.steptimes import StepTimes
 from tmslurm.controller.membership import Membership
 from tmslurm.notices import Notice
 from tmslurm.messages import Activate, Decision, Groups, MoveSpec, Progress, SwitchSpec, Vote
@@ -35,6 +35,7 @@ class Commits:
         self.ctx = ctx
         self.state = ctx.state
         self.members = members
+        self.step_times = StepTimes()
 
     def on_vote(self, agent: Agent, msg: Vote) -> None:
         st = self.state
@@ -146,6 +147,5 @@ class Commits:
                                                       reason="injected drain", time=time.time()), None))
 
     def median_step(self) -> float:
-        log_ = self.state.step_log
-        gaps = [b["t_end"] - a["t_end"] for a, b in zip(log_, log_[1:]) if b["step"] == a["step"] + 1]
-        return statistics.median(gaps) if gaps else 0.0
+        """The median gap between consecutive commits (:mod:`tmslurm.controller.steptimes`)."""
+        return self.step_times.median(self.state.step_log)
