@@ -285,3 +285,13 @@ def test_a_gate_batch_is_handled_item_by_item_in_order(tmp_path):
     h.ctl.handle(("batch", [votes[0], votes[1], broken, votes[2], votes[3]], None))
     assert h.state.step == step + 1 and h.got(0, "decision")[-1]["step"] == step
     assert [e["item"] for e in h.journal("handler_error")] == ["msg"]
+
+
+def test_the_step_log_keeps_a_ranks_peak_rss_only_when_it_changed(tmp_path):
+    h = Harness(tmp_path)
+    h.commit_all()
+    h.commit_all()
+    for r in range(4):  # rank 2's peak grew (a high-water mark), the others' did not
+        h.send(r, {"type": "vote", "step": h.state.step, "epoch": h.state.epoch, "rank": r, "loss": 1.0, "dt": 0.01,
+                   "peak_rss_mb": 5.0 if r == 2 else 1.0})
+    assert [e["peak_rss_mb"] for e in h.state.step_log] == [{0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}, {}, {2: 5.0}]

@@ -24,8 +24,9 @@ def main(args: Any) -> dict[str, Any]:
     first_switch = events[0]["switched_t"]
     rows = []
     for rank in (0, 3):  # stayers through both events
-        before = max(e["peak_rss_mb"][str(rank)] for e in s["step_log"] if e["t_end"] < first_switch)
-        after = max(e["peak_rss_mb"][str(rank)] for e in s["step_log"])
+        before = max(e["peak_rss_mb"][str(rank)] for e in s["step_log"]
+                     if e["t_end"] < first_switch and str(rank) in e["peak_rss_mb"])
+        after = max(e["peak_rss_mb"][str(rank)] for e in s["step_log"] if str(rank) in e["peak_rss_mb"])
         rows.append({"rank": rank, "peak_before_mb": before, "peak_after_mb": after, "delta_mb": after - before})
         say(f"stayer rank {rank}: peak RSS {before:.1f} MiB before, {after:.1f} MiB after the switches ({after - before:+.1f})")
     journal = [json.loads(x) for x in (out / "memory" / "events.jsonl").read_text().splitlines()]

@@ -8,7 +8,8 @@ Contract (on the controller's thread):
   ready planned switch (phase 2; never on the last step), ``final`` after a stop request, and
   ``checkpoint`` when a checkpoint-then-restart (or -requeue) is pending. ``standby.start_when_warm`` holds the first commit
   until every standby is warm (or ``runtime.connect_timeout_s`` passed).
-- Every commit appends to the step log, completes event timelines, fires injected drains, and
+- Every commit appends to the step log (a rank's peak RSS only when it changed since the last
+  entry that has it), completes event timelines, fires injected drains, and
   tells the cluster hooks; after the last step the run drains. Nothing here raises.
 """
 
@@ -36,6 +37,8 @@ class Commits:
         self.state = ctx.state
         self.members = members
         self.step_times = StepTimes()
+        self.rss_logged: dict[int, float] = {}
+        """The peak RSS last written to the step log, per rank."""
 
     def on_vote(self, agent: Agent, msg: Vote) -> None:
         st = self.state
@@ -120,11 +123,19 @@ class Commits:
             log.error("data-parallel replicas differ before step %d", st.step)
         entry: dict[str, Any] = {"step": st.step, "t_end": now, "dt": max(v.dt for _, v in votes),
                                  "loss": sum(losses) / len(losses) if losses else None, "epoch": st.epoch,
-                                 "peak_rss_mb": {r: v.peak_rss_mb for r, v in sorted(votes)}}
+                                 "peak_rss_mb": self._rss_changes(votes)}
         st.step_log.append(entry)
         self.ctx.events.on_commit(st.step, now, self.median_step())
         if st.step % 10 == 0 or st.step == self.ctx.cfg.train.steps - 1:
             log.info("step %d loss %.4f step time %.3fs", st.step, entry["loss"] or float("nan"), entry["dt"])
+
+    def _rss_changes(self, votes: list[tuple[int, Any]]) -> dict[int, float]:
+        """Each rank's peak RSS where it differs from the last one logged for that rank: a peak is a
+        high-water mark that settles after warm-up, so a step entry stays O(1) in steady state
+        instead of O(ranks) (at 4,096 ranks and a week of steps, per-rank dicts were ~20 GB)."""
+        changed = {r: v.peak_rss_mb for r, v in sorted(votes) if self.rss_logged.get(r) != v.peak_rss_mb}
+        self.rss_logged.update(changed)
+        return changed
 
     def _advance(self, final: bool = False) -> None:
         st = self.state
