@@ -457,6 +457,9 @@ def _bench_section(downtime: dict, images: dict) -> list[str]:
     if ratios:
         lines += ["Ratios as recorded by the benchmark: " + ", ".join(
             f"{k} = {_num(v):.3g}" for k, v in sorted(ratios.items())), ""]
+    lines += ["Medians here are the middle value, or the mean of the two middle ones for an even count; the "
+              "benchmark's p50 is the nearest-rank percentile (the lower middle value), so the two can differ "
+              "by half the gap between the middle samples.", ""]
     return (lines + _image(images.get("compare"), "median downtime per event kind")
             + _image(images.get("bench_parts"), "median downtime parts per strategy"))
 
