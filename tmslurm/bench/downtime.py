@@ -35,6 +35,7 @@ from typing import Any, Callable
 from tmslurm.bench import dtstats
 from tmslurm.bench.common import SlurmJob, commit, recorded_command, local_slurm, resume_node, say, sh, write_json
 from tmslurm.errors import TmslurmError
+from tmslurm.runtime.monitor import is_agent_of
 from tmslurm.slurm.lab import fault_moment
 
 LEAVES = ("planned", "power-off", "partition", "bh-drain", "bh-power-off")
@@ -111,13 +112,13 @@ def at_offset(job: SlurmJob, k: int, offset: int, timeout: float = 600) -> int:
 
 
 def _is_rank_of(pid: int, run_dir: Path) -> bool:
-    """Whether ``pid`` runs ``tmslurm.runtime.agent --rank`` for ``run_dir``: a rank of the run this
-    benchmark submitted (Slurm started it; the lab's nodes share this host's pid namespace)."""
+    """Whether ``pid`` is a rank agent (``--rank``) of ``run_dir``, the run this benchmark submitted
+    (Slurm started it; the lab's nodes share this host's pid namespace): the node monitor's own
+    check, :func:`~tmslurm.runtime.monitor.is_agent_of`, plus the rank flag."""
     try:
-        args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        return is_agent_of(pid, run_dir) and b"--rank" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return "tmslurm.runtime.agent" in args and "--rank" in args and str(run_dir) in args
 
 
 def inject(event: str, node: str, pid: int, run_dir: Path) -> float:
@@ -186,8 +187,8 @@ def bring_back(event: str, node: str, run_dir: Path, timeout: float = 300) -> No
 
 def _drained_by_slurm() -> list[str]:
     """Nodes drained with a reason the benchmark did not give (its own is ``bench-maintenance``)."""
-    out = sh("sinfo", "-h", "-R", "-N", "-o", "%N|%E|%U", check=False)
-    return [n for n, reason, user in (line.split("|", 2) for line in out.splitlines() if line.count("|") == 2)
+    out = sh("sinfo", "-h", "-R", "-N", "-o", "%N|%E", check=False)
+    return [n for n, reason in (line.split("|", 1) for line in out.splitlines() if "|" in line)
             if reason.strip() and reason.strip() != "bench-maintenance"]
 
 
