@@ -21,9 +21,10 @@ but adds a dependency for no gain at the message rates of one controller.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal, Union
+from itertools import repeat
+from typing import Annotated, Any, Literal, NamedTuple, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from tmslurm.errors import ProtocolError
 
@@ -104,7 +105,16 @@ class SignedNotice(Msg):
     signature: Annotated[str, Field(min_length=1, max_length=256)]
 
 
-FirstMessage = Annotated[Union[Hello, StatusRequest, StopRequest, NoticeRequest, SignedNotice], Field(discriminator="type")]
+class RelayHello(Msg):
+    """The first line of a node relay's connection (:mod:`tmslurm.runtime.mux`): frames follow."""
+
+    type: Literal["relay"]
+    token: Token
+    node: Name
+
+
+FirstMessage = Annotated[Union[Hello, RelayHello, StatusRequest, StopRequest, NoticeRequest, SignedNotice],
+                         Field(discriminator="type")]
 Request = Union[StatusRequest, StopRequest, NoticeRequest, SignedNotice]
 
 
@@ -145,6 +155,48 @@ class _StepReport(Msg):
 
 class Vote(_StepReport):
     type: Literal["vote"]
+
+
+class StepVote(NamedTuple):
+    """One rank's row of a :class:`NodeVotes`, with a vote's fields (what the commit reads)."""
+
+    rank: int
+    step: int
+    epoch: int
+    loss: float | None
+    dt: float
+    peak_rss_mb: float
+    digest: str | None
+
+
+MAX_NODE_VOTES = 4096
+
+
+class NodeVotes(Msg):
+    """The votes of one node's ranks for one step, by column: what a node relay sends instead of
+    one ``vote`` per rank (:mod:`tmslurm.runtime.mux`), validated in one call."""
+
+    type: Literal["votes"]
+    step: Count
+    epoch: Count
+    rank: Annotated[list[Count], Field(min_length=1, max_length=MAX_NODE_VOTES)]
+    loss: list[float | None]
+    dt: list[Seconds]
+    peak_rss_mb: list[MiB]
+    digest: list[Digest | None]
+
+    @model_validator(mode="after")
+    def _columns(self) -> "NodeVotes":
+        n = len(self.rank)
+        if not len(self.loss) == len(self.dt) == len(self.peak_rss_mb) == len(self.digest) == n:
+            raise ValueError("every column must have one entry per rank")
+        return self
+
+    def rows(self) -> list[StepVote]:
+        new = tuple.__new__  # what StepVote._make does, without a Python call per row
+        n = len(self.rank)
+        return [new(StepVote, t) for t in zip(self.rank, repeat(self.step, n), repeat(self.epoch, n), self.loss, self.dt,
+                                               self.peak_rss_mb, self.digest)]
 
 
 class Progress(_StepReport):
@@ -433,6 +485,7 @@ Hello.model_rebuild()  # its ``rejoin`` names Rejoin, defined after it
 _AGENT: TypeAdapter[Any] = TypeAdapter(AgentMessage)
 _FIRST: TypeAdapter[Any] = TypeAdapter(FirstMessage)
 _CONTROLLER: TypeAdapter[Any] = TypeAdapter(ControllerMessage)
+_VOTES: TypeAdapter[Any] = TypeAdapter(NodeVotes)
 
 
 def _decode(adapter: TypeAdapter[Any], obj: Any, family: str) -> Any:
@@ -451,6 +504,11 @@ def _describe(exc: ValidationError) -> str:
         parts.append(f"{where[:80]}: {err['msg'][:240]}")
     more = exc.error_count() - len(parts)
     return "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")
+
+
+def decode_votes(obj: Any) -> NodeVotes:
+    """A node relay's :class:`NodeVotes`; BadMessage otherwise."""
+    return _decode(_VOTES, obj, "relay")
 
 
 def decode_agent(obj: Any) -> Any:

@@ -1,7 +1,7 @@
 """Step commits: one decision per step, made when every slot voted in the current epoch.
 
 Contract (on the controller's thread):
-- A vote counts only when the run is running, its epoch and step are the current ones and its
+- A vote (its own, or its row of a node relay's :class:`~tmslurm.messages.NodeVotes`) counts only when the run is running, its epoch and step are the current ones and its
   sender owns the slot it votes for (a fenced or replaced process's late vote is dropped). While a
   restarted controller adopts its agents, a slot owner's vote is kept for the adoption to check.
 - When all slots voted, :meth:`Commits.commit` broadcasts ``decision: commit``. It carries a
@@ -26,7 +26,7 @@ from tmslurm.controller.state import Agent, Mode
 from tmslurm.controller.steptimes import StepTimes
 from tmslurm.controller.membership import Membership
 from tmslurm.notices import Notice
-from tmslurm.messages import Activate, Decision, Groups, MoveSpec, Progress, SwitchSpec, Vote
+from tmslurm.messages import Activate, Decision, Groups, MoveSpec, NodeVotes, Progress, StepVote, SwitchSpec, Vote
 
 log = logging.getLogger(__name__)
 
@@ -41,15 +41,26 @@ class Commits:
         """The peak RSS last written to the step log, per rank."""
 
     def on_vote(self, agent: Agent, msg: Vote) -> None:
-        st = self.state
-        if st.mode is Mode.ADOPTING and st.owns_slot(agent, msg.rank):  # sorted out when the adoption decides
-            st.votes[msg.rank] = msg
-            return
-        if st.mode is not Mode.RUNNING or msg.epoch != st.epoch or msg.step != st.step or not st.owns_slot(agent, msg.rank):
-            return
-        st.votes[msg.rank] = msg
-        st.vote_t[msg.rank] = time.monotonic()
+        self._count(agent, msg, time.monotonic())
         self.maybe_commit()
+
+    def on_node_votes(self, agents: list[Agent | None], msg: NodeVotes) -> None:
+        """A node relay's votes: each row counts as that agent's own vote would; one commit check."""
+        now = time.monotonic()
+        for agent, row in zip(agents, msg.rows()):
+            if agent is not None and agent.alive:
+                self._count(agent, row, now)
+        self.maybe_commit()
+
+    def _count(self, agent: Agent, vote: Vote | StepVote, now_m: float) -> None:
+        st = self.state
+        if st.mode is Mode.ADOPTING and st.owns_slot(agent, vote.rank):  # sorted out when the adoption decides
+            st.votes[vote.rank] = vote
+            return
+        if st.mode is not Mode.RUNNING or vote.epoch != st.epoch or vote.step != st.step or not st.owns_slot(agent, vote.rank):
+            return
+        st.votes[vote.rank] = vote
+        st.vote_t[vote.rank] = now_m
 
     def on_progress(self, agent: Agent, msg: Progress) -> None:
         st = self.state

@@ -18,6 +18,7 @@ from tmslurm.controller.state import RunState
 from tmslurm.rundir import RunDir
 from tmslurm.runtime.events import EventLog
 from tmslurm.runtime.journal import Journal
+from tmslurm.runtime.mux import SubChannel, deliver
 from tmslurm.runtime.protocol import encode_line
 from tmslurm.runtime.spawner import Spawner
 from tmslurm.topology import Layout
@@ -44,12 +45,22 @@ class Context:
             agent.channel.try_send(msg)
 
     def broadcast(self, msg: Any) -> None:
-        """``msg`` to every rank's slot owner, encoded once (a decision goes to every rank each step)."""
+        """``msg`` to every rank's slot owner, encoded once (a decision goes to every rank each step);
+        the ranks behind one node relay get it as one frame (:mod:`tmslurm.runtime.mux`)."""
         line = encode_line(msg)
+        relayed: dict[Any, list[int]] = {}
         for rank in range(self.layout.world):
             agent = self.state.agent_of(rank)
-            if agent is not None and agent.alive:
-                agent.channel.try_send_line(line)
+            if agent is None or not agent.alive:
+                continue
+            ch = agent.channel
+            if isinstance(ch, SubChannel):  # behind a node relay: one frame per relay, not per rank
+                if not ch.closed:
+                    relayed.setdefault(ch.relay, []).append(ch.sub)
+            else:
+                ch.try_send_line(line)
+        for relay, subs in relayed.items():
+            relay.try_send_line(deliver(subs, line))
 
     def send_to(self, key: int | str, msg: Any) -> None:
         """``key`` is a rank (its slot owner) or an agent id."""

@@ -195,6 +195,8 @@ class Controller:
             agent = self.members.agent_of_conn(a)
             if agent is not None and agent.alive:
                 self.handlers[type(b)](agent, b)
+        elif kind == "votes":  # a node relay's, for its agents' connections (0: refused)
+            self.commits.on_node_votes([self.members.agent_of_conn(c) if c else None for c in a], b)
         elif kind == "disconnect":
             self.recoveries.disconnect(self.members.agent_of_conn(a))
         elif kind == "request":

@@ -47,8 +47,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from tmslurm.errors import ProtocolError
-from tmslurm.messages import BadMessage, Hello, NoticeRequest, SignedNotice, decode_agent, decode_first, token_of
+from tmslurm.messages import BadMessage, Hello, NoticeRequest, RelayHello, SignedNotice, decode_agent, decode_first, token_of
 from tmslurm.runtime.journal import Journal
+from tmslurm.runtime.gaterelay import RelayFrames, Sub
 from tmslurm.runtime.protocol import MAX_LINE, MSG_DONTWAIT, GateChannel, parse_line, shutdown, token_ok
 from tmslurm.signing import NoticeRefused, NoticeVerifier
 
@@ -59,6 +60,8 @@ ACCEPT_BATCH = 64
 ACCEPT_BACKOFF_S = 0.5
 STOP_JOIN_S = 5.0
 DRAIN_MAX = 1 << 20
+RELAY_PREFIX = 16
+"""A relay's frame may exceed an agent's line limit by its sub prefix."""
 _WAKE = "wake"
 
 
@@ -70,6 +73,8 @@ class GateLimits:
     """The first line may be at most this long."""
     max_unauthenticated: int = 32
     """Connections waiting for their first line at once; more are dropped."""
+    max_relay_subs: int = 4096
+    """Agents one node relay may carry at once; a hello beyond them is refused."""
 
 
 @dataclass(eq=False)
@@ -84,9 +89,12 @@ class _Conn:
     skipping: bool = False
     """Discarding the rest of an over-long line."""
     reading: bool = True
+    relay: bool = False
+    """A node relay's connection: its lines are frames of its subs."""
+    subs: dict[int, Sub] = field(default_factory=dict)
 
 
-class Gate:
+class Gate(RelayFrames):
     def __init__(self, server: socket.socket, token: str, verifier: NoticeVerifier | None, journal: Journal,
                  submit: Callable[[tuple[str, Any, Any]], None], touch: Callable[[int], None], limits: GateLimits) -> None:
         self.server = server
@@ -193,7 +201,7 @@ class Gate:
             _close(s)
         for c in conns:  # an agent's channel is the controller's to close; an unauthenticated one is ours
             c.reading = False
-            if not c.conn:
+            if not c.conn:  # a relay's too (its subs' channels then fail to send)
                 c.ch.close()
             c.ch.done_reading()
 
@@ -233,7 +241,7 @@ class Gate:
             data = b""
         if not data:
             self._eof(c)
-        elif c.conn:
+        elif c.conn or c.relay:
             self._agent_bytes(c, data)
         else:
             self._first_bytes(c, data)
@@ -242,8 +250,8 @@ class Gate:
         if c.buf and not c.skipping:  # a last line without its newline counts, as readline() would have it
             rest = bytes(c.buf)
             c.buf.clear()
-            if c.conn:
-                self._agent_line(c, rest)
+            if c.conn or c.relay:
+                self._line(c, rest)
             else:
                 self._first_line(c, rest)
         self._let_go(c)
@@ -251,6 +259,14 @@ class Gate:
     def _let_go(self, c: _Conn) -> None:
         """Read no more of ``c``: an agent's socket stays the controller's to close (``disconnect``)."""
         if not c.reading:
+            return
+        if c.relay:  # every agent behind it is disconnected; the relay's channel is ours
+            for sub in c.subs.values():
+                if sub.conn:
+                    self._emit(("disconnect", sub.conn, None))
+            c.subs.clear()
+            self._end(c)
+            self.journal.write("relay_gone", peer=c.peer)
             return
         if not c.conn:
             self._end(c)
@@ -293,9 +309,13 @@ class Gate:
         first = self._authenticate(c, line)
         if first is None:
             self._end(c)
-        elif isinstance(first, Hello):
-            c.conn = next(self.conns)
-            self._emit(("hello", first, (c.conn, c.ch)))
+        elif isinstance(first, (Hello, RelayHello)):
+            if isinstance(first, Hello):
+                c.conn = next(self.conns)
+                self._emit(("hello", first, (c.conn, c.ch)))
+            else:
+                c.relay = True
+                self.journal.write("relay", node=first.node, peer=c.peer)
             if c.buf:  # lines that came with the hello
                 rest = bytes(c.buf)
                 c.buf.clear()
@@ -303,22 +323,24 @@ class Gate:
         else:
             self._hand_over(c, first)
 
-    def _authenticate(self, c: _Conn, line: bytes) -> Any:
-        """The authenticated, validated first message; or None (answered and journalled)."""
+    def _authenticate(self, c: _Conn, line: bytes, ch: Any = None) -> Any:
+        """The authenticated, validated first message; or None (answered on ``ch``, by default
+        ``c``'s channel, and journalled)."""
+        ch = ch or c.ch
         try:
             raw = parse_line(line)
         except ProtocolError as exc:
-            return self._refuse(c, "bad_message", f"malformed request: {exc}", peer=c.peer)
+            return self._refuse(ch, "bad_message", f"malformed request: {exc}", peer=c.peer)
         if raw.get("type") == "signed_notice":
             return self._signed(c, raw)
         if not token_ok(token_of(raw), self.token):
             log.warning("refused a %r request without a valid token", str(raw.get("type"))[:40])
-            return self._refuse(c, "auth_refused", "refused: missing or wrong token (use the run's token file, "
+            return self._refuse(ch, "auth_refused", "refused: missing or wrong token (use the run's token file, "
                                 "or sign the notice with the admin key)", request=str(raw.get("type"))[:40], peer=c.peer)
         try:
             return decode_first(raw)
         except BadMessage as exc:
-            return self._refuse(c, "bad_message", str(exc), peer=c.peer)
+            return self._refuse(ch, "bad_message", str(exc), peer=c.peer)
 
     def _signed(self, c: _Conn, raw: dict[str, Any]) -> NoticeRequest | None:
         try:
@@ -328,9 +350,9 @@ class Gate:
                 raise NoticeRefused("this run accepts no signed notices (runtime.admin_public_key_file is not set)")
             p = self.verifier.verify(notice)
         except BadMessage as exc:
-            return self._refuse(c, "bad_message", str(exc), peer=c.peer)
+            return self._refuse(c.ch, "bad_message", str(exc), peer=c.peer)
         except NoticeRefused as exc:
-            return self._refuse(c, "notice_refused", f"refused: {exc}", peer=c.peer)
+            return self._refuse(c.ch, "notice_refused", f"refused: {exc}", peer=c.peer)
         return NoticeRequest(type="notice", token="", event=p.event, node=p.node, deadline=p.deadline,
                              reason=p.reason, source="admin")
 
@@ -346,9 +368,9 @@ class Gate:
             c.ch.send_now({"type": "error", "error": why})
             c.ch.close()
 
-    def _refuse(self, c: _Conn, what: str, error: str, **fields: Any) -> None:
+    def _refuse(self, ch: Any, what: str, error: str, **fields: Any) -> None:
         self.journal.write(what, error=error[:300], **fields)
-        c.ch.send_now({"type": "error", "error": error})
+        ch.send_now({"type": "error", "error": error})
         return None
 
     # ---- an agent's lines -----------------------------------------------------------------------
@@ -356,40 +378,50 @@ class Gate:
         buf = c.buf
         buf += data
         start = 0
+        limit = MAX_LINE + RELAY_PREFIX if c.relay else MAX_LINE
         while (end := buf.find(b"\n", start)) >= 0:
             line = bytes(buf[start:end + 1])
             start = end + 1
             if c.skipping:  # the tail of an over-long line, already answered
                 c.skipping = False
-            elif len(line) > MAX_LINE:
+            elif len(line) > limit:
                 self._too_long(c)
             else:
-                self._agent_line(c, line)
+                self._line(c, line)
         del buf[:start]
         if c.skipping:
             buf.clear()
-        elif len(buf) >= MAX_LINE:
+        elif len(buf) >= limit:
             self._too_long(c)
             c.skipping = True
             buf.clear()
 
     def _too_long(self, c: _Conn) -> None:
-        self._refuse(c, "bad_message", f"malformed message: line longer than {MAX_LINE} bytes", conn=c.conn)
+        self._refuse(c.ch, "bad_message", f"malformed message: line longer than {MAX_LINE} bytes", conn=c.conn)
 
-    def _agent_line(self, c: _Conn, line: bytes) -> None:
+    def _line(self, c: _Conn, line: bytes) -> None:
+        if c.relay:
+            self._frame(c, line)
+        else:
+            self._agent_line(c.conn, c.ch, line)
+
+    def _agent_line(self, conn: int, ch: Any, line: bytes) -> None:
         try:
             raw = parse_line(line)
         except ProtocolError as exc:
-            self._refuse(c, "bad_message", f"malformed message: {exc}", conn=c.conn)
+            self._refuse(ch, "bad_message", f"malformed message: {exc}", conn=conn)
             return
-        self.touch(c.conn)
+        self.touch(conn)
+        self._agent_obj(conn, ch, raw)
+
+    def _agent_obj(self, conn: int, ch: Any, raw: Any) -> None:
         try:
             msg = decode_agent(raw)
         except BadMessage as exc:
-            self._refuse(c, "bad_message", str(exc), conn=c.conn)
+            self._refuse(ch, "bad_message", str(exc), conn=conn)
             return
         if msg.type != "hb":
-            self._emit(("msg", c.conn, msg))
+            self._emit(("msg", conn, msg))
 
 
 def _close(sock: socket.socket) -> None:

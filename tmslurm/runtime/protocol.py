@@ -153,7 +153,10 @@ class GateChannel(Channel):
 
     def send_now(self, msg: Any) -> bool:
         """Send one line without waiting for the peer; a partly sent line shuts the connection down."""
-        data = encode_line(msg)
+        return self.send_now_line(encode_line(msg))
+
+    def send_now_line(self, data: bytes) -> bool:
+        """:meth:`send_now` of an encoded line."""
         if not self._lock.acquire(timeout=REPLY_LOCK_S):
             return False
         try:
