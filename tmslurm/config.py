@@ -165,6 +165,10 @@ class RuntimeConfig:
     runtime.monitor_interval_s and reports the exit of the node's tmslurm processes at once (pidfd)."""
     monitor_interval_s: float = 0.1
     """Node monitor -> controller heartbeat period."""
+    relay: bool = False
+    """Each node's agents reach the controller through their node monitor's relay: one connection,
+    one vote frame per step and one heartbeat line per node instead of per rank (needs
+    runtime.monitors=true and runtime.heartbeats=true; for runs of hundreds of nodes and more)."""
     node_timeout_s: float = 0.8
     """A node whose monitor and processes were all silent this long, while other nodes were heard,
     is declared lost (a power-off or a cut link sends nothing)."""
@@ -365,6 +369,9 @@ def validate(cfg: RunConfig) -> RunConfig:
     if cfg.runtime.node_timeout_s <= 2 * max(cfg.runtime.monitor_interval_s, cfg.runtime.heartbeat_interval_s):
         raise ConfigError("runtime.node_timeout_s must exceed 2 x runtime.monitor_interval_s and 2 x "
                           "runtime.heartbeat_interval_s. Fix: raise runtime.node_timeout_s.")
+    if cfg.runtime.relay and not (cfg.runtime.monitors and cfg.runtime.heartbeats):
+        raise ConfigError("runtime.relay=true needs the node monitors, which run the relays. Fix: set "
+                          "runtime.monitors=true runtime.heartbeats=true, or runtime.relay=false.")
     _validate_faults(cfg)
     if not cfg.runtime.commit_vote and (cfg.faults or cfg.standby.count):
         raise ConfigError("runtime.commit_vote=false only measures the vote's cost: it cannot abort or switch. "

@@ -3,8 +3,8 @@
 Contract: :class:`Supervisor` holds the listening control socket and the rendezvous store (a
 restarted controller listens at the same address, and the groups keep their store) and an
 :class:`Owner` of the run's processes. It runs the controller as a child process and advertises
-it in ``controller.json`` (address, the controller's ``pid``, its incarnation and ``advert``,
-replaced atomically).
+it in ``controller.json`` (address, the controller's ``pid``, its incarnation, whether agents
+connect through their node's relay (``runtime.relay``) and ``advert``, replaced atomically).
 
 - ``cluster=local`` (:mod:`tmslurm.controller.main`): the owner is the
   :class:`~tmslurm.runtime.spawner.LocalSpawner` whose children every agent and monitor is, so
@@ -121,7 +121,8 @@ class Supervisor:
         path = self.rundir.controller
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps({"host": self.host, "port": self.listener.getsockname()[1], "store_port": self.store.port,
-                                   "pid": pid, "incarnation": incarnation, **self.child.advert}))
+                                   "pid": pid, "incarnation": incarnation, "relay": self.cfg.runtime.relay,
+                                   **self.child.advert}))
         os.replace(tmp, path)
 
     def _restart(self, incarnation: int, rc: int) -> bool:

@@ -23,6 +23,10 @@ its vote still waiting for a decision, whether it is inside a plan), then the st
 controller is away wait for the reconnect (they hold no lock the reader needs) or are dropped;
 the vote is never lost, as it travels in the rejoin. A refused rejoin, or no controller within
 ``runtime.controller_lost_s``, ends the process as above.
+
+With ``runtime.relay`` (``controller.json`` says ``relay``), a worker or standby connects to its
+node's relay (:mod:`tmslurm.runtime.relay`, a local socket) instead of the controller's address;
+the relay carries its lines unchanged, so everything above holds as it is.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from typing import Any, Callable
 from tmslurm.errors import ProtocolError, TmslurmError
 from tmslurm.messages import Abort, BadMessage, Beat, Decision, Welcome, decode_controller
 from tmslurm.runtime.protocol import Channel, connect, controller_address, read_token
+from tmslurm.runtime.relay import connect_local
 
 log = logging.getLogger(__name__)
 LOST = object()
@@ -234,6 +239,9 @@ class Rejoiner:
     hello: dict[str, Any]
     """The first hello without its token (read again: it never changes) and without ``rejoin``."""
 
+    def relayed(self, addr: dict[str, Any]) -> bool:
+        return via_relay(addr, self.hello["kind"])
+
     def attempt(self, rejoin: dict[str, Any], deadline_m: float) -> Channel | str:
         """The new channel once welcomed; ``"refused"`` (give up) or ``"retry"``.
 
@@ -241,13 +249,16 @@ class Rejoiner:
         socket across controller restarts, is gone too, so no controller will come back."""
         try:
             addr = controller_address(self.run_dir, timeout_s=0.5)
-            sock = socket.create_connection((addr["host"], addr["port"]), timeout=0.5)
+            if self.relayed(addr):  # the relay connects to the controller when we arrive
+                sock = connect_local(self.run_dir, self.hello["node"], 0.5)
+            else:
+                sock = socket.create_connection((addr["host"], addr["port"]), timeout=0.5)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except ConnectionRefusedError:
             log.error("nothing listens at the controller's address any more: the supervisor is gone")
             return "refused"
         except (OSError, TmslurmError, KeyError, TypeError):
             return "retry"
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         ch = Channel(sock)
         try:
             ch.sock.settimeout(max(0.1, deadline_m - time.monotonic()))
@@ -268,10 +279,19 @@ class Rejoiner:
         return ch
 
 
+def via_relay(addr: dict[str, Any], kind: str) -> bool:
+    """A worker or standby of a run with ``runtime.relay`` talks through its node's relay; a monitor,
+    which runs the relay, never does."""
+    return bool(addr.get("relay")) and kind != "monitor"
+
+
 def hello(run_dir: Path, kind: str, ident: int, node: str,
           on_lost: Callable[[str], None] | None = None) -> tuple[Link, Welcome]:
     addr = controller_address(run_dir)
-    ch = connect(addr["host"], addr["port"], timeout_s=30.0)
+    if via_relay(addr, kind):
+        ch = Channel(connect_local(Path(run_dir), node, timeout_s=30.0))
+    else:
+        ch = connect(addr["host"], addr["port"], timeout_s=30.0)
     first = {"type": "hello", "kind": kind, "id": ident, "pid": os.getpid(), "node": node, "host": socket.gethostname()}
     ch.send({**first, "token": read_token(run_dir)})
     reply = ch.recv()
