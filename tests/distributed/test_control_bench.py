@@ -15,10 +15,14 @@ import pytest
 pytestmark = pytest.mark.dist
 
 
-def test_control_bench_smallest(tmp_path):
+@pytest.mark.parametrize("relay", [0, 4], ids=["direct", "node-relays"])
+def test_control_bench_smallest(tmp_path, relay):
+    """With ``--relay 4`` the agents of each simulated node talk through one simulated relay (votes by
+    column, one decision frame per node): the same protocol run must reach the same end."""
     out = tmp_path / "control.json"
     r = subprocess.run([sys.executable, "-m", "tmslurm.bench", "control", "--sizes", "8", "--steps", "5", "--warmup", "2",
-                        "--out", str(tmp_path / "runs"), "--json", str(out)], capture_output=True, text=True, timeout=120)
+                        "--relay", str(relay), "--out", str(tmp_path / "runs"), "--json", str(out)],
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     (row,) = json.loads(out.read_text())["rows"]
     assert row["reached"] == "stopped" and "failed" not in row
@@ -32,3 +36,7 @@ def test_control_bench_smallest(tmp_path):
     assert row["final_hash"] and row["controller_rc"] == 0 and row["agents_fenced"] == 0
     assert row["switch_prepares"] >= 1 and row["steps_committed"] > 7
     assert "| 8 |" in r.stdout
+    assert row["ranks_per_relay"] == relay
+    relays = [e for e in map(json.loads, (tmp_path / "runs" / "n8" / "events.jsonl").read_text().splitlines())
+              if e["type"] == "relay"]
+    assert len(relays) == (8 // relay + 2 if relay else 0)  # one per training node and per spare node (2)

@@ -6,7 +6,7 @@ import pytest
 
 from tmslurm.bench.common import recorded_command
 from tmslurm.bench.control import table
-from tmslurm.bench.loadgen import Recorder, key_of
+from tmslurm.bench.loadrec import Recorder, key_of
 from tmslurm.bench.procstat import parse_stat, percentile, summarize, top_frames
 from tmslurm.bench.simagent import Phase, SimAgent
 from tmslurm.messages import (Abort, Activate, Address, Aborted, Cancel, Decision, Done, Finish, Groups, Join, Joined,

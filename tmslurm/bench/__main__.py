@@ -56,6 +56,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--step-ms", type=float, default=50.0, help="simulated compute time of a step")
     c.add_argument("--heartbeat-s", type=float, default=0.2, help="runtime.heartbeat_interval_s")
     c.add_argument("--window", type=int, default=16, help="hellos waiting for their welcome at once")
+    c.add_argument("--relay", type=int, default=0, metavar="K",
+                   help="K ranks per node, each node's agents behind one simulated node relay (0: every agent connects itself)")
     c.add_argument("--stall-s", type=float, default=30.0, help="fail a size whose admission makes no progress this long")
     c.add_argument("--profile", type=int, default=0, help="run py-spy on the controller at this N")
     c.add_argument("--profile-s", type=float, default=15.0)

@@ -73,7 +73,7 @@ class Run:
         self.row: dict[str, Any] = {"ranks": n, "reached": "start"}
         self.killed_step: int | None = None
         """The step the recovery's victim was at when its connection closed (its decision may be lost)."""
-        overrides = [f"parallel.dp={n // args.pp}", f"parallel.pp={args.pp}", "parallel.ranks_per_node=1",
+        overrides = [f"parallel.dp={n // args.pp}", f"parallel.pp={args.pp}", f"parallel.ranks_per_node={max(1, args.relay)}",
                      f"standby.count={STANDBYS}", "train.steps=100000000", "model=tiny",
                      f"runtime.heartbeat_interval_s={args.heartbeat_s}", *args.override]
         out.mkdir(parents=True, exist_ok=True)
@@ -90,10 +90,11 @@ class Run:
         cfg = json.loads((self.run_dir / "config.json").read_text())
         layout = Layout(cfg["parallel"]["dp"], cfg["parallel"]["pp"], cfg["parallel"]["tp"], n_layer=cfg["model"]["n_layer"])
         token = read_token(self.run_dir)
-        agents = [SimAgent("worker", r, f"sim{r}", layout, token) for r in range(layout.world)]
-        agents += [SimAgent("standby", i, f"spare{i}", layout, token) for i in range(STANDBYS)]
+        per_node = max(1, self.args.relay)
+        agents = [SimAgent("worker", r, f"sim{r // per_node}", layout, token) for r in range(layout.world)]
+        agents += [SimAgent("standby", i, f"spare{i // per_node}", layout, token) for i in range(STANDBYS * per_node)]
         self.gen = LoadGen(addr["host"], addr["port"], agents, layout.world, self.args.step_ms / 1000.0,
-                           self.args.heartbeat_s, self.args.window)
+                           self.args.heartbeat_s, self.args.window, relay=self.args.relay > 0)
         self.thread = threading.Thread(target=self.gen.run, name="loadgen", daemon=True)
         self.thread.start()
 
@@ -322,7 +323,7 @@ def main(args: Any) -> dict[str, Any]:
     print(table(rows))
     command, measured = recorded_command("control"), commit()
     for row in rows:
-        row.update(label=args.label, overrides=args.override, command=command, git_commit=measured,
+        row.update(label=args.label, ranks_per_relay=args.relay, overrides=args.override, command=command, git_commit=measured,
                    date=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
     path = Path(args.json)
     if args.append and path.exists():

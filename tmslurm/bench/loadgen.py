@@ -35,60 +35,46 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
+from tmslurm.bench.loadrec import ANC_SIZE, SO_TIMESTAMPNS, Recorder, arrival_m
 from tmslurm.bench.simagent import Phase, Reply, SimAgent
-from tmslurm.messages import (Abort, Aborted, Activate, BadMessage, Cancel, Decision, Heartbeat, Join, Joined, Msg,
-                              Prepare, Prepared, Recover, Recovered, Switched, Vote, Welcome, decode_controller, encode)
+from tmslurm.errors import ProtocolError
+from tmslurm.messages import Abort, BadMessage, Decision, Heartbeat, RelayHello, Vote, Welcome, decode_controller, encode
+from tmslurm.runtime.mux import HOLD_S, Close, VoteHold, parse_down, up_alive, up_gone, up_line
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 HB_LINE = encode(Heartbeat(type="hb"))
 
 
-@dataclass
-class Stamp:
-    first: float
-    last: float
-    count: int = 1
+@dataclass(eq=False)
+class Pipe:
+    """One TCP connection to the controller: one agent's own, or a simulated node relay's carrying
+    its node's agents as subs (:mod:`tmslurm.runtime.mux`)."""
 
-    def add(self, t: float) -> None:
-        self.last = max(self.last, t)
-        self.count += 1
-
-
-def key_of(msg: Msg) -> int:
-    """What a message is about: its step (decision, vote) or its epoch; -1 for the others."""
-    if isinstance(msg, (Decision, Vote)):
-        return msg.step
-    if isinstance(msg, (Abort, Prepare, Join, Activate, Recover, Cancel, Prepared, Switched, Aborted, Recovered, Joined)):
-        return msg.epoch
-    return -1
-
-
-@dataclass
-class Recorder:
-    sent: dict[tuple[str, int], Stamp] = field(default_factory=dict)
-    recv: dict[tuple[str, int], Stamp] = field(default_factory=dict)
-
-    @staticmethod
-    def mark(table: dict[tuple[str, int], Stamp], msg: Msg, t: float) -> Stamp:
-        key = (msg.type, key_of(msg))  # type: ignore[attr-defined]
-        stamp = table.get(key)
-        if stamp is None:
-            stamp = table[key] = Stamp(t, t)
-        else:
-            stamp.add(t)
-        return stamp
+    sock: socket.socket
+    relay: str | None = None
+    """The node, for a relay's connection."""
+    hold: VoteHold = field(default_factory=lambda: VoteHold(HOLD_S))
+    """A relay's vote aggregation, as the real relay's."""
+    subs: dict[int, "Conn"] = field(default_factory=dict)
+    rbuf: bytes = b""
+    out: bytearray = field(default_factory=bytearray)
+    connecting: bool = True
+    closed: bool = False
+    sent_m: float = 0.0
+    waiting: bool = True
+    """Counted in the generator's window of connections not yet admitted (until the first
+    ``welcome`` on it: the gate has read its first line then)."""
 
 
 @dataclass(eq=False)
 class Conn:
     agent: SimAgent
-    sock: socket.socket
-    rbuf: bytes = b""
-    out: bytearray = field(default_factory=bytearray)
+    pipe: Pipe
+    sub: int = 0
+    """Its number behind a relay; 0 on its own connection."""
     welcomed: bool = False
     closed: bool = False
-    connecting: bool = False
     vote_seq: int = 0
     sent_m: float = 0.0
     """When the last line went to the controller (monotonic)."""
@@ -96,19 +82,25 @@ class Conn:
 
 class LoadGen:
     def __init__(self, host: str, port: int, agents: list[SimAgent], world: int, step_s: float, hb_s: float,
-                 window: int = 16) -> None:
+                 window: int = 16, relay: bool = False) -> None:
         self.addr = (host, port)
         self.world = world
         self.step_s = step_s
         self.hb_s = hb_s
         self.window = window
+        self.relay = relay
+        """Each node's agents talk through one simulated node relay (one connection per node)."""
         self.sel = selectors.DefaultSelector()
         self.timers: list[tuple[float, int, Callable[[], None]]] = []
         self.seq = itertools.count()
         self.commands: "queue.SimpleQueue[Callable[[], None]]" = queue.SimpleQueue()
-        self.to_connect: deque[SimAgent] = deque(agents)
+        self.to_connect: deque[list[SimAgent]] = deque(_groups(agents) if relay else [[a] for a in agents])
         self.total = len(agents)
         self.conns: list[Conn] = []
+        self.holding: set[Pipe] = set()
+        """Relay pipes holding votes (sent when complete or after ``HOLD_S``)."""
+        self.dirty: set[Pipe] = set()
+        """Relay pipes with lines to send: a relay sends what it read in one round as one write."""
         self.pending = 0
         self.admitted = 0
         self.t_first_connect: float | None = None
@@ -150,6 +142,7 @@ class LoadGen:
             conn = next(c for c in self.conns if c.agent.rank == rank and not c.closed)
             conn.agent.phase = Phase.CLOSED
             self._close(conn)
+            self._send_dirty()
             return time.monotonic(), conn.agent.step
         return self.query(close)
 
@@ -165,12 +158,14 @@ class LoadGen:
                     self.commands.get()()
                 wait = min(0.02, max(0.0, self.timers[0][0] - time.monotonic())) if self.timers else 0.02
                 for key, events in self.sel.select(wait):
-                    conn = key.data
+                    pipe = key.data
                     if events & selectors.EVENT_WRITE:
-                        self._connected(conn) if conn.connecting else self._flush(conn)
-                    if events & selectors.EVENT_READ and not conn.closed:
-                        self._read(conn)
+                        self._connected(pipe) if pipe.connecting else self._flush(pipe)
+                    if events & selectors.EVENT_READ and not pipe.closed:
+                        self._read(pipe)
                 self._run_timers()
+                self._release_held()
+                self._send_dirty()
         except Exception as exc:
             self.error = repr(exc)
             raise
@@ -178,6 +173,7 @@ class LoadGen:
             for conn in self.conns:
                 if not conn.closed:
                     self._close(conn)
+            self._send_dirty()
 
     def _at(self, t: float, fn: Callable[[], None]) -> None:
         heapq.heappush(self.timers, (t, next(self.seq), fn))
@@ -192,45 +188,76 @@ class LoadGen:
     # ---- connections --------------------------------------------------------------------------
     def _connect_more(self) -> None:
         while self.to_connect and self.pending < self.window:
-            agent = self.to_connect.popleft()
+            agents = self.to_connect.popleft()
             self.t_first_connect = self.t_first_connect or time.monotonic()
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.setblocking(False)  # never block the loop: a full accept backlog would stall every agent
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = Conn(agent, sock, connecting=True)
-            self.conns.append(conn)
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            pipe = Pipe(sock, relay=agents[0].node if self.relay else None)
+            for k, agent in enumerate(agents, start=1):
+                conn = Conn(agent, pipe, sub=k if self.relay else 0)
+                pipe.subs[conn.sub] = conn
+                self.conns.append(conn)
             self.pending += 1
             err = sock.connect_ex(self.addr)
             if err not in (0, errno.EINPROGRESS):
-                self._lost(conn)
+                self._pipe_lost(pipe)
                 continue
-            self.sel.register(sock, selectors.EVENT_WRITE, conn)
+            self.sel.register(sock, selectors.EVENT_WRITE, pipe)
 
-    def _connected(self, conn: Conn) -> None:
-        """A non-blocking connect finished: say hello, or count it as refused."""
-        conn.connecting = False
-        if conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) != 0:
-            self._lost(conn)
+    def _connected(self, pipe: Pipe) -> None:
+        """A non-blocking connect finished: say hello (a relay's, then each sub's), or count it as refused."""
+        pipe.connecting = False
+        if pipe.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) != 0:
+            self._pipe_lost(pipe)
             return
-        self.sel.modify(conn.sock, selectors.EVENT_READ, conn)
-        self._send(conn, encode(conn.agent.hello()))
+        self.sel.modify(pipe.sock, selectors.EVENT_READ, pipe)
+        if pipe.relay is not None:
+            token = next(iter(pipe.subs.values())).agent.token
+            self._write(pipe, encode(RelayHello(type="relay", token=token, node=pipe.relay)))
+            self._at(time.monotonic() + random.random() * self.hb_s, lambda: self._relay_beat(pipe))
+        for conn in pipe.subs.values():
+            self._send(conn, encode(conn.agent.hello()))
 
-    def _read(self, conn: Conn) -> None:
+    def _read(self, pipe: Pipe) -> None:
         try:
-            data = conn.sock.recv(1 << 16)
+            data, anc, _, _ = pipe.sock.recvmsg(1 << 16, ANC_SIZE)
         except BlockingIOError:
             return
         except OSError:
-            data = b""
+            data, anc = b"", []
         if not data:
-            self._lost(conn)
+            self._pipe_lost(pipe)
             return
-        lines = (conn.rbuf + data).split(b"\n")
-        conn.rbuf = lines.pop()
-        now = time.monotonic()
+        lines = (pipe.rbuf + data).split(b"\n")
+        pipe.rbuf = lines.pop()
+        now = arrival_m(anc)
         for line in lines:
-            msg = self._decode(line)
-            if msg is not None and not conn.closed:
+            if pipe.relay is None:
+                msg = self._decode(line)
+                conn = pipe.subs[0]
+                if msg is not None and not conn.closed:
+                    self._received(conn, msg, now)
+            else:
+                self._frame(pipe, line, now)
+
+    def _frame(self, pipe: Pipe, line: bytes, now: float) -> None:
+        try:
+            frame = parse_down(line)
+        except ProtocolError as exc:
+            self.bad_lines += 1
+            log.error("bad relay frame from the controller: %s", exc)
+            return
+        if isinstance(frame, Close):
+            conn = pipe.subs.get(frame.sub)
+            if conn is not None and not conn.closed:
+                self._lost(conn)
+            return
+        msg = self._decode(frame.line.rstrip(b"\n"))
+        for k in frame.subs:
+            conn = pipe.subs.get(k)
+            if msg is not None and conn is not None and not conn.closed:
                 self._received(conn, msg, now)
 
     def _decode(self, line: bytes) -> Any:
@@ -260,24 +287,47 @@ class LoadGen:
         if not conn.welcomed:
             if isinstance(msg, Welcome):
                 conn.welcomed = True
-                self.pending -= 1
+                self._admitted(conn.pipe)
                 self.admitted += 1
                 if self.admitted == self.total:
                     self.t_admitted = now
-                self._at(now + random.random() * self.hb_s, lambda: self._beat(conn))
+                if conn.pipe.relay is None:  # behind a relay, the relay's frames are the heartbeats
+                    self._at(now + random.random() * self.hb_s, lambda: self._beat(conn))
                 self._apply(conn, conn.agent.on_welcome(msg))
             return
         self._apply(conn, conn.agent.on_message(msg))
 
+    def _pipe_lost(self, pipe: Pipe) -> None:
+        """The controller closed this connection (or it never opened): every agent on it is lost."""
+        pipe.connecting = False
+        self._admitted(pipe)
+        conns = list(pipe.subs.values())
+        if pipe.relay is not None and not any(c.welcomed for c in conns) and id(pipe) not in self._retried:
+            self._retried.add(id(pipe))  # dropped by the gate before authentication: one more try
+            self.retries += 1
+            for c in conns:
+                c.closed = True
+            self.conns = [c for c in self.conns if c.pipe is not pipe]
+            self.to_connect.append([c.agent for c in conns])
+        for conn in conns:
+            if not conn.closed:
+                self._lost(conn)
+        self._close_pipe(pipe)
+
+    def _admitted(self, pipe: Pipe) -> None:
+        if pipe.waiting:
+            pipe.waiting = False
+            self.pending -= 1
+
     def _lost(self, conn: Conn) -> None:
-        """The controller closed this connection."""
+        """The controller closed this agent's connection."""
         self._close(conn)
         if not conn.welcomed:
-            self.pending -= 1
-            if id(conn.agent) not in self._retried:  # dropped by the gate before authentication: one more try
+            self._admitted(conn.pipe)
+            if conn.pipe.relay is None and id(conn.agent) not in self._retried:  # dropped before authentication: one more try
                 self._retried.add(id(conn.agent))
                 self.retries += 1
-                self.to_connect.append(conn.agent)
+                self.to_connect.append([conn.agent])
                 conn.agent.phase = Phase.CONNECTING
             return
         if conn.agent.phase not in (Phase.CLOSED, Phase.DONE):
@@ -291,51 +341,100 @@ class LoadGen:
         if conn.closed:
             return
         conn.closed = True
+        pipe = conn.pipe
+        if pipe.relay is None:
+            self._close_pipe(pipe)
+        elif not pipe.closed:
+            for frame in pipe.hold.gone(conn.sub):
+                self._write(pipe, frame)
+            self._write(pipe, up_gone(conn.sub))
+
+    def _close_pipe(self, pipe: Pipe) -> None:
+        if pipe.closed:
+            return
+        pipe.closed = True
+        self.dirty.discard(pipe)
         try:
-            self.sel.unregister(conn.sock)
+            self.sel.unregister(pipe.sock)
         except (KeyError, ValueError):
             pass
-        if conn.out:
+        if pipe.out:
             try:
-                conn.sock.setblocking(True)
-                conn.sock.sendall(bytes(conn.out))
+                pipe.sock.setblocking(True)
+                pipe.sock.sendall(bytes(pipe.out))
             except OSError:
                 pass
-        conn.sock.close()
+        pipe.sock.close()
 
-    def _send(self, conn: Conn, data: bytes) -> None:
+    def _send(self, conn: Conn, data: bytes, vote: dict[str, Any] | None = None) -> None:
+        """One line of ``conn``'s agent (behind a relay: framed, a vote held as the real relay holds
+        it, and sent with the rest of the round)."""
         if conn.closed:
             return
+        pipe = conn.pipe
         conn.sent_m = time.monotonic()
-        if conn.out:
-            conn.out += data
+        if pipe.relay is None:
+            self._write(pipe, data)
+            self._send_now(pipe)
+        elif vote is not None:
+            for frame in pipe.hold.vote(conn.sub, vote, conn.sent_m):
+                self._write(pipe, frame)
+            if pipe.hold.held:
+                self.holding.add(pipe)
+        else:
+            for frame in pipe.hold.other():
+                self._write(pipe, frame)
+            self._write(pipe, up_line(conn.sub, data))
+
+    def _write(self, pipe: Pipe, data: bytes) -> None:
+        if not pipe.closed:
+            pipe.sent_m = time.monotonic()
+            pipe.out += data
+            self.dirty.add(pipe)
+
+    def _release_held(self) -> None:
+        now = time.monotonic()
+        for pipe in list(self.holding):
+            for frame in pipe.hold.due(now):
+                self._write(pipe, frame)
+            if not pipe.hold.held:
+                self.holding.discard(pipe)
+
+    def _send_dirty(self) -> None:
+        while self.dirty:
+            self._send_now(self.dirty.pop())
+
+    def _send_now(self, pipe: Pipe) -> None:
+        self.dirty.discard(pipe)
+        if pipe.closed or pipe.connecting or not pipe.out:
             return
         try:
-            n = conn.sock.send(data)
+            n = pipe.sock.send(pipe.out)
         except BlockingIOError:
             n = 0
         except OSError:
             return  # the read side sees the EOF
-        if n < len(data):
-            conn.out += data[n:]
-            self.sel.modify(conn.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, conn)
+        del pipe.out[:n]
+        if pipe.out:
+            self.sel.modify(pipe.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, pipe)
 
-    def _flush(self, conn: Conn) -> None:
+    def _flush(self, pipe: Pipe) -> None:
         try:
-            n = conn.sock.send(conn.out)
+            n = pipe.sock.send(pipe.out)
         except BlockingIOError:
             return
         except OSError:
-            conn.out.clear()
+            pipe.out.clear()
             n = 0
-        del conn.out[:n]
-        if not conn.out and not conn.closed:
-            self.sel.modify(conn.sock, selectors.EVENT_READ, conn)
+        del pipe.out[:n]
+        if not pipe.out and not pipe.closed:
+            self.sel.modify(pipe.sock, selectors.EVENT_READ, pipe)
 
     # ---- the agents' actions ------------------------------------------------------------------
     def _apply(self, conn: Conn, reply: Reply) -> None:
         for msg in reply.send:
-            self._send(conn, encode(msg))
+            vote = msg.model_dump() if isinstance(msg, Vote) and conn.pipe.relay is not None else None
+            self._send(conn, encode(msg), vote)
         now = time.monotonic()
         for msg in reply.send:
             Recorder.mark(self.rec.sent, msg, now)
@@ -367,6 +466,17 @@ class LoadGen:
             self.hb_sent += 1
         self._at(conn.sent_m + self.hb_s, lambda: self._beat(conn))
 
+    def _relay_beat(self, pipe: Pipe) -> None:
+        """As a real relay (:mod:`tmslurm.runtime.relay`): one ``+`` frame per interval for its live subs."""
+        if pipe.closed:
+            return
+        now = time.monotonic()
+        idle = [k for k, c in pipe.subs.items() if c.welcomed and not c.closed and now - c.sent_m >= self.hb_s]
+        if idle or now - pipe.sent_m >= self.hb_s:  # as an agent's heartbeat: only for subs that sent nothing else
+            self._write(pipe, up_alive(idle))
+            self.hb_sent += 1
+        self._at(now + self.hb_s, lambda: self._relay_beat(pipe))
+
     def _give(self, xfer: str, step: int) -> None:
         taker = self.takers.pop(xfer, None)
         if taker is None:
@@ -389,3 +499,11 @@ class LoadGen:
             for c in waiting:
                 if not c.closed:
                     self._apply(c, c.agent.released())
+
+
+def _groups(agents: list[SimAgent]) -> list[list[SimAgent]]:
+    """The agents by node, in order of first appearance: one relay each."""
+    nodes: dict[str, list[SimAgent]] = {}
+    for a in agents:
+        nodes.setdefault(a.node, []).append(a)
+    return list(nodes.values())
