@@ -105,6 +105,28 @@ def test_failure_before_vote_aborts_and_recovers_through_the_standby(tmp_path):
                                         "checkpoint": False, "final": False}
 
 
+def test_votes_of_the_redone_step_before_the_recovery_is_done_are_kept_not_dropped(tmp_path):
+    """Ranks that finished the redone step may vote before the controller has read the last
+    ``recovered``/``joined`` (other connections, or one relay frame read ahead of another node's):
+    the votes wait, and the step commits the moment the recovery is done, not before."""
+    h = Harness(tmp_path)
+    failure_before_vote(h)
+    h.abort_all([0, 1, 3])
+    for r in (0, 1):
+        h.send(r, {"type": "recovered", "epoch": 1, "rank": r, "build_s": 0.01})
+    h.send("s0", {"type": "joined", "epoch": 1, "rank": 2, "joiner": 0, "step": 0, "transfer_s": 0.01, "phase1_s": 0.01,
+                  "bytes": 10, "rss_mb": 1.0})
+    for r in (0, 1):
+        h.vote(r)
+    h.vote("s0", rank=2)
+    h.vote(3, epoch=0)  # an old epoch's vote is still dropped
+    assert h.state.mode is Mode.RECOVERING and sorted(h.state.votes) == [0, 1, 2] and not h.got(0, "decision")
+    h.send(3, {"type": "recovered", "epoch": 1, "rank": 3, "build_s": 0.01})
+    assert h.state.mode is Mode.RUNNING and not h.got(0, "decision")  # rank 3 has not voted yet
+    h.vote(3)
+    assert h.got(0, "decision")[-1]["step"] == 0 and h.got(0, "decision")[-1]["epoch"] == 1
+
+
 def test_planned_switch_rides_on_the_next_commit(tmp_path):
     h = Harness(tmp_path)
     h.ctl.intake.notice(notice(rank=1, reason="psu"))

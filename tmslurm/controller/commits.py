@@ -4,6 +4,10 @@ Contract (on the controller's thread):
 - A vote (its own, or its row of a node relay's :class:`~tmslurm.messages.NodeVotes`) counts only when the run is running, its epoch and step are the current ones and its
   sender owns the slot it votes for (a fenced or replaced process's late vote is dropped). While a
   restarted controller adopts its agents, a slot owner's vote is kept for the adoption to check.
+  A vote of the recovery's own epoch that arrives before the controller has read every other
+  rank's ``recovered`` (its agent finished the redone step first) is kept too: the step commits
+  once the recovery is done and the last vote is in (the last reporter's own vote comes after its
+  report), never before.
 - When all slots voted, :meth:`Commits.commit` broadcasts ``decision: commit``. It carries a
   ready planned switch (phase 2; never on the last step), ``final`` after a stop request, and
   ``checkpoint`` when a checkpoint-then-restart (or -requeue) is pending. ``standby.start_when_warm`` holds the first commit
@@ -57,7 +61,8 @@ class Commits:
         if st.mode is Mode.ADOPTING and st.owns_slot(agent, vote.rank):  # sorted out when the adoption decides
             st.votes[vote.rank] = vote
             return
-        if st.mode is not Mode.RUNNING or vote.epoch != st.epoch or vote.step != st.step or not st.owns_slot(agent, vote.rank):
+        current = vote.epoch == st.epoch and vote.step == st.step and st.owns_slot(agent, vote.rank)
+        if not current or st.mode not in (Mode.RUNNING, Mode.RECOVERING):
             return
         st.votes[vote.rank] = vote
         st.vote_t[vote.rank] = now_m

@@ -49,8 +49,9 @@ class Context:
         the ranks behind one node relay get it as one frame (:mod:`tmslurm.runtime.mux`)."""
         line = encode_line(msg)
         relayed: dict[Any, list[int]] = {}
-        for rank in range(self.layout.world):
-            agent = self.state.agent_of(rank)
+        agents = self.state.agents
+        for aid in self.state.slots.values():  # every rank's slot owner
+            agent = agents.get(aid)
             if agent is None or not agent.alive:
                 continue
             ch = agent.channel

@@ -196,7 +196,12 @@ class Controller:
             if agent is not None and agent.alive:
                 self.handlers[type(b)](agent, b)
         elif kind == "votes":  # a node relay's, for its agents' connections (0: refused)
-            self.commits.on_node_votes([self.members.agent_of_conn(c) if c else None for c in a], b)
+            agents = [self.members.agent_of_conn(c) if c else None for c in a]
+            now_m = time.monotonic()
+            for agent in agents:  # a vote is a line from its agent: it proves it alive
+                if agent is not None:
+                    agent.last_seen = now_m
+            self.commits.on_node_votes(agents, b)
         elif kind == "disconnect":
             self.recoveries.disconnect(self.members.agent_of_conn(a))
         elif kind == "request":

@@ -6,7 +6,8 @@ treated as if it had its own connection: its first line must be a ``hello`` with
 (anything else is refused and that agent alone is closed, ``!k``), then each line is validated and
 queued as ``("msg", conn, message)`` under its own connection number; ``-k`` queues its
 ``disconnect``; ``+k,...`` counts as a line from each (``touch``). A vote frame is validated in one
-call and queued as ``("votes", [conn, ...], NodeVotes)`` (0 for an agent refused in it). A frame
+call and queued as ``("votes", [conn, ...], NodeVotes)`` (0 for an agent refused in it; the
+controller counts it as a line from each when it handles it, instead of one ``touch`` each here). A frame
 that does not parse or validate gets an ``error`` reply on the relay's connection, is journalled
 (``bad_message``) and changes nothing. At most ``GateLimits.max_relay_subs`` agents ride one relay.
 """
@@ -90,7 +91,6 @@ class RelayFrames:
                     self._kill_sub(sub)
                 conns.append(0)
                 continue
-            self.touch(sub.conn)
             conns.append(sub.conn)
         self._emit(("votes", conns, votes))
 
