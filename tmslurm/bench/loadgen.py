@@ -381,10 +381,13 @@ class LoadGen:
                 self._write(pipe, frame)
             if pipe.hold.held:
                 self.holding.add(pipe)
+            else:  # a real relay sends at the end of its round, which holds only its own node's lines
+                self._send_now(pipe)
         else:
             for frame in pipe.hold.other():
                 self._write(pipe, frame)
             self._write(pipe, up_line(conn.sub, data))
+            self._send_now(pipe)
 
     def _write(self, pipe: Pipe, data: bytes) -> None:
         if not pipe.closed:
