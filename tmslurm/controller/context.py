@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import queue
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from tmslurm.config import RunConfig
 from tmslurm.controller.hooks import ClusterHooks
@@ -47,15 +47,21 @@ class Context:
     def broadcast(self, msg: Any) -> None:
         """``msg`` to every rank's slot owner, encoded once (a decision goes to every rank each step);
         the ranks behind one node relay get it as one frame (:mod:`tmslurm.runtime.mux`)."""
-        line = encode_line(msg)
-        relayed: dict[Any, list[int]] = {}
         agents = self.state.agents
-        for aid in self.state.slots.values():  # every rank's slot owner
-            agent = agents.get(aid)
+        self._fan_out(encode_line(msg), (agents.get(aid) for aid in self.state.slots.values()))
+
+    def send_all(self, msg: Any) -> None:
+        """``msg`` to every alive agent (standbys and monitors included), encoded once, one frame per relay."""
+        self._fan_out(encode_line(msg), iter(list(self.state.agents.values())))
+
+    @staticmethod
+    def _fan_out(line: bytes, agents: Iterator[Any]) -> None:
+        relayed: dict[Any, list[int]] = {}
+        for agent in agents:
             if agent is None or not agent.alive:
                 continue
             ch = agent.channel
-            if isinstance(ch, SubChannel):  # behind a node relay: one frame per relay, not per rank
+            if isinstance(ch, SubChannel):  # behind a node relay: one frame per relay, not per agent
                 if not ch.closed:
                     relayed.setdefault(ch.relay, []).append(ch.sub)
             else:

@@ -136,10 +136,7 @@ class Deadlines:
         if now_m - self.last_beat_m < self.ctx.cfg.runtime.controller_lost_s / 5:
             return
         self.last_beat_m = now_m
-        beat = Beat()
-        for agent in self.state.agents.values():
-            if agent.alive:
-                agent.channel.try_send(beat)
+        self.ctx.send_all(Beat())  # encoded once, one frame per node relay
 
     def _drained(self) -> bool:
         """Every rank reported its final digest, or the missing ones died after the final commit and
