@@ -220,10 +220,13 @@ def test_sbatch_wrapper_path_with_overrides(slurm, tmp_path, tmp_path_factory):
     assert exact(s, ref), s
 
 
-def test_two_ranks_per_node_move_together(slurm, tmp_path, tmp_path_factory):
+@pytest.mark.parametrize("relay", ["false", "true"], ids=["direct", "node-relays"])
+def test_two_ranks_per_node_move_together(slurm, tmp_path, tmp_path_factory, relay):
+    """With ``runtime.relay=true`` each node's two ranks (and its standbys) reach the controller through
+    their node monitor's relay, on Slurm's nodes: one relay connection per node, same exact result."""
     ref = reference_hash(tmp_path_factory, "parallel.dp=2", "parallel.pp=2")
     run = SlurmRun(slurm, tmp_path / "run", ["parallel.dp=2", "parallel.pp=2", "parallel.ranks_per_node=2",
-                                             "standby.count=1", *COMMON])
+                                             "standby.count=1", f"runtime.relay={relay}", *COMMON])
     st = run.wait_step(8)
     node = next(r["node"] for r in st["ranks"] if r["rank"] == 2)
     assert sorted(r["rank"] for r in st["ranks"] if r["node"] == node) == [2, 3]
@@ -234,3 +237,5 @@ def test_two_ranks_per_node_move_together(slurm, tmp_path, tmp_path_factory):
     (ev,) = [e for e in s["events"] if e["kind"] == "planned"]
     assert sorted(ev["ranks"]) == [2, 3] and len(set(ev["standby"].split(","))) == 2
     assert exact(s, ref), s
+    relays = [e["node"] for e in run.journal() if e["type"] == "relay"]
+    assert len(relays) == (3 if relay == "true" else 0), relays  # two training nodes and the spare node
