@@ -28,9 +28,12 @@ def _steps_of(slurm, job_id: str) -> dict[str, str]:
     return dict(line.split(None, 1) for line in out.splitlines() if len(line.split()) == 2)
 
 
-def test_power_off_of_a_training_node_is_detected_and_the_standby_takes_over(slurm, tmp_path, tmp_path_factory):
+@pytest.mark.parametrize("relay", ["false", "true"], ids=["direct", "node-relays"])
+def test_power_off_of_a_training_node_is_detected_and_the_standby_takes_over(slurm, tmp_path, tmp_path_factory, relay):
+    """Through node relays the powered-off node's relay goes silent with its monitor and its ranks:
+    the same detection, the same exact result."""
     ref = reference_hash(tmp_path_factory, *LAYOUT)
-    run = SlurmRun(slurm, tmp_path / "run", [*LAYOUT, "standby.count=2", *COMMON,
+    run = SlurmRun(slurm, tmp_path / "run", [*LAYOUT, "standby.count=2", *COMMON, f"runtime.relay={relay}",
                                              "faults=[{step:20,kind:power_off,rank:2}]"])
     fault = run.wait_for(lambda e: e["type"] == "fault" and e.get("via") == "lab", what="the lab's power-off")
     node = fault["node"]
@@ -50,6 +53,7 @@ def test_power_off_of_a_training_node_is_detected_and_the_standby_takes_over(slu
     assert ev["downtime_s"] >= ev["detect_s"] * 0.9, ev
     assert exact(s, ref), {k: v for k, v in s.items() if k != "step_log"}
     assert "REQUEUE" not in slurm.run("sacct", "-j", run.job_id, "-X", "-n", "-P", "-o", "State").stdout
+    assert any(e["type"] == "relay" for e in run.journal()) == (relay == "true")
 
 
 def test_partition_of_a_training_node_then_heal_the_fenced_process_changes_nothing(slurm, tmp_path, tmp_path_factory):

@@ -16,7 +16,6 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-from typing import Any
 
 from tmslurm.errors import TmslurmError
 from tmslurm.logs import LOG_CONTEXT, setup_logging
@@ -46,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         link, welcome = hello(args.run_dir, kind, ident, node_name(args.node))
         if kind == "monitor":
-            return _monitor(args.run_dir, link, node_name(args.node), welcome.config["runtime"])
+            from tmslurm.runtime.monitor import run_monitor
+
+            return run_monitor(args.run_dir, link, node_name(args.node), welcome.config["runtime"])
         if kind == "worker":
             from tmslurm.runtime.worker import Worker
 
@@ -59,23 +60,6 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", exc)
         return 2
     return 0
-
-
-def _monitor(run_dir: Path, link: Any, node: str, rt: dict[str, Any]) -> int:
-    """The node's monitor, and its relay when ``runtime.relay`` is on."""
-    from tmslurm.runtime.monitor import Monitor
-    from tmslurm.runtime.relay import start_relay
-
-    relay = start_relay(run_dir, node, float(rt["heartbeat_interval_s"])) if rt.get("relay") else None
-    try:
-        return Monitor(run_dir, link, node, float(rt["node_timeout_s"])).run()
-    finally:
-        if relay is not None:
-            relay.drain(RELAY_DRAIN_S)
-            relay.stop()
-
-
-RELAY_DRAIN_S = 5.0
 
 
 if __name__ == "__main__":

@@ -29,6 +29,9 @@ Contract:
   by the controller ends in one ``disconnect``. A request's connection is not read after its line.
 - The gate's own error replies never wait for a client: one that cannot be sent at once is
   skipped, and a connection whose line went out only in part is shut down (it reads as EOF).
+- A connection whose first line is a node relay's ``relay`` (run token) carries many agents
+  (:mod:`tmslurm.runtime.mux`); each is authenticated, validated and queued as if it had its own
+  connection (:mod:`tmslurm.runtime.gaterelay`), and a node's votes come as one ``votes`` item.
 - After :meth:`Gate.close_requests` (the run is ending) a one-shot request is answered with an
   ``error`` by the gate itself and never queued; agents' lines still flow. After :meth:`Gate.stop`
   nothing more is accepted or read; agents' channels stay usable for sending until the controller

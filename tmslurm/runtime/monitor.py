@@ -10,7 +10,8 @@ directory; any other pid (gone already, another pid namespace, reused) is logged
 reported. A watched process that stays stopped (state ``T``/``t``: SIGSTOP, a debugger) for
 ``stop_after_s`` is reported once as ``stopped``; its heartbeat thread is stopped too, but this is
 seen sooner than any heartbeat timeout. It signals nothing. It ends on ``finish`` and, through its
-link, when the controller is lost; when its link rejoins a restarted controller it forgets every
+link, when the controller is lost; with ``runtime.relay`` it also runs the node's relay
+(:func:`run_monitor`); when its link rejoins a restarted controller it forgets every
 watch (agent ids belong to one controller incarnation) and the new controller names them again. Its silence together with the silence of every process on its node is how the controller
 tells a node that went dark (power, kernel, cut link) in under a second.
 """
@@ -24,10 +25,15 @@ import select
 import time
 from pathlib import Path
 
+from typing import Any
+
 from tmslurm.messages import Finish, Watch
 from tmslurm.runtime.link import Link
+from tmslurm.runtime.relay import start_relay
 
 log = logging.getLogger(__name__)
+RELAY_DRAIN_S = 5.0
+"""After ``finish``, how long the relay may still deliver to the node's agents before the monitor ends."""
 REJOINED = object()
 """Put in the link's inbox when it rejoined a restarted controller."""
 
@@ -137,3 +143,14 @@ def is_agent_of(pid: int, run_dir: Path) -> bool:
         return False
     given = argv[argv.index(b"--run-dir") + 1:][:1]
     return bool(given) and Path(os.fsdecode(given[0])).resolve() == Path(run_dir).resolve()
+
+
+def run_monitor(run_dir: Path, link: Link, node: str, rt: dict[str, Any]) -> int:
+    """The node's monitor, and its node relay (:mod:`tmslurm.runtime.relay`) when ``runtime.relay`` is on."""
+    relay = start_relay(run_dir, node, float(rt["heartbeat_interval_s"])) if rt.get("relay") else None
+    try:
+        return Monitor(run_dir, link, node, float(rt["node_timeout_s"])).run()
+    finally:
+        if relay is not None:
+            relay.drain(RELAY_DRAIN_S)
+            relay.stop()

@@ -261,6 +261,10 @@ class Relay:
     def _line(self, agent: _Agent, line: bytes) -> None:
         if agent.sub not in self.agents:
             return
+        if len(line) > MAX_LINE:
+            log.error("node relay %s: agent %d sent a line over %d bytes; closing it", self.node, agent.sub, MAX_LINE)
+            self._gone(agent)
+            return
         if line.rstrip(b"\n") == HB_LINE:
             self.heard.add(agent.sub)
             return

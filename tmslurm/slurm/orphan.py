@@ -35,7 +35,7 @@ from tmslurm.errors import ProtocolError, SlurmError, TmslurmError
 from tmslurm.logs import LOG_CONTEXT, setup_logging
 from tmslurm.rundir import RunDir
 from tmslurm.runtime.link import hello, node_name
-from tmslurm.runtime.monitor import Monitor
+from tmslurm.runtime.monitor import run_monitor
 from tmslurm.runtime.protocol import Channel, read_token
 from tmslurm.slurm.client import SlurmClient, make_client
 
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     except TmslurmError as exc:
         log.error("%s", exc)
         return 2
-    return Monitor(args.run_dir, link, node, float(welcome.config["runtime"]["node_timeout_s"])).run()
+    return run_monitor(args.run_dir, link, node, welcome.config["runtime"])
 
 
 if __name__ == "__main__":
