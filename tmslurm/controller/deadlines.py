@@ -1,7 +1,7 @@
 """Deadlines: nothing waits forever. Checked by the loop between queue items, at most every ``loop.TICK_S``.
 
 Contract (on the controller's thread): an agent silent for ``runtime.heartbeat_timeout_s`` is
-fenced (looked for 20 times per timeout) (its own handle) and handled as lost; so is a rank that heartbeats but makes no progress:
+fenced (its own handle; silent agents are looked for 20 times per timeout) and handled as lost; so is a rank that heartbeats but makes no progress:
 its vote is the only one missing for longer than ``runtime.hang_factor`` x the median step time
 (at least ``runtime.hang_floor_s``) after every other rank voted (cause ``no progress``); ranks silent during an abort past the recovery's
 deadline are declared dead and the failure is replanned; a phase 1 that does not finish within
