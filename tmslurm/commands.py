@@ -20,7 +20,7 @@ from tmslurm.rundir import RunDir
 
 
 def _status(args: argparse.Namespace) -> int:
-    from tmslurm.runtime.protocol import request
+    from tmslurm.wire.protocol import request
 
     run_dir = Path(args.run_dir)
     try:

@@ -246,6 +246,11 @@ def world_size(p: ParallelConfig) -> int:
     return p.dp * p.pp * p.tp
 
 
+def wants_monitors(cfg: RunConfig) -> bool:
+    """Node monitors run when enabled and heartbeats are on (a silent monitor would look dead)."""
+    return cfg.runtime.monitors and cfg.runtime.heartbeats
+
+
 def num_nodes(p: ParallelConfig) -> int:
     return p.nodes if p.nodes is not None else world_size(p) // p.ranks_per_node
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tmslurm.config import compose_config
-from tmslurm.runtime.events import describe
+from tmslurm.controller.events import describe
 
 
 def _run(overrides: list[str]) -> dict[str, Any]:
@@ -28,7 +28,7 @@ def _run(overrides: list[str]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tmslurm.runtime.agent import setup_logging
+    from tmslurm.agent.main import setup_logging
 
     ap = argparse.ArgumentParser(prog="tmslurm-demo")
     ap.add_argument("--cluster", choices=["local", "slurm"], default="slurm")
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run_slurm(run_dir: Path, common: list[str], drain: int, kill: int) -> dict[str, Any]:
     """Through Slurm: submit, drain rank 1's node (scontrol), power off rank 2's node (the failure lab:
     silent, no socket closes), finish."""
-    from tmslurm.bench.common import SlurmJob, local_slurm, resume_node, sh
+    from tmslurm.slurmrun import SlurmJob, local_slurm, resume_node, sh
 
     # The power-off is injected by the run itself at step ``kill`` (the failure lab's ``power-off``),
     # so the controller knows the fault's moment and measures detection from it.

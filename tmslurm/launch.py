@@ -8,7 +8,7 @@ overrides (``parallel.dp=2 model=small faults='[{step:10,kind:drain,rank:1}]'``)
   as a child process (restarting it if it dies) and every rank and standby as a process on this
   host, and exits 0 when the run finished with its final hash (``<run_dir>/summary.json``
   written);
-- ``cluster=slurm`` submits the main job and the spares (see :mod:`tmslurm.slurm.job`).
+- ``cluster=slurm`` submits the main job and the spares (see :mod:`tmslurm.slurm.proc.job`).
 A bad override prints one ``error:`` line naming the override and exits 2; nothing is started.
 """
 
@@ -24,7 +24,7 @@ from tmslurm.config import RunConfig, compose_config, to_dict, world_size
 from tmslurm.errors import TmslurmError
 from tmslurm.rundir import RunDir
 from tmslurm.runprep import prepare_run_dir, warn_unprotected
-from tmslurm.runtime.protocol import write_token
+from tmslurm.wire.protocol import write_token
 
 log = logging.getLogger(__name__)
 USAGE = """usage: tmslurm-launch [--cfg job] [OVERRIDE ...]
@@ -39,7 +39,7 @@ def run_local(cfg: RunConfig) -> dict[str, Any]:
     import socket
 
     from tmslurm.controller.server import open_store
-    from tmslurm.runtime.spawner import LocalSpawner
+    from tmslurm.controller.spawner import LocalSpawner
     from tmslurm.supervisor import Supervisor
 
     run_dir = prepare_run_dir(cfg)
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.cluster == "local":
             summary = run_local(cfg)
             return 0 if summary["final_params_sha256"] else 1
-        from tmslurm.slurm.job import launch_slurm
+        from tmslurm.slurm.proc.job import launch_slurm
 
         launch_slurm(cfg)
         return 0

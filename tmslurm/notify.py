@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from tmslurm.errors import AuthError, NoticeError, TmslurmError
-from tmslurm.messages import NoticeRequest
+from tmslurm.wire.messages import NoticeRequest
 from tmslurm.notices import Notice, parse_deadline
 from tmslurm.rundir import RunDir
-from tmslurm.runtime.protocol import exchange, read_token
+from tmslurm.wire.protocol import exchange, read_token
 
 
 def find_runs(args: argparse.Namespace) -> list[Path]:

@@ -31,7 +31,7 @@ from typing import Any, Iterable
 
 from tmslurm.errors import TmslurmError
 from tmslurm.rundir import RunDir
-from tmslurm.runtime.events import pause_parts
+from tmslurm.controller.events import pause_parts
 
 log = logging.getLogger(__name__)
 

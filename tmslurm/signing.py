@@ -3,9 +3,9 @@
 Contract:
 - The admin holds the private key (root-only, mode 0600); every run reads the public key
   (world-readable) named by ``runtime.admin_public_key_file``. :func:`generate_keypair` writes both.
-- :func:`sign` signs a :class:`~tmslurm.messages.SignedPayload` (run, node, event, deadline,
+- :func:`sign` signs a :class:`~tmslurm.wire.messages.SignedPayload` (run, node, event, deadline,
   timestamp, nonce, reason) over its canonical JSON; :func:`signed_notice` builds a fresh one.
-- :class:`NoticeVerifier` accepts a :class:`~tmslurm.messages.SignedNotice` only when the signature
+- :class:`NoticeVerifier` accepts a :class:`~tmslurm.wire.messages.SignedNotice` only when the signature
   is valid for the public key, the payload names this run, its timestamp is within ``max_age_s`` of
   now, and its nonce was not seen before (nonces are remembered for ``2 * max_age_s``). Anything
   else raises :class:`NoticeRefused` with the reason; nothing else is raised. A signed notice can
@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from tmslurm.errors import AuthError
-from tmslurm.messages import SignedNotice, SignedPayload
+from tmslurm.wire.messages import SignedNotice, SignedPayload
 
 
 class NoticeRefused(AuthError):

@@ -7,10 +7,10 @@ it in ``controller.json`` (address, the controller's ``pid``, its incarnation, w
 connect through their node's relay (``runtime.relay``) and ``advert``, replaced atomically).
 
 - ``cluster=local`` (:mod:`tmslurm.controller.main`): the owner is the
-  :class:`~tmslurm.runtime.spawner.LocalSpawner` whose children every agent and monitor is, so
+  :class:`~tmslurm.controller.spawner.LocalSpawner` whose children every agent and monitor is, so
   fencing stays by the handle of the process that started it, whichever controller asks; the
-  controller's spawn requests come through a pipe (:mod:`tmslurm.runtime.spawnpipe`).
-- ``cluster=slurm`` (:mod:`tmslurm.slurm.ctlmain`, in the main job's batch step): the processes
+  controller's spawn requests come through a pipe (:mod:`tmslurm.controller.spawnpipe`).
+- ``cluster=slurm`` (:mod:`tmslurm.slurm.proc.ctlmain`, in the main job's batch step): the processes
   are Slurm steps and spare jobs, which outlive the controller; the controller launches and fences
   them itself and records them in ``spawner.json``; the owner
   (:class:`~tmslurm.slurm.spawnstate.SlurmOwner`) only says which still run, and cancels the spare
@@ -43,8 +43,8 @@ from typing import Any, Protocol
 
 from tmslurm.config import RunConfig
 from tmslurm.rundir import RunDir
-from tmslurm.runtime.journal import Journal
-from tmslurm.runtime.spawnpipe import serve
+from tmslurm.controller.journal import Journal
+from tmslurm.controller.spawnpipe import serve
 
 log = logging.getLogger(__name__)
 ENDED = (0, 10, 2)
@@ -67,7 +67,7 @@ class Child:
 
     module: str = "tmslurm.controller.main"
     pipe: bool = True
-    """Serve its spawn requests on the owner (a :class:`~tmslurm.runtime.spawner.Spawner`) through a pipe."""
+    """Serve its spawn requests on the owner (a :class:`~tmslurm.controller.spawner.Spawner`) through a pipe."""
     args: tuple[str, ...] = ()
     advert: dict[str, Any] = field(default_factory=dict)
     """Extra fields of ``controller.json`` (on Slurm: ``main_job_id``)."""

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.dist
 
 
 def bench(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "tmslurm.bench", *args], capture_output=True, text=True, timeout=timeout)
+    r = subprocess.run([sys.executable, "-m", "benchmarks", *args], capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     return r
 

@@ -20,7 +20,7 @@ def test_control_bench_smallest(tmp_path, relay):
     """With ``--relay 4`` the agents of each simulated node talk through one simulated relay (votes by
     column, one decision frame per node): the same protocol run must reach the same end."""
     out = tmp_path / "control.json"
-    r = subprocess.run([sys.executable, "-m", "tmslurm.bench", "control", "--sizes", "8", "--steps", "5", "--warmup", "2",
+    r = subprocess.run([sys.executable, "-m", "benchmarks", "control", "--sizes", "8", "--steps", "5", "--warmup", "2",
                         "--relay", str(relay), "--out", str(tmp_path / "runs"), "--json", str(out)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from tests.distributed.test_hostile_clients import LAYOUT, addr_of, all_up, sentinel  # noqa: F401 (fixture)
 from tests.distributed.test_recovery import assert_exact
-from tmslurm.runtime.protocol import exchange, read_token
+from tmslurm.wire.protocol import exchange, read_token
 
 pytestmark = pytest.mark.dist
 EXAMPLES = 2500

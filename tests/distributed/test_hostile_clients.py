@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tmslurm.runtime.protocol import exchange, read_token
+from tmslurm.wire.protocol import exchange, read_token
 from tmslurm.signing import generate_keypair, load_private_key, signed_notice
 from tests.distributed.test_recovery import BASE, STEPS, assert_exact
 

@@ -12,7 +12,7 @@ import signal
 
 import pytest
 
-from tmslurm.runtime.protocol import request
+from tmslurm.wire.protocol import request
 
 
 pytestmark = pytest.mark.dist

@@ -41,7 +41,7 @@ def controller_pid(run: SlurmRun, incarnation: int, timeout: float = 60) -> int:
             cmdline = Path(f"/proc/{int(info['pid'])}/cmdline").read_bytes().split(b"\0")
         except (OSError, ValueError, KeyError):
             cmdline = []
-        if cmdline and info.get("incarnation") == incarnation and b"tmslurm.slurm.ctlmain" in cmdline \
+        if cmdline and info.get("incarnation") == incarnation and b"tmslurm.slurm.proc.ctlmain" in cmdline \
                 and str(run.run_dir).encode() in cmdline:
             return int(info["pid"])
         time.sleep(0.05)

@@ -10,8 +10,8 @@ from typing import Any, Callable
 from tmslurm.config import compose_config
 from tmslurm.controller import Controller, LocalHooks
 from tmslurm.controller.state import Mode
-from tmslurm.messages import Hello, decode_agent
-from tmslurm.runtime.journal import read_journal
+from tmslurm.wire.messages import Hello, decode_agent
+from tmslurm.controller.journal import read_journal
 
 ADDRESS = {"host": "127.0.0.1", "port": 1, "store_port": 2}
 

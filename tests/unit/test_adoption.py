@@ -18,8 +18,8 @@ from tmslurm.controller import Controller
 from tmslurm.controller.adoption import AdoptOrder
 from tmslurm.controller.snapshot import read_steps
 from tmslurm.controller.state import Mode
-from tmslurm.messages import Hello, Rejoin, decode_agent
-from tmslurm.runtime.journal import read_journal
+from tmslurm.wire.messages import Hello, Rejoin, decode_agent
+from tmslurm.controller.journal import read_journal
 
 COMMITTED = 3  # steps 0..2 decided and logged by the first incarnation
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from tmslurm.bench.common import recorded_command
-from tmslurm.bench.control import table
-from tmslurm.bench.loadrec import Recorder, key_of
-from tmslurm.bench.procstat import parse_stat, percentile, summarize, top_frames
-from tmslurm.bench.simagent import Phase, SimAgent
-from tmslurm.messages import (Abort, Activate, Address, Aborted, Cancel, Decision, Done, Finish, Groups, Join, Joined,
+from benchmarks.common import recorded_command
+from benchmarks.control import table
+from benchmarks.loadrec import Recorder, key_of
+from benchmarks.procstat import parse_stat, percentile, summarize, top_frames
+from benchmarks.simagent import Phase, SimAgent
+from tmslurm.wire.messages import (Abort, Activate, Address, Aborted, Cancel, Decision, Done, Finish, Groups, Join, Joined,
                               Left, MoveSpec, Prepare, Prepared, Ready, Recover, Recovered, Started, SwitchSpec,
                               Switched, Vote, Welcome)
 from tmslurm.topology import Layout
@@ -176,10 +176,10 @@ def test_table_marks_missing_figures_and_failures():
 
 
 @pytest.mark.parametrize("argv,recorded", [
-    (["--sizes", "64", "256"], "python -m tmslurm.bench control --sizes 64 256"),
+    (["--sizes", "64", "256"], "python -m benchmarks control --sizes 64 256"),
     (["--out", "/scratch/x", "--json", "/scratch/y.json", "--label", "a b"],
-     "python -m tmslurm.bench control --out <scratch dir> --json <scratch file> --label a b"),
-    (["--json", "docs/bench/control_scale.json"], "python -m tmslurm.bench control --json docs/bench/control_scale.json"),
+     "python -m benchmarks control --out <scratch dir> --json <scratch file> --label a b"),
+    (["--json", "docs/bench/control_scale.json"], "python -m benchmarks control --json docs/bench/control_scale.json"),
 ])
 def test_recorded_commands_name_no_machine_path(argv, recorded):
     assert recorded_command("control", argv) == recorded

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tmslurm.bench import dtstats
+from benchmarks import dtstats
 
 SWITCH = {"kind": "unexpected", "gap_s": 1.30, "notice_t": 100.9, "pick_s": 0.01, "phase2_s": 0.02,
           "transfer_s": 0.05, "first_step_s": 0.12, "detect_s": 0.7, "downtime_s": 1.2}

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tmslurm.bench import standby
+from benchmarks import standby
 
 
 def _ready(aid: str, role: str, warm: bool = True) -> dict:

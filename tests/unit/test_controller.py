@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from tests.unit.controller_harness import FakeChannel, FakeCluster, FakeSpawner, Harness
 from tmslurm.controller.plans import PlannedSwitch, Recovery
 from tmslurm.controller.state import Mode
-from tmslurm.messages import NoticeRequest, decode_agent
+from tmslurm.wire.messages import NoticeRequest, decode_agent
 from tmslurm.notices import Notice
 
 

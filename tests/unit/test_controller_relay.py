@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 from tests.unit.controller_harness import Harness
-from tmslurm.messages import Hello, NodeVotes
-from tmslurm.runtime.mux import SubChannel, parse_down
+from tmslurm.wire.messages import Hello, NodeVotes
+from tmslurm.wire.mux import SubChannel, parse_down
 
 
 def node_votes(h: Harness, ranks: list[int], loss: float = 1.0) -> NodeVotes:

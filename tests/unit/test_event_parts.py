@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tmslurm.runtime.events import EventLog, describe, other_s, pause_parts
-from tmslurm.runtime.journal import Journal
+from tmslurm.controller.events import EventLog, describe, other_s, pause_parts
+from tmslurm.controller.journal import Journal
 
 CASES = {
     "planned (phase 1 in the background)": ({"kind": "planned", "detect_s": 0.0, "pick_s": 0.01, "phase1_s": 0.5,

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from tmslurm.runtime.gate import Gate, GateLimits
-from tmslurm.runtime.journal import Journal, read_journal
-from tmslurm.runtime.protocol import MAX_LINE, exchange
+from tmslurm.controller.gate import Gate, GateLimits
+from tmslurm.controller.journal import Journal, read_journal
+from tmslurm.wire.protocol import MAX_LINE, exchange
 
 TOKEN = "t" * 32
 ROUNDS: list[int] = []

@@ -10,10 +10,10 @@ import socket
 
 import pytest
 
-from tmslurm.runtime.gate import Gate, GateLimits
-from tmslurm.runtime.journal import Journal, read_journal
-from tmslurm.runtime.mux import SubChannel, deliver, parse_down, up_alive, up_gone, up_line, up_votes
-from tmslurm.runtime.protocol import encode_line
+from tmslurm.controller.gate import Gate, GateLimits
+from tmslurm.controller.journal import Journal, read_journal
+from tmslurm.wire.mux import SubChannel, deliver, parse_down, up_alive, up_gone, up_line, up_votes
+from tmslurm.wire.protocol import encode_line
 
 from tests.unit.test_gate import unbatched
 

@@ -8,8 +8,8 @@ import socket
 import threading
 import time
 
-from tmslurm.runtime.link import Link
-from tmslurm.runtime.protocol import Channel, connect
+from tmslurm.agent.link import Link
+from tmslurm.wire.protocol import Channel, connect
 
 BEAT_S = 0.5
 

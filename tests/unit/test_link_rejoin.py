@@ -9,9 +9,9 @@ import socket
 import threading
 import time
 
-from tmslurm.messages import Decision
-from tmslurm.runtime.link import LOST, Link, Rejoiner
-from tmslurm.runtime.protocol import Channel, connect, encode_line
+from tmslurm.wire.messages import Decision
+from tmslurm.agent.link import LOST, Link, Rejoiner
+from tmslurm.wire.protocol import Channel, connect, encode_line
 
 FIRST = {"type": "hello", "kind": "worker", "id": 1, "pid": 1, "node": "n1", "host": "h"}
 

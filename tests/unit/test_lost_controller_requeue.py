@@ -14,7 +14,7 @@ import pytest
 from tests.unit.controller_harness import Harness
 from tmslurm.controller.snapshot import Snapshots, read_snapshot
 from tmslurm.rundir import RunDir
-from tmslurm.slurm.orphan import probe_controller, requeue_orphaned_job
+from tmslurm.slurm.proc.orphan import probe_controller, requeue_orphaned_job
 
 
 def free_port() -> int:

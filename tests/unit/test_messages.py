@@ -11,9 +11,9 @@ import torch
 
 from tmslurm.comm.transfer import _parse_header, _split
 from tmslurm.errors import CommError
-from tmslurm.messages import BadMessage, Decision, NoticeRequest, Vote, decode_agent, decode_controller, decode_first
+from tmslurm.wire.messages import BadMessage, Decision, NoticeRequest, Vote, decode_agent, decode_controller, decode_first
 from tmslurm.notify import trusted_run
-from tmslurm.runtime.final import final_hashes
+from tmslurm.controller.final import final_hashes
 from tmslurm.signing import NoticeRefused, NoticeVerifier, generate_keypair, load_private_key, load_public_key, signed_notice
 from tmslurm.train.schedule import state_digest
 

@@ -12,8 +12,8 @@ import threading
 import time
 from pathlib import Path
 
-from tmslurm.messages import Finish, Watch
-from tmslurm.runtime.monitor import Monitor, is_agent_of
+from tmslurm.wire.messages import Finish, Watch
+from tmslurm.agent.monitor import Monitor, is_agent_of
 
 
 class FakeLink:
@@ -43,7 +43,7 @@ def start(mon: Monitor, watching: int) -> tuple[threading.Thread, float]:
 def fake_agent(run_dir: Path) -> subprocess.Popen:
     """A process whose command line is an agent's of ``run_dir`` (it only sleeps)."""
     code = "import time; time.sleep(60)"
-    return subprocess.Popen([sys.executable, "-c", code, "tmslurm.runtime.agent", "--run-dir", str(run_dir)])
+    return subprocess.Popen([sys.executable, "-c", code, "tmslurm.agent.main", "--run-dir", str(run_dir)])
 
 
 def test_a_watched_agent_exit_is_reported_and_a_stranger_is_not_watched(tmp_path):

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tmslurm.errors import ProtocolError
-from tmslurm.messages import BadMessage, decode_votes
-from tmslurm.runtime.mux import (Alive, Close, Deliver, Gone, Line, VoteHold, Votes, close_frame, deliver, is_vote,
+from tmslurm.wire.messages import BadMessage, decode_votes
+from tmslurm.wire.mux import (Alive, Close, Deliver, Gone, Line, VoteHold, Votes, close_frame, deliver, is_vote,
                                  parse_down, parse_up, up_alive, up_gone, up_line, up_votes)
 
 

@@ -18,8 +18,8 @@ from tests.unit.controller_harness import Harness
 from tmslurm.controller.plans import Recovery
 from tmslurm.controller.state import Mode
 from tmslurm.notices import Notice
-from tmslurm.slurm import spawner as sp
-from tmslurm.slurm.hooks import SlurmHooks
+from tmslurm.slurm.proc import spawner as sp
+from tmslurm.slurm.proc.hooks import SlurmHooks
 from tmslurm.slurm.watcher import NodeWatch
 
 
@@ -74,7 +74,7 @@ def slurm(monkeypatch, tmp_path):
     monkeypatch.setattr(sp.subprocess, "run", run)
     monkeypatch.setattr(sp.subprocess, "Popen", lambda *a, **k: SimpleNamespace(poll=lambda: 0))
     monkeypatch.setattr(sp, "submit_spare", submit)
-    monkeypatch.setattr("tmslurm.slurm.hooks.subprocess.run", run)
+    monkeypatch.setattr("tmslurm.slurm.proc.hooks.subprocess.run", run)
     built: dict[str, object] = {}
 
     def cluster(cfg):
@@ -156,7 +156,7 @@ def test_every_controller_facing_slurm_call_returns_at_once(slurm, tmp_path):
 
 def test_the_watchers_node_set_is_rebuilt_at_most_every_refresh_period(slurm, monkeypatch):
     from tmslurm.config import compose_config
-    from tmslurm.slurm import hooks as hooks_mod
+    from tmslurm.slurm.proc import hooks as hooks_mod
 
     hanging, cluster, built = slurm
     hanging.release.set()

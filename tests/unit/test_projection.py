@@ -1,4 +1,4 @@
-"""tmslurm.sim.projection: the rate rule, the split, hand-checked waste, the tmslurm component
+"""benchmarks.sim.projection: the rate rule, the split, hand-checked waste, the tmslurm component
 rows, the comparison with the paper, sensitivity, bad inputs, the CLI."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tmslurm.errors import ConfigError
-from tmslurm.sim import parts as pt
-from tmslurm.sim import projection as pj
+from benchmarks.sim import parts as pt
+from benchmarks.sim import projection as pj
 
 INPUTS = pj.ProjectionInputs(tmslurm_planned_s=20.0, tmslurm_unexpected_s=30.0)
 

@@ -1,4 +1,4 @@
-"""tmslurm.sim.parts: each downtime law on known inputs, monotonicity in N, the fits against the
+"""benchmarks.sim.parts: each downtime law on known inputs, monotonicity in N, the fits against the
 measured points (with the tolerance docs/projection.md states), the constants against docs/bench."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tmslurm.errors import ConfigError
-from tmslurm.sim import parts as pt
+from benchmarks.sim import parts as pt
 
 BENCH = Path(__file__).resolve().parents[2] / "docs" / "bench"
 DEFAULT = pt.PartInputs()

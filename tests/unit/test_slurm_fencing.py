@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 from tmslurm.config import compose_config
-from tmslurm.slurm import spawner as sp
-from tmslurm.slurm.hooks import SlurmHooks
+from tmslurm.slurm.proc import spawner as sp
+from tmslurm.slurm.proc.hooks import SlurmHooks
 from tmslurm.slurm.lane import Lane
 from tmslurm.slurm.watcher import NodeWatch
 

@@ -14,7 +14,7 @@ import pytest
 from tmslurm.config import compose_config
 from tmslurm.errors import TmslurmError
 from tmslurm.rundir import RunDir
-from tmslurm.slurm import spawner as sp
+from tmslurm.slurm.proc import spawner as sp
 from tmslurm.slurm import spawnstate as ss
 from tmslurm.slurm.lane import Lane
 

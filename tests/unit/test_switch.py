@@ -1,4 +1,4 @@
-"""Switch planning (tmslurm.runtime.switch): dirty groups, state sources, joiners, per-process messages."""
+"""Switch planning (tmslurm.controller.switchplan): dirty groups, state sources, joiners, per-process messages."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import copy
 
 import pytest
 
-from tmslurm.messages import Join, Prepare, Recover
-from tmslurm.runtime.switch import (Move, Plan, PlanError, dirty_groups, dp_source, multi, pick_joiners,
+from tmslurm.wire.messages import Join, Prepare, Recover
+from tmslurm.controller.switchplan import (Move, Plan, PlanError, dirty_groups, dp_source, multi, pick_joiners,
                                     planned_messages, recovery_messages)
 from tmslurm.topology import Layout
 

@@ -6,8 +6,8 @@ process still running). :meth:`Adoption.restore` (called once, before the loop) 
 dead incarnation had committed: the step log (``steps.jsonl``), the completed events (``event``
 journal lines), the fired faults, the standbys started and the highest epoch ever handed out
 (snapshot and journal), and puts the run in :data:`Mode.ADOPTING`, expecting a hello from exactly
-the listed processes. The live agents reconnect with a :class:`~tmslurm.messages.Rejoin`
-(:mod:`tmslurm.runtime.link`); :meth:`on_hello` records it. :meth:`tick` decides once every listed
+the listed processes. The live agents reconnect with a :class:`~tmslurm.wire.messages.Rejoin`
+(:mod:`tmslurm.agent.link`); :meth:`on_hello` records it. :meth:`tick` decides once every listed
 process said hello, or ``runtime.controller_lost_s`` after the start (the agents give up then):
 
 - **Adopted** when every rank's slot is claimed once, no claim is inside a plan, every rank is in
@@ -36,8 +36,8 @@ from tmslurm.controller.membership import Membership
 from tmslurm.controller.recoveries import Recoveries
 from tmslurm.controller.snapshot import read_snapshot, read_steps
 from tmslurm.controller.state import Agent, Mode
-from tmslurm.messages import Decision, Rejoin
-from tmslurm.runtime.journal import read_journal
+from tmslurm.wire.messages import Decision, Rejoin
+from tmslurm.controller.journal import read_journal
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Step commits: one decision per step, made when every slot voted in the current epoch.
 
 Contract (on the controller's thread):
-- A vote (its own, or its row of a node relay's :class:`~tmslurm.messages.NodeVotes`) counts only when the run is running, its epoch and step are the current ones and its
+- A vote (its own, or its row of a node relay's :class:`~tmslurm.wire.messages.NodeVotes`) counts only when the run is running, its epoch and step are the current ones and its
   sender owns the slot it votes for (a fenced or replaced process's late vote is dropped). While a
   restarted controller adopts its agents, a slot owner's vote is kept for the adoption to check.
   A vote of the recovery's own epoch that arrives before the controller has read every other
@@ -30,7 +30,7 @@ from tmslurm.controller.state import Agent, Mode
 from tmslurm.controller.steptimes import StepTimes
 from tmslurm.controller.membership import Membership
 from tmslurm.notices import Notice
-from tmslurm.messages import Activate, Decision, Groups, MoveSpec, NodeVotes, Progress, StepVote, SwitchSpec, Vote
+from tmslurm.wire.messages import Activate, Decision, Groups, MoveSpec, NodeVotes, Progress, StepVote, SwitchSpec, Vote
 
 log = logging.getLogger(__name__)
 

@@ -16,11 +16,11 @@ from tmslurm.config import RunConfig
 from tmslurm.controller.hooks import ClusterHooks
 from tmslurm.controller.state import RunState
 from tmslurm.rundir import RunDir
-from tmslurm.runtime.events import EventLog
-from tmslurm.runtime.journal import Journal
-from tmslurm.runtime.mux import SubChannel, deliver
-from tmslurm.runtime.protocol import encode_line
-from tmslurm.runtime.spawner import Spawner
+from tmslurm.controller.events import EventLog
+from tmslurm.controller.journal import Journal
+from tmslurm.wire.mux import SubChannel, deliver
+from tmslurm.wire.protocol import encode_line
+from tmslurm.controller.spawner import Spawner
 from tmslurm.topology import Layout
 
 
@@ -46,7 +46,7 @@ class Context:
 
     def broadcast(self, msg: Any) -> None:
         """``msg`` to every rank's slot owner, encoded once (a decision goes to every rank each step);
-        the ranks behind one node relay get it as one frame (:mod:`tmslurm.runtime.mux`)."""
+        the ranks behind one node relay get it as one frame (:mod:`tmslurm.wire.mux`)."""
         agents = self.state.agents
         self._fan_out(encode_line(msg), (agents.get(aid) for aid in self.state.slots.values()))
 

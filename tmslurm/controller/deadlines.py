@@ -25,7 +25,7 @@ from tmslurm.controller.plans import PlannedSwitch, Recovery
 from tmslurm.controller.recoveries import Recoveries
 from tmslurm.controller.restarts import Restarts
 from tmslurm.controller.state import Mode
-from tmslurm.messages import Beat
+from tmslurm.wire.messages import Beat
 
 log = logging.getLogger(__name__)
 SCANS_PER_TIMEOUT = 20

@@ -25,8 +25,8 @@ from tmslurm.controller.restarts import Restarts
 from tmslurm.controller.state import Mode
 from tmslurm.controller.switches import Switches
 from tmslurm.notices import Notice
-from tmslurm.messages import ErrorReply, NoticeRequest, OkReply, StatusReply, StatusRequest, StopRequest
-from tmslurm.runtime.protocol import Channel
+from tmslurm.wire.messages import ErrorReply, NoticeRequest, OkReply, StatusReply, StatusRequest, StopRequest
+from tmslurm.wire.protocol import Channel
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ Contract:
 - Everything that can change the run arrives as a queue item (a new agent, an agent's message,
   a disconnect, a request, a notice) and is handled on one thread, so every step is decided
   exactly once without locks: whichever of "last vote" and "failure" is dequeued first wins.
-- Items reach the queue already authenticated and validated (:mod:`tmslurm.runtime.gate`); a
+- Items reach the queue already authenticated and validated (:mod:`tmslurm.controller.gate`); a
   handler that still fails is journalled (``handler_error``) and the run goes on.
 - The work is done by collaborators built here, in dependency order, over one
   :class:`~tmslurm.controller.state.RunState`: membership, plan book, restarts, recoveries,
@@ -38,7 +38,7 @@ from tmslurm.controller.deadlines import Deadlines
 from tmslurm.controller.hooks import ClusterHooks
 from tmslurm.controller.intake import Intake
 from tmslurm.controller.membership import Membership
-from tmslurm.controller.nodewatch import NodeWatch
+from tmslurm.controller.monitors import NodeMonitors
 from tmslurm.controller.planbook import PlanBook
 from tmslurm.controller.recoveries import Recoveries
 from tmslurm.controller.restarts import Restarts
@@ -48,12 +48,12 @@ from tmslurm.controller.state import Agent, Mode, RunState
 from tmslurm.controller.summary import Summary
 from tmslurm.controller.switches import Switches
 from tmslurm.errors import TmslurmError
-from tmslurm import messages as m
+from tmslurm.wire import messages as m
 from tmslurm.notices import Notice
 from tmslurm.rundir import RunDir
-from tmslurm.runtime.events import EventLog
-from tmslurm.runtime.journal import Journal
-from tmslurm.runtime.spawner import Spawner
+from tmslurm.controller.events import EventLog
+from tmslurm.controller.journal import Journal
+from tmslurm.controller.spawner import Spawner
 from tmslurm.signing import NoticeVerifier, load_public_key
 from tmslurm.topology import Layout
 from tmslurm.train.ckpt_index import latest_complete
@@ -97,7 +97,7 @@ class Controller:
         self.summary = Summary(self.ctx, self.commits)
         self.intake = Intake(self.ctx, self.members, self.switches, self.recoveries, self.restarts, self.summary.status)
         self.deadlines = Deadlines(self.ctx, self.members, self.plans, self.recoveries, self.restarts, self.commits)
-        self.nodewatch = NodeWatch(self.ctx, self.members, self.recoveries)
+        self.monitors = NodeMonitors(self.ctx, self.members, self.recoveries)
         self.handlers: dict[type, Callable[[Agent, Any], None]] = {
             m.Vote: self.commits.on_vote, m.Progress: self.commits.on_progress, m.Groups: self.commits.on_groups,
             m.Prepared: self.switches.on_prepared, m.Switched: self.switches.on_switched, m.Left: self.switches.on_left,
@@ -147,7 +147,7 @@ class Controller:
                 if self.adoption is not None:
                     self.adoption.tick()
                 self.deadlines.tick()
-                self.nodewatch.tick()
+                self.monitors.tick()
         return self.finish(server)
 
     def _offer_snapshot(self) -> None:
@@ -159,8 +159,8 @@ class Controller:
 
     def touch(self, conn: int) -> None:
         """A line arrived on ``conn`` (called from the gate's reader thread: only stamps a time)."""
-        if self.nodewatch.owns(conn):
-            self.nodewatch.touch(conn)
+        if self.monitors.owns(conn):
+            self.monitors.touch(conn)
         else:
             self.members.touch(conn)
 
@@ -185,17 +185,17 @@ class Controller:
 
     def _dispatch(self, kind: str, a: Any, b: Any) -> None:
         if kind == "hello" and a.kind == "monitor":
-            self.nodewatch.hello(a, *b)
+            self.monitors.hello(a, *b)
         elif kind == "hello":
             agent = self.members.hello(a, *b)
             if agent is not None:
-                self.nodewatch.watch(agent)
+                self.monitors.watch(agent)
                 if self.adoption is not None:
                     self.adoption.on_hello(agent, a.rejoin)
-        elif kind == "msg" and self.nodewatch.owns(a):
-            self.nodewatch.on_msg(a, b)
-        elif kind == "disconnect" and self.nodewatch.owns(a):
-            self.nodewatch.disconnect(a)
+        elif kind == "msg" and self.monitors.owns(a):
+            self.monitors.on_msg(a, b)
+        elif kind == "disconnect" and self.monitors.owns(a):
+            self.monitors.disconnect(a)
         elif kind == "msg":
             agent = self.members.agent_of_conn(a)
             if agent is not None and agent.alive:
@@ -242,7 +242,7 @@ class Controller:
         for agent in self.state.agents.values():
             if agent.alive:
                 agent.channel.try_send(m.Finish())
-        self.nodewatch.finish()
+        self.monitors.finish()
         if self.state.plan is not None:  # a switch the run ended before: no event, no downtime
             self.ctx.events.cancel(self.state.plan)
         summary = self.summary.write()

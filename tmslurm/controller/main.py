@@ -4,13 +4,13 @@ Contract: ``python -m tmslurm.controller.main --run-dir D --host H --listen-fd N
 --spawn-fd M [--adopt]`` (cluster=local) reads the run's ``config.json`` and ``token``, serves on the listening
 socket the supervisor passed (fd ``N``; the rendezvous store on port ``P`` is the supervisor's
 too), asks the supervisor for every process start and fence through the pipe ``M``
-(:class:`~tmslurm.runtime.spawnpipe.PipeSpawner`), and with ``--adopt`` re-adopts the live agents
+(:class:`~tmslurm.controller.spawnpipe.PipeSpawner`), and with ``--adopt`` re-adopts the live agents
 named in ``adopt.json`` instead of spawning. Exit status: :data:`FINISHED` (0) when the run
 finished with its final hash, :data:`FINISHED_FAILED` when it ended without one (summary written,
 its ``failed`` field says why), 2 for a bad run directory or a supervisor already gone. It is
 SIGKILLed when its supervisor dies (``PR_SET_PDEATHSIG``). Anything else (a signal, a crash) means
 the controller died and the supervisor may restart it. :func:`begin`, :func:`build` and
-:func:`finish` are shared with the Slurm controller (:mod:`tmslurm.slurm.ctlmain`), which has no
+:func:`finish` are shared with the Slurm controller (:mod:`tmslurm.slurm.proc.ctlmain`), which has no
 spawn pipe: its processes are Slurm steps and jobs that it launches and fences itself.
 """
 
@@ -34,9 +34,9 @@ from tmslurm.controller.server import ControlServer
 from tmslurm.errors import TmslurmError
 from tmslurm.logs import LOG_CONTEXT, setup_logging
 from tmslurm.rundir import RunDir
-from tmslurm.runtime.protocol import read_token
-from tmslurm.runtime.spawner import Spawner
-from tmslurm.runtime.spawnpipe import PipeSpawner
+from tmslurm.wire.protocol import read_token
+from tmslurm.controller.spawner import Spawner
+from tmslurm.controller.spawnpipe import PipeSpawner
 
 log = logging.getLogger(__name__)
 FINISHED = 0

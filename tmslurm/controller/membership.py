@@ -20,8 +20,8 @@ import time
 from tmslurm.config import to_dict
 from tmslurm.controller.context import Context
 from tmslurm.controller.state import Agent, Mode
-from tmslurm.messages import Address, ErrorReply, FaultSpec, Hello, Welcome
-from tmslurm.runtime.protocol import Channel
+from tmslurm.wire.messages import Address, ErrorReply, FaultSpec, Hello, Welcome
+from tmslurm.wire.protocol import Channel
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from tmslurm.controller.context import Context
 from tmslurm.controller.membership import Membership
 from tmslurm.controller.plans import PlannedSwitch
 from tmslurm.controller.state import Mode
-from tmslurm.messages import Cancel
+from tmslurm.wire.messages import Cancel
 from tmslurm.notices import Notice
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """The two plans the controller carries out: a planned switch and a recovery.
 
-Contract: a :class:`PlannedSwitch` moves ranks that must leave (a notice) to warm standbys in two
+Contract: a :class:`Move` names one rank's joiner (and state source); a :class:`PlannedSwitch` moves ranks that must leave (a notice) to warm standbys in two
 phases: ``waiting`` names who still has to report phase 1 (``ready`` when empty), ``applied`` once a
 commit decision carried it, then ``waiting`` names the leavers and joiners still to finish. A
 :class:`Recovery` replaces dead ranks: first it waits for every alive rank's ``aborted`` report
@@ -14,7 +14,33 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tmslurm.runtime.switch import Move
+
+@dataclass
+class Move:
+    """One rank's move: who joins in its place and, after a failure, which DP peer sends its state."""
+
+    rank: int
+    joiner: str
+    source: int | None = None
+
+    @property
+    def xfer(self) -> str:
+        return f"xfer/r{self.rank}"
+
+
+@dataclass
+class Plan:
+    """What a switch rebuilds: the epoch (new group generation), the moves, the groups. The
+    controller's :class:`PlannedSwitch` and :class:`Recovery` have these fields too."""
+
+    kind: str
+    epoch: int
+    moves: list[Move]
+    groups: list[str]
+
+    @property
+    def ranks(self) -> list[int]:
+        return [m.rank for m in self.moves]
 
 
 @dataclass

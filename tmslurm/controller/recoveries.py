@@ -25,11 +25,11 @@ import time
 from tmslurm.controller.context import Context
 from tmslurm.controller.membership import Membership
 from tmslurm.controller.planbook import PlanBook
-from tmslurm.controller.plans import PlannedSwitch, Recovery
+from tmslurm.controller.plans import Move, PlannedSwitch, Recovery
 from tmslurm.controller.restarts import Restarts
 from tmslurm.controller.state import Agent, Mode
-from tmslurm.messages import Abort, Aborted, CommErrorReport, FaultFired, Joined, Recovered
-from tmslurm.runtime import switch as sw
+from tmslurm.wire.messages import Abort, Aborted, CommErrorReport, FaultFired, Joined, Recovered
+from tmslurm.controller import switchplan as sw
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class Recoveries:
         st.votes = {}
         alive = [r for r in range(self.ctx.layout.world) if r not in dead and st.rank_alive(r)]
         dead |= set(range(self.ctx.layout.world)) - set(alive)  # a set: O(N), not a list scan per rank
-        plan = Recovery(st.epoch, [sw.Move(r, "") for r in sorted(dead)], [], cause, dead=dead, alive=alive,
+        plan = Recovery(st.epoch, [Move(r, "") for r in sorted(dead)], [], cause, dead=dead, alive=alive,
                         target_step=st.step, deadline=time.time() + 2 * self.ctx.cfg.runtime.heartbeat_timeout_s)
         plan.times.update(failure=failure_t or detect_t, detect=detect_t)
         plan.waiting = {f"r{r}" for r in alive}

@@ -29,8 +29,8 @@ from tmslurm.controller.snapshot import read_snapshot
 from tmslurm.controller.membership import Membership
 from tmslurm.controller.planbook import PlanBook
 from tmslurm.controller.state import CheckpointThen, Mode
-from tmslurm.messages import Started
-from tmslurm.runtime.journal import read_journal
+from tmslurm.wire.messages import Started
+from tmslurm.controller.journal import read_journal
 from tmslurm.train.ckpt_index import latest_complete
 
 log = logging.getLogger(__name__)

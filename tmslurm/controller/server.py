@@ -7,7 +7,7 @@ controller restarts (so a restarted controller listens at the same address); :at
 ``controller.json`` advertises. The TCPStore holds only group rendezvous keys (``<group
 name>/g<generation>/...``: ranks, addresses, barrier counters); it carries no token, no config
 and no tensors, and nothing read from it is ever unpickled. :meth:`serve` starts the
-:class:`~tmslurm.runtime.gate.Gate` feeding the controller's queue; :meth:`close` stops both.
+:class:`~tmslurm.controller.gate.Gate` feeding the controller's queue; :meth:`close` stops both.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 
-from tmslurm.runtime.gate import Gate, GateLimits
-from tmslurm.runtime.journal import Journal
+from tmslurm.controller.gate import Gate, GateLimits
+from tmslurm.controller.journal import Journal
 from tmslurm.signing import NoticeVerifier
 
 

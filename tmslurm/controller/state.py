@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tmslurm.controller.plans import PlannedSwitch, Recovery
-from tmslurm.messages import Done, Started
+from tmslurm.wire.messages import Done, Started
 from tmslurm.notices import Notice
-from tmslurm.runtime.protocol import Channel
+from tmslurm.wire.protocol import Channel
 
 
 class Mode(enum.Enum):

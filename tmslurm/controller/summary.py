@@ -2,7 +2,7 @@
 
 Contract: :meth:`Summary.status` is a JSON-ready view of the run (ranks, standbys, step, events).
 :meth:`Summary.write` builds ``summary.json``: the final hashes from every rank's ``done`` report
-(:func:`~tmslurm.runtime.final.final_hashes`: ``final_params_sha256``, ``final_state_sha256``,
+(:func:`~tmslurm.controller.final.final_hashes`: ``final_params_sha256``, ``final_state_sha256``,
 ``replicas_equal``, ``diverging``; a divergence is journalled and logged as an error and gives
 no hash), losses, the step log, the events with their downtime. It raises only when the run
 directory cannot be written.
@@ -16,8 +16,8 @@ from typing import Any
 
 from tmslurm.controller.commits import Commits
 from tmslurm.controller.context import Context
-from tmslurm.runtime.events import describe
-from tmslurm.runtime.final import final_hashes
+from tmslurm.controller.events import describe
+from tmslurm.controller.final import final_hashes
 
 log = logging.getLogger(__name__)
 

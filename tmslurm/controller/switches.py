@@ -28,8 +28,8 @@ from tmslurm.controller.recoveries import Recoveries
 from tmslurm.controller.restarts import Restarts
 from tmslurm.controller.state import Agent
 from tmslurm.notices import Notice
-from tmslurm.messages import JoinFailed, Joined, Left, Prepared, Switched
-from tmslurm.runtime import switch as sw
+from tmslurm.wire.messages import JoinFailed, Joined, Left, Prepared, Switched
+from tmslurm.controller import switchplan as sw
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 Contract: :func:`executor` builds a submitit ``AutoExecutor`` for this run (folder
 ``<run_dir>/submitit``, partition, time, account and extra sbatch arguments from ``slurm.*``).
 :func:`main_executor` makes the main job: one multi-node job with ``--no-kill`` (a lost node shrinks
-it instead of killing it) and ``--requeue`` (submitted by :func:`tmslurm.slurm.job.launch_slurm`).
+it instead of killing it) and ``--requeue`` (submitted by :func:`tmslurm.slurm.proc.job.launch_slurm`).
 :func:`submit_spare` submits one spare job whose body (:func:`spare_main`) runs
 ``ranks_per_node`` standby agents. A submission failure raises SlurmError (sbatch's message).
 """
@@ -18,9 +18,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from tmslurm.config import RunConfig, num_nodes
+from tmslurm.config import RunConfig, num_nodes, wants_monitors
 from tmslurm.errors import ConfigError, SlurmError
-from tmslurm.runtime.spawner import wants_monitors
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +101,8 @@ def submit_spare(run_dir: Path, cfg: RunConfig, job_index: int, first_standby: i
 def spare_main(run_dir: str, first_standby: int, count: int, monitor: bool = True) -> int:
     """Body of a spare job: run ``count`` standby agents (and the node's monitor) until they end."""
     env = dict(os.environ)
-    agent = [sys.executable, "-m", "tmslurm.runtime.agent", "--run-dir", run_dir]
-    watcher = [subprocess.Popen([sys.executable, "-m", "tmslurm.slurm.orphan", "--run-dir", run_dir], env=env)] if monitor else []
+    agent = [sys.executable, "-m", "tmslurm.agent.main", "--run-dir", run_dir]
+    watcher = [subprocess.Popen([sys.executable, "-m", "tmslurm.slurm.proc.orphan", "--run-dir", run_dir], env=env)] if monitor else []
     procs = [subprocess.Popen([*agent, "--standby", str(first_standby + i)], env=env) for i in range(count)]
     rc = max(p.wait() for p in procs)
     for p in watcher:  # it ends on "finish"; a spare whose standbys all ended needs no monitor either

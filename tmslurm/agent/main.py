@@ -1,0 +1,66 @@
+"""An agent process: one training rank (worker) or one standby, connected to the run's controller.
+
+Contract: ``python -m tmslurm.agent.main --run-dir D (--rank R | --standby N | --monitor) [--node NAME]``
+connects to the controller named in ``D/controller.json``, authenticates with ``D/token``, receives
+its assignment (the run config, the generation of each group, the step to start at) and then runs
+as a :class:`~tmslurm.agent.worker.Worker`, a :class:`~tmslurm.agent.standby.Standby` or the
+node's :class:`~tmslurm.agent.monitor.Monitor` (which imports no torch).
+A heartbeat thread reports liveness; a reader thread queues controller messages and raises the
+abort flag the moment an ``abort`` arrives, so a rank blocked in a collective stops waiting.
+If the controller goes away the agent exits (status 3): a rank never trains on without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from tmslurm.errors import TmslurmError
+from tmslurm.logs import LOG_CONTEXT, setup_logging
+from tmslurm.agent.link import hello, node_name
+
+__all__ = ["main", "setup_logging"]
+
+log = logging.getLogger(__name__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="tmslurm-agent")
+    ap.add_argument("--run-dir", required=True, type=Path)
+    who = ap.add_mutually_exclusive_group(required=True)
+    who.add_argument("--rank", type=int)
+    who.add_argument("--standby", type=int)
+    who.add_argument("--monitor", action="store_true")
+    ap.add_argument("--node", default=None)
+    args = ap.parse_args(argv)
+    setup_logging()
+    LOG_CONTEXT["run"] = args.run_dir.name
+    if args.monitor:
+        kind, ident = "monitor", 0
+    else:
+        kind, ident = ("worker", args.rank) if args.rank is not None else ("standby", args.standby)
+    LOG_CONTEXT["who"] = {"worker": f"rank{ident}", "standby": f"standby{ident}", "monitor": "monitor"}[kind]
+    try:
+        link, welcome = hello(args.run_dir, kind, ident, node_name(args.node))
+        if kind == "monitor":
+            from tmslurm.agent.monitor import run_monitor
+
+            return run_monitor(args.run_dir, link, node_name(args.node), welcome.config["runtime"])
+        if kind == "worker":
+            from tmslurm.agent.worker import Worker
+
+            Worker.from_welcome(args.run_dir, link, welcome, ident).run()
+        else:
+            from tmslurm.agent.standby import Standby
+
+            Standby(args.run_dir, link, welcome, ident).run()
+    except TmslurmError as exc:
+        log.error("%s", exc)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

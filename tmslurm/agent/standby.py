@@ -1,0 +1,192 @@
+"""The standby agent: a universal, sandboxed, warm replacement for any training rank.
+
+Contract:
+- Warm-up: for every *shape class* of the layout (``Layout.shape_classes``: first, last, and each
+  distinct middle size; or the only stage), up to ``standby.max_classes``, the standby builds one
+  runner (stage module, optimizer, compiled graphs) for the class's first stage as dp rank 0, TP
+  position 0, and runs ``standby.warmup_iters`` shadow iterations of the real schedule through a
+  :class:`~tmslurm.comm.stage_comm.SandboxStageComm`: every value that would come from a peer
+  (activations, gradients, DP and TP reductions) is replayed from the recording rank (dp 0, tp 0)
+  of that stage made of its first step, sends are skipped, and the sandbox talks to nobody. It
+  reports ``ready`` per class with its warm-up time and RSS; classes beyond the cap are reported
+  with ``warm: false``.
+- Join: told to take slot r at epoch e, it retargets the warm runner of r's class to r's stage, DP
+  rank and TP position (same shapes, so the module and its compiled graphs serve as they are), builds
+  all of r's groups at generation e plus a two-member transfer group to its state source (phase 1),
+  then receives the state (at once after an unexpected failure, or on ``activate`` for a planned
+  switch), loads it, installs the groups and continues as the
+  :class:`~tmslurm.agent.worker.Worker` of slot r. ``joined`` carries ``joiner_warm: true``, or
+  ``false`` with the reason when the runner had to be built during the join (class beyond the cap).
+  Module and optimizer ``load_state_dict`` replace every parameter and moment and the gradients are
+  dropped, so nothing of the warm-up leaks into training. ``cancel`` returns it to the pool, still warm.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from tmslurm.comm.stage_comm import SandboxStageComm, recording_path
+from tmslurm.comm.transfer import recv_state
+from tmslurm.config import from_dict
+from tmslurm.errors import CommError, TmslurmError
+from tmslurm.logs import LOG_CONTEXT
+from tmslurm.wire.messages import Activate, Cancel, Finish, Join, Welcome
+from tmslurm.agent.link import Link
+from tmslurm.agent.worker import Worker, build_runner, layout_of, make_fabric, stage_spec
+from tmslurm.train.schedule import StageRunner
+
+log = logging.getLogger(__name__)
+
+
+def rss_mb() -> float:
+    """Current resident set size of this process in MiB (from /proc; 0 where unavailable)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return 0.0
+
+
+class Standby:
+    def __init__(self, run_dir: Path, link: Link, welcome: Welcome, ident: int) -> None:
+        self.run_dir = Path(run_dir)
+        self.link = link
+        self.address = welcome.address.model_dump()
+        self.cfg = from_dict(welcome.config)
+        self.layout = layout_of(self.cfg)
+        self.ident = ident
+        self.warm: dict[str, StageRunner] = {}
+        self.stash: list[Any] = []
+        self.joining = False
+        link.rejoin_state = lambda: {"rank": None, "epoch": 0, "in_plan": self.joining}
+
+    def run(self) -> None:
+        base = rss_mb()
+        cap = self.cfg.standby.max_classes
+        for shape in self.layout.shape_classes[:cap]:
+            if not self._warm_role(shape.name, base):
+                return
+            base = rss_mb()
+        for shape in self.layout.shape_classes[cap:]:
+            log.warning("shape class %s not warmed (standby.max_classes=%d): a join there builds in the pause", shape.name, cap)
+            self.link.send({"type": "ready", "role": shape.name, "warm": False, "stages": list(shape.stages), "warmup_s": 0.0,
+                            "rss_mb": rss_mb(), "role_rss_mb": 0.0, "sandbox_sends_skipped": 0})
+        while True:
+            msg = self._next()
+            if isinstance(msg, Join):
+                worker = self._join(msg)
+                self.joining = False
+                if worker is not None:
+                    worker.run()
+                    return
+            elif isinstance(msg, Finish):
+                return
+
+    def _warm_role(self, role: str, base_rss: float) -> bool:
+        path = recording_path(self.run_dir, role)
+        deadline = time.monotonic() + self.cfg.runtime.connect_timeout_s
+        while not path.exists():
+            if not self.link.inbox.empty() and isinstance(self.link.get(), Finish):
+                return False
+            if time.monotonic() > deadline:
+                raise TmslurmError(f"sandbox recording {path} did not appear in {self.cfg.runtime.connect_timeout_s:.0f}s")
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        stage = self.layout.representative_stage(role)
+        runner = build_runner(self.cfg, 0, stage=stage)
+        sandbox = SandboxStageComm(path, runner.device)
+        for _ in range(self.cfg.standby.warmup_iters):
+            runner.compute(0, sandbox)
+            runner.apply()
+        self.warm[role] = runner
+        rss = rss_mb()
+        stages = list(self.layout.stages_of_class(role))
+        self.link.send({"type": "ready", "role": role, "stages": stages, "warmup_s": time.monotonic() - t0, "rss_mb": rss,
+                        "role_rss_mb": rss - base_rss, "sandbox_sends_skipped": sandbox.sent})
+        log.info("role %s warm in %.2fs (RSS %.0f MiB)", role, time.monotonic() - t0, rss)
+        return True
+
+    def _runner_for(self, rank: int) -> tuple[StageRunner, str | None]:
+        """The runner for slot ``rank`` and, when it is not a warm one, why."""
+        c = self.layout.coord(rank)
+        shape = self.layout.shape_class(rank)
+        runner = self.warm.get(shape.name)  # kept: a cancelled join leaves the standby warm
+        if runner is not None:
+            runner.retarget(stage_spec(self.cfg, c.stage, c.tp), c.dp)
+            return runner, None
+        reason = f"shape class {shape.name} was not warmed (standby.max_classes={self.cfg.standby.max_classes})"
+        log.warning("joining rank %d cold: %s", rank, reason)
+        return build_runner(self.cfg, rank), reason
+
+    def _join(self, msg: Join) -> Worker | None:
+        rank, epoch = msg.rank, msg.epoch
+        self.joining = True  # until it returns: a Worker then answers for the link, or the join failed
+        LOG_CONTEXT["who"] = f"standby{self.ident}->rank{rank}"
+        runner, cold_reason = self._runner_for(rank)
+        fabric = make_fabric(self.cfg, rank, self.link, self.address)
+        gens = dict(msg.groups)
+        xfer = msg.xfer
+        t0 = time.monotonic()
+        build = fabric.build_in_background(gens, {xfer: (epoch, 1)})
+        while not build.done():
+            time.sleep(0.01)
+            if self._cancelled(epoch):
+                return None
+        try:
+            handles = build.join(0)
+        except CommError as exc:
+            self.link.send({"type": "join_failed", "epoch": epoch, "rank": rank, "error": str(exc)[:300]})
+            return None
+        phase1_s = time.monotonic() - t0
+        if not msg.activate:
+            self.link.send({"type": "prepared", "epoch": epoch, "rank": rank, "joiner": self.ident, "phase1_s": phase1_s})
+            if not self._await_activate(epoch):
+                return None
+        t1 = time.monotonic()
+        try:
+            state, nbytes = recv_state(handles.pop(xfer).pg, 0, self.cfg.runtime.collective_timeout_s,
+                                       lambda: self._cancelled(epoch))
+        except CommError as exc:
+            self.link.send({"type": "join_failed", "epoch": epoch, "rank": rank, "error": str(exc)[:300]})
+            return None
+        runner.load_state(state["state"])
+        fabric.install(handles)
+        self.warm = {}  # the other classes' runners are not needed any more
+        step = int(state["step"])
+        self.link.send({"type": "joined", "epoch": epoch, "rank": rank, "joiner": self.ident, "step": step,
+                        "transfer_s": time.monotonic() - t1, "phase1_s": phase1_s, "bytes": nbytes, "rss_mb": rss_mb(),
+                        "joiner_warm": cold_reason is None, "warm_reason": cold_reason})
+        log.info("now rank %d at step %d (state %d bytes in %.3fs)", rank, step, nbytes, time.monotonic() - t1)
+        return Worker(self.run_dir, self.link, self.cfg, rank, runner, fabric, epoch, step, [], self.address)
+
+    def _next(self) -> Any:
+        return self.stash.pop(0) if self.stash else self.link.get()
+
+    def _cancelled(self, epoch: int) -> bool:
+        """Check for a cancel without losing other messages (an early ``activate`` is kept)."""
+        while not self.link.inbox.empty():
+            msg = self.link.get()
+            if isinstance(msg, Cancel) and msg.epoch == epoch:
+                log.info("join of epoch %d cancelled; back in the pool", epoch)
+                return True
+            if isinstance(msg, Finish):
+                os._exit(0)
+            self.stash.append(msg)
+        return False
+
+    def _await_activate(self, epoch: int) -> bool:
+        while True:
+            msg = self._next()
+            if isinstance(msg, Activate) and msg.epoch == epoch:
+                return True
+            if isinstance(msg, Cancel) and msg.epoch == epoch:
+                return False
+            if isinstance(msg, Finish):
+                os._exit(0)

@@ -1,0 +1,396 @@
+"""The worker agent: runs one training rank step by step under the controller's commit decisions.
+
+Contract, per step s:
+1. compute forward/backward/reduction over the installed groups (nothing is applied yet);
+2. vote ``{step, epoch, loss}`` and wait for the controller's one decision for step s;
+3. ``commit``: apply the optimizer step (and a switch the decision carries: phase 2 for stayers,
+   state hand-off and exit for a leaver); ``abort``: drop the gradients, take part in recovery, redo s.
+A communication failure (dead peer, abandoned wait) never applies anything: the rank reports
+``aborted`` with its per-group op counts (which tell the controller the *dirty* groups), rebuilds the
+groups it is told to, sends its state to a joiner if it is a source, and redoes the step.
+After a commit the stage's data-parallel rank 0 checkpoints when due: periodic checkpoints in the
+background (``train.checkpoint_async``, :mod:`tmslurm.train.async_checkpoint`, at most one in flight),
+one the decision asks for (``checkpoint``) synchronously, so it is complete before the rank goes on; the
+in-flight save is waited for before the process exits (end of run, a leaver's exit, ``finish``, a lost
+controller), and its failure raises CheckpointError in the step loop.
+Phase-1 builds run in background threads while training goes on. Faults from the config fire here
+for real (SIGKILL/SIGSTOP of this very process, mid-step).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tmslurm.comm.fabric import BackgroundBuild, Fabric, FabricSettings, GroupHandle, local_address_towards
+from tmslurm.comm.stage_comm import FabricStageComm, RecordingStageComm, recording_path
+from tmslurm.comm.transfer import send_state
+from tmslurm.config import RunConfig, from_dict
+from tmslurm.errors import CommAborted, CommError
+from tmslurm.logs import LOG_CONTEXT
+from tmslurm.wire.messages import Abort, Cancel, Decision, Finish, Prepare, Recover, SwitchSpec, Welcome
+from tmslurm.rundir import RunDir
+from tmslurm.agent.link import Link
+from tmslurm.topology import Layout, split_layers
+from tmslurm.train import checkpoint
+from tmslurm.train.async_checkpoint import AsyncCheckpointer
+from tmslurm.train.schedule import StageRunner
+from tmslurm.train.task import StageSpec, load_task
+from tmslurm.train.tp import TPGroup
+
+log = logging.getLogger(__name__)
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process in MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def layout_of(cfg: RunConfig) -> Layout:
+    return Layout.from_config(cfg)
+
+
+def stage_spec(cfg: RunConfig, stage: int, tp_rank: int) -> StageSpec:
+    """The StageSpec of (stage, tp position), with a fresh TP handle for the module to hold."""
+    layout = layout_of(cfg)
+    return StageSpec(stage, layout.pp, layout.role_of_stage(stage), split_layers(cfg.model.n_layer, layout.pp)[stage],
+                     tp_rank=tp_rank, tp_size=layout.tp, tp_group=TPGroup(tp_rank, layout.tp))
+
+
+def device_of(cfg: RunConfig) -> torch.device:
+    if cfg.runtime.device == "cuda":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % max(torch.cuda.device_count(), 1))
+    return torch.device("cpu")
+
+
+def build_runner(cfg: RunConfig, rank: int, stage: int | None = None) -> StageRunner:
+    """The StageRunner of ``rank`` (or of ``stage`` for a standby's warm-up, as dp rank 0, tp rank 0)."""
+    torch.set_num_threads(cfg.train.threads)
+    layout = layout_of(cfg)
+    c = layout.coord(rank) if stage is None else None
+    spec = stage_spec(cfg, c.stage, c.tp) if c is not None else stage_spec(cfg, stage, 0)
+    task = load_task(cfg)
+    return StageRunner(task, spec, c.dp if c is not None else 0, layout.dp, cfg.train.micro_batches, device_of(cfg))
+
+
+def make_fabric(cfg: RunConfig, rank: int, link: Link, addr: dict[str, Any]) -> Fabric:
+    rt = cfg.runtime
+
+    def store() -> Any:
+        return dist.TCPStore(addr["host"], int(addr["store_port"]), is_master=False,
+                             timeout=_td(rt.connect_timeout_s), wait_for_workers=False)
+
+    settings = FabricSettings(rt.backend, rt.collective_timeout_s, rt.wait_slice_s, rt.connect_timeout_s,
+                              bind_addr=local_address_towards(addr["host"]))
+    return Fabric(rank, layout_of(cfg), store, settings, link.abort_event)
+
+
+def _td(seconds: float) -> Any:
+    import datetime
+
+    return datetime.timedelta(seconds=seconds)
+
+
+class Worker:
+    def __init__(self, run_dir: Path, link: Link, cfg: RunConfig, rank: int, runner: StageRunner, fabric: Fabric,
+                 epoch: int, step: int, faults: list[dict[str, Any]], addr: dict[str, Any]) -> None:
+        self.run_dir = Path(run_dir)
+        self.link = link
+        self.cfg = cfg
+        self.rank = rank
+        self.runner = runner
+        self.fabric = fabric
+        self.epoch = epoch
+        self.step = step
+        self.faults = faults
+        self.addr = addr
+        self.layout = layout_of(cfg)
+        self.coord = self.layout.coord(rank)
+        self.prepared: dict[int, BackgroundBuild] = {}
+        self.seen_abort = epoch
+        self.recording = self._should_record()
+        self.saver = AsyncCheckpointer(run_dir)
+        link.before_exit.append(self.saver.wait)
+        link.sticky.clear()  # a standby that joined is no standby any more: its ready messages are void
+        link.rejoin_state = self.rejoin_state
+        self.report_groups()
+        self.comm = FabricStageComm(fabric, self.layout, rank, runner.task.activation_shape(cfg.train.micro_batch_size), runner.device)
+        LOG_CONTEXT["who"] = f"rank{rank}"
+
+    @classmethod
+    def from_welcome(cls, run_dir: Path, link: Link, welcome: Welcome, rank: int) -> "Worker":
+        cfg = from_dict(welcome.config)
+        runner = build_runner(cfg, rank)
+        address = welcome.address.model_dump()
+        fabric = make_fabric(cfg, rank, link, address)
+        step = welcome.resume_step
+        t0 = time.monotonic()
+        if step:
+            checkpoint.load_stage(run_dir, step, layout_of(cfg).shard_name(rank), runner)
+        t1 = time.monotonic()
+        gens = {g.name: welcome.generation for g in fabric.my_groups()}
+        fabric.install(fabric.build(gens))
+        link.send({"type": "started", "rank": rank, "step": step, "groups_s": time.monotonic() - t1, "ckpt_load_s": t1 - t0})
+        faults = [f.model_dump() for f in welcome.faults]
+        return cls(run_dir, link, cfg, rank, runner, fabric, welcome.epoch, step, faults, address)
+
+    def _should_record(self) -> bool:
+        """Rank (dp 0, tp 0) of each shape class's first stage records its first step for standbys."""
+        if self.cfg.standby.count == 0 or self.coord.dp != 0 or self.coord.tp != 0:
+            return False
+        shape = self.layout.shape_class(self.rank)
+        if shape.representative != self.coord.stage:
+            return False
+        return not recording_path(self.run_dir, shape.name).exists()
+
+    def rejoin_state(self) -> dict[str, Any]:
+        """What a restarted controller needs to re-adopt this rank (read from the link's reader thread)."""
+        return {"rank": self.rank, "epoch": self.epoch, "in_plan": bool(self.prepared) or self.seen_abort > self.epoch}
+
+    def report_groups(self) -> None:
+        """Tell the controller which ProcessGroup object serves each group (tests check identity)."""
+        self.link.send({"type": "groups", "rank": self.rank, "step": self.step, "epoch": self.epoch,
+                        "ids": {n: id(h.pg) for n, h in self.fabric.handles.items()},
+                        "gens": self.fabric.generations(), "peak_rss_mb": peak_rss_mb()})
+
+    # ---- the step loop ------------------------------------------------------------------------
+    def run(self) -> None:
+        self.final = False
+        while self.step < self.cfg.train.steps and not self.final:
+            self._poll_inbox()
+            LOG_CONTEXT["step"] = self.step
+            try:
+                decision = self._attempt()
+            except (CommError, CommAborted) as exc:
+                self.runner.drop()
+                if not isinstance(exc, CommAborted):
+                    log.warning("step %d failed: %s", self.step, exc)
+                    self.link.send({"type": "comm_error", "rank": self.rank, "step": self.step, "epoch": self.epoch, "error": str(exc)[:1000]})
+                self._recover()
+                continue
+            if decision is not None:
+                self.runner.apply()
+                self._after_commit(decision)
+            else:
+                self.runner.drop()
+                self._recover()
+        self._finish()
+
+    def _attempt(self) -> Decision | None:
+        """Compute step s and vote; the commit decision, or None when the step was aborted."""
+        t0 = time.perf_counter()
+        self.fabric.begin_step()
+        comm = RecordingStageComm(self.comm, recording_path(self.run_dir, self.layout.shape_class(self.rank).name)) if self.recording else self.comm
+        loss = self.runner.compute(self.step, comm, midstep=self._fault_hook())
+        if self.recording:
+            comm.save()
+            self.recording = False
+        vote: dict[str, Any] = {"type": "vote", "step": self.step, "epoch": self.epoch, "rank": self.rank,
+                                "loss": loss, "dt": time.perf_counter() - t0, "peak_rss_mb": peak_rss_mb()}
+        if self.cfg.runtime.verify_replicas:
+            vote["digest"] = self.runner.digest()
+        if not self.cfg.runtime.commit_vote:
+            self.link.send({**vote, "type": "progress"})
+            return Decision(step=self.step, epoch=self.epoch)
+        self._hang_if_due()
+        self.link.send(vote)
+        return self._wait_decision()
+
+    def _wait_decision(self) -> Decision | None:
+        while True:
+            msg = self.link.get()
+            if isinstance(msg, Decision) and msg.step == self.step:
+                return msg
+            if isinstance(msg, Abort):
+                self.seen_abort = max(self.seen_abort, msg.epoch)
+                return None
+            self._dispatch(msg)
+
+    def _after_commit(self, decision: Decision) -> None:
+        self.step += 1
+        self._checkpoint(decision)
+        self.final = decision.final
+        if decision.switch is not None:
+            self._switch(decision.switch)
+        self.epoch = decision.epoch
+        if self.cfg.train.step_delay_s:
+            time.sleep(self.cfg.train.step_delay_s)
+
+    def _checkpoint(self, decision: Decision) -> None:
+        """Periodic checkpoints in the background (train.checkpoint_async); one the controller asks for is
+        complete before the step loop goes on, since it waits for it to restart or requeue."""
+        every = self.cfg.train.checkpoint_every
+        if self.coord.dp != 0 or not ((every and self.step % every == 0) or decision.checkpoint):
+            return
+        shard = self.layout.shard_name(self.rank)
+        if decision.checkpoint or not self.cfg.train.checkpoint_async:
+            self.saver.wait()
+            checkpoint.save_stage(self.run_dir, self.step, shard, self.runner)
+        else:
+            self.saver.save(self.step, shard, self.runner)
+
+    # ---- planned switch -----------------------------------------------------------------------
+    def _switch(self, switch: SwitchSpec) -> None:
+        epoch = switch.epoch
+        build = self.prepared.pop(epoch, None)
+        if build is None:
+            return
+        t0 = time.monotonic()
+        handles = build.join(self.cfg.runtime.connect_timeout_s)
+        leaving = [m for m in switch.moves if m.rank == self.rank]
+        if leaving:
+            self._leave(handles[f"xfer/r{self.rank}"], t0)
+        self.fabric.install(handles)
+        self.link.send({"type": "switched", "epoch": epoch, "rank": self.rank, "phase2_s": time.monotonic() - t0})
+        self.epoch = epoch
+        self.report_groups()
+
+    def _leave(self, xfer: GroupHandle, t0: float) -> None:
+        t1 = time.monotonic()
+        nbytes = send_state(xfer.pg, 1, {"state": self.runner.state(), "step": self.step}, self.cfg.runtime.collective_timeout_s)
+        self.link.send({"type": "left", "rank": self.rank, "step": self.step, "transfer_s": time.monotonic() - t1,
+                        "phase2_s": t1 - t0, "bytes": nbytes})
+        log.info("handed rank %d over at step %d (%d bytes); exiting", self.rank, self.step, nbytes)
+        self.saver.wait()
+        time.sleep(0.2)  # let the controller read our last message before the socket closes
+        os._exit(0)
+
+    # ---- messages -----------------------------------------------------------------------------
+    def _poll_inbox(self) -> None:
+        while not self.link.inbox.empty():
+            self._dispatch(self.link.get())
+
+    def _dispatch(self, msg: Any) -> None:
+        if isinstance(msg, Prepare):
+            self._prepare(msg)
+        elif isinstance(msg, Cancel):
+            if self.prepared.pop(msg.epoch, None) is not None:
+                log.info("switch of epoch %s cancelled", msg.epoch)
+        elif isinstance(msg, Abort):
+            self.seen_abort = max(self.seen_abort, msg.epoch)
+        elif isinstance(msg, Finish):
+            log.info("controller says finish")
+            self.saver.wait()
+            os._exit(0)
+        elif not isinstance(msg, (Decision, Recover)):
+            log.warning("ignoring unexpected message %s", msg.type)
+
+    def _prepare(self, msg: Prepare) -> None:
+        epoch = msg.epoch
+        gens = dict(msg.groups)
+        pairs = {k: (v[0], v[1]) for k, v in msg.pairs.items()}
+
+        def done(build: BackgroundBuild) -> None:
+            self.link.send({"type": "prepared", "epoch": epoch, "rank": self.rank, "phase1_s": build.seconds,
+                            "error": None if build.error is None else str(build.error)[:300]})
+
+        self.prepared[epoch] = self.fabric.build_in_background(gens, pairs, done)
+
+    # ---- unexpected failure -------------------------------------------------------------------
+    def _recover(self) -> None:
+        while self.seen_abort <= self.epoch:
+            msg = self.link.get()
+            if isinstance(msg, Abort):
+                self.seen_abort = msg.epoch
+            else:
+                self._dispatch(msg)
+        replied = -1
+        while True:
+            if replied < self.seen_abort:
+                replied = self.seen_abort
+                self.link.send({"type": "aborted", "epoch": replied, "rank": self.rank, "step": self.step, "status": self.fabric.status()})
+            msg = self.link.get()
+            if isinstance(msg, Abort):
+                self.seen_abort = max(self.seen_abort, msg.epoch)
+            elif isinstance(msg, Recover) and msg.epoch == self.seen_abort:
+                if self._apply_recover(msg):
+                    return
+            else:
+                self._dispatch(msg)
+
+    def _apply_recover(self, msg: Recover) -> bool:
+        due = [f for f in self.faults if f.get("when") == "recover" and f["step"] <= self.step]
+        if due:
+            self._fire(due[0])()
+        epoch = msg.epoch
+        gens = dict(msg.groups)
+        pairs = {k: (v[0], v[1]) for k, v in msg.pairs.items()}
+        t0 = time.monotonic()
+        build = self.fabric.build_in_background(gens, pairs)
+        while not build.done():
+            time.sleep(0.01)
+            if self.link.abort_epoch > epoch:
+                log.warning("recovery of epoch %d superseded by a new abort", epoch)
+                return False
+        try:
+            handles = build.join(0)
+        except CommError as exc:
+            log.warning("recovery build failed: %s", exc)
+            self.link.send({"type": "comm_error", "rank": self.rank, "step": self.step, "epoch": epoch, "error": str(exc)[:1000]})
+            return False
+        build_s = time.monotonic() - t0
+        xfers = {k: handles.pop(k) for k in list(handles) if k.startswith("xfer/")}
+        self.fabric.install(handles)
+        t1 = time.monotonic()
+        for name, h in xfers.items():
+            send_state(h.pg, 1, {"state": self.runner.state(), "step": self.step}, self.cfg.runtime.collective_timeout_s)
+            self.fabric.graveyard.append(h.pg)
+        self.epoch = epoch
+        self.link.clear_abort(epoch)
+        self.link.send({"type": "recovered", "epoch": epoch, "rank": self.rank, "build_s": build_s,
+                        "transfer_s": time.monotonic() - t1 if xfers else None})
+        self.report_groups()
+        return True
+
+    # ---- faults and the end -------------------------------------------------------------------
+    def _fault_hook(self) -> Any:
+        due = [f for f in self.faults if f["step"] == self.step and f["kind"] in ("kill", "stop") and f.get("when", "midstep") == "midstep"]
+        return self._fire(due[0]) if due else None
+
+    def _hang_if_due(self) -> None:
+        """Injected ``hang``: the training thread stops just before voting, the heartbeats go on."""
+        due = [f for f in self.faults if f["step"] == self.step and f["kind"] == "hang"]
+        if due:
+            self.faults.remove(due[0])
+            self.link.send({"type": "fault", "index": due[0]["index"], "rank": self.rank, "step": self.step, "kind": "hang"})
+            log.warning("injecting fault hang at step %d: the training thread stops, heartbeats go on", self.step)
+            while True:
+                time.sleep(3600)
+
+    def _fire(self, fault: dict[str, Any]) -> Any:
+        def fire() -> None:
+            self.faults.remove(fault)
+            self.link.send({"type": "fault", "index": fault["index"], "rank": self.rank, "step": self.step, "kind": fault["kind"]})
+            time.sleep(0.05)
+            log.warning("injecting fault %s at step %d", fault["kind"], self.step)
+            os.kill(os.getpid(), signal.SIGKILL if fault["kind"] == "kill" else signal.SIGSTOP)
+
+        return fire
+
+    def _finish(self) -> None:
+        self.saver.wait()
+        digest = self.runner.digest()
+        if self.coord.dp == 0:
+            out = RunDir(self.run_dir).final
+            out.mkdir(exist_ok=True)
+            torch.save(self.runner.module.state_dict(), out / f"{self.layout.shard_name(self.rank)}.pt")
+        self.link.send({"type": "done", "rank": self.rank, "stage": self.coord.stage, "shard": self.layout.shard(self.rank), "digest": digest,
+                        "state_digest": self.runner.state_digest(), "step": self.step})
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                msg = self.link.get(timeout=1.0)
+            except Exception:
+                continue
+            if isinstance(msg, Finish):
+                return
+            if isinstance(msg, Prepare):
+                continue

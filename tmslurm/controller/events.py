@@ -1,0 +1,140 @@
+"""Per-event timelines: notice, detection, standby pick, phase 1, phase 2, state transfer, first step.
+
+Contract: the controller opens a record when it acts on an event (:meth:`EventLog.begin`), fills in
+the parts as the switch progresses, and the record completes at the commit of the first step after
+the switch (:meth:`EventLog.on_commit`). Then ``gap_s`` = (completion of that step) − (completion of
+the last step before the event) and ``downtime_s`` = ``gap_s`` − median step time (see
+docs/benchmarks.md); ``other_s`` is the part of the gap its measured pause parts do not explain
+(:func:`pause_parts`), so the parts always add up to the gap;
+:meth:`finalize` recomputes ``downtime_s`` with the whole run's median. Each completed event is
+journalled and logged as one line with its parts.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from tmslurm.controller.journal import Journal
+
+log = logging.getLogger(__name__)
+PARTS = ("detect_s", "pick_s", "phase1_s", "phase2_s", "transfer_s", "first_step_s")
+RESTART_PARTS = ("detect_s", "stop_s", "reschedule_s", "startup_s", "group_setup_s", "ckpt_load_s", "redo_s")
+CONTROLLER_PARTS = ("before_death_s", "restart_s", "adopt_s")
+"""A controller restart: last commit -> death, death -> new controller up, up -> adopted; then first_step_s."""
+
+
+def pause_parts(rec: dict[str, Any]) -> tuple[str, ...]:
+    """The parts of an event that lie one after the other in its pause: with ``other_s`` they sum to
+    ``gap_s``. A planned switch's phase 1 runs while training goes on, so it is not one of them; a
+    restart's group setup and checkpoint load are inside its start-up."""
+    kind = rec.get("kind")
+    if kind == "controller_restart":
+        return CONTROLLER_PARTS + ("first_step_s",)
+    if kind == "planned":
+        return tuple(p for p in PARTS if p != "phase1_s")
+    if rec.get("from_checkpoint_step") is not None or any(p in rec for p in ("stop_s", "startup_s", "redo_s")):
+        return ("detect_s", "stop_s", "reschedule_s", "startup_s", "redo_s")  # a restart from a checkpoint
+    return PARTS
+
+
+def other_s(rec: dict[str, Any]) -> float | None:
+    """What the measured parts do not explain: ``gap_s`` minus the pause parts (negative when parts
+    overlap), None before the event completed."""
+    gap = rec.get("gap_s")
+    if not isinstance(gap, (int, float)):
+        return None
+    return gap - sum(v for v in (rec.get(p) for p in pause_parts(rec)) if isinstance(v, (int, float)))
+
+
+class EventLog:
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        self.items: list[dict[str, Any]] = []
+        self.last_commit_t: float | None = None
+
+    def begin(self, plan: Any, agents: dict[str, Any], slots: dict[int, str]) -> dict[str, Any]:
+        nodes = sorted({agents[slots[r]].node for r in plan.ranks if slots.get(r) in agents}) or [plan.node]
+        rec = {"kind": plan.kind, "cause": plan.reason, "epoch": plan.epoch,
+               "ranks": plan.ranks, "node": ",".join(n for n in nodes if n), "standby": ",".join(m.joiner for m in plan.moves),
+               "notice_t": plan.times.get("notice", plan.times.get("failure")), "last_commit_t": self.last_commit_t,
+               "status": "open"}
+        plan.event = rec
+        self.items.append(rec)
+        self.journal.write("event_begin", **rec)
+        return rec
+
+    def open_record(self, rec: dict[str, Any]) -> None:
+        """An event that is not a plan (a controller restart), completed by the commit of ``target_step``."""
+        self.items.append(rec)
+        self.journal.write("event_begin", **rec)
+
+    def restore(self, done: list[dict[str, Any]], last_commit_t: float | None) -> None:
+        """A restarted controller takes back the completed events (journal ``event`` lines) and the last commit."""
+        self.items = [{k: v for k, v in rec.items() if k not in ("t", "type")} for rec in done]
+        self.last_commit_t = last_commit_t
+
+    def switched(self, plan: Any) -> None:
+        rec = plan.event
+        if rec is None:
+            return
+        t = plan.times
+        rec["ranks"] = plan.ranks
+        rec["standby"] = ",".join(m.joiner for m in plan.moves)
+        rec["detect_s"] = max(0.0, t.get("detect", 0.0) - (t.get("failure") or t.get("notice") or t.get("detect", 0.0)))
+        rec["pick_s"] = max(0.0, t.get("pick", t.get("detect", 0.0)) - t.get("detect", 0.0))
+        for part in ("phase1_s", "phase2_s", "transfer_s"):
+            rec[part] = plan.parts.get(part)
+        rec["switched_t"] = t.get("switched", time.time())
+        rec["target_step"] = plan.target_step
+        rec["status"] = "switched"
+
+    def restart(self, rec: dict[str, Any], parts: dict[str, float], target_step: int) -> None:
+        rec.update(parts)
+        rec["target_step"] = target_step
+        rec["status"] = "switched"
+
+    def cancel(self, plan: Any) -> None:
+        rec = plan.event
+        if rec is not None:
+            rec["status"] = "cancelled"
+            self.journal.write("event_cancelled", epoch=plan.epoch)
+
+    def on_commit(self, step: int, t: float, median: float) -> None:
+        for rec in self.items:
+            if rec["status"] == "switched" and rec.get("target_step") == step:
+                rec["first_step_s"] = t - rec.get("switched_t", t)
+                rec["first_step_t"] = t
+                if rec.get("all_started_t") is not None:
+                    rec["redo_s"] = t - rec["all_started_t"]
+                    rec["first_step_s"] = None
+                if rec.get("last_commit_t") is not None:
+                    rec["gap_s"] = t - rec["last_commit_t"]
+                    rec["downtime_s"] = max(0.0, rec["gap_s"] - median)
+                    rec["other_s"] = other_s(rec)
+                rec["status"] = "done"
+                self.journal.write("event", **rec)
+                log.info("EVENT %s", describe(rec))
+        self.last_commit_t = t
+
+    def finalize(self, median: float) -> list[dict[str, Any]]:
+        for rec in self.items:
+            if rec.get("gap_s") is not None:
+                rec["downtime_s"] = max(0.0, rec["gap_s"] - median)
+        return [r for r in self.items if r["status"] != "cancelled"]
+
+
+def describe(rec: dict[str, Any]) -> str:
+    """One line: the event, its downtime, then its gap as the sum of its pause parts and ``other``."""
+    num = lambda k: rec.get(k) if isinstance(rec.get(k), (int, float)) else None  # noqa: E731
+    down = num("downtime_s")
+    head = (f"{rec['kind']} ranks={rec.get('ranks')} node={rec.get('node') or '-'} standby={rec.get('standby') or '-'} "
+            f"downtime={'?' if down is None else f'{down:.3f}s'}")
+    terms = [f"{p[:-2]} {num(p):.3f}" for p in pause_parts(rec) if num(p) is not None]
+    if num("other_s") is not None:
+        terms.append(f"other {num('other_s'):.3f}")
+    line = head + (f" | gap {num('gap_s'):.3f}s = " + " + ".join(terms) if num("gap_s") is not None else " | " + ", ".join(terms))
+    aside = [f"{p[:-2]} {num(p):.3f}s" for p in ("phase1_s", "group_setup_s", "ckpt_load_s")
+             if p not in pause_parts(rec) and num(p) is not None]
+    return line + (f" | not in the sum: {', '.join(aside)}" if aside else "")

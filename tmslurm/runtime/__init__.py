@@ -1,1 +1,0 @@
-"""Runtime: controller, agents (worker and standby), their protocol, the event journal, process spawners."""

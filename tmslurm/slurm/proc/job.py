@@ -1,0 +1,136 @@
+"""The main job's batch task: controller, rank steps, spares, Slurm watcher, node give-back.
+
+Contract: ``python -m tmslurm.slurm.proc.job [--run-dir D] [OVERRIDE ...]`` (what
+``scripts/tmslurm.sbatch`` runs) or :func:`main_job` (what ``tmslurm-launch cluster=slurm`` submits)
+runs inside the main allocation, on its batch host. It runs the supervisor
+(:class:`~tmslurm.supervisor.Supervisor`: it holds the control socket and the rendezvous store and
+restarts a controller that dies, up to ``runtime.controller_restarts`` times), whose child
+controller (:mod:`tmslurm.slurm.proc.ctlmain`) starts one ``--no-kill`` step per rank, the spare jobs,
+and a :class:`~tmslurm.slurm.watcher.SlurmWatcher` over the job's and the spares' nodes whose notices drive planned switches (drain, reboot ASAP, maintenance reservation) and
+failures (DOWN, NOT_RESPONDING, FAIL). After a planned switch empties a node, the node is cut out of
+the job (``scontrol update jobid=J nodelist=...``) so a draining node becomes DRAINED while training
+goes on. A drain of the batch host itself cannot be handled by a switch (the job ends with it): the
+run checkpoints, then requeues itself excluding that node, and the requeued job resumes exactly from
+that checkpoint. Exit status 0 when the run finished.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tmslurm.config import RunConfig, compose_config, from_dict, num_nodes
+from tmslurm.errors import SlurmError, TmslurmError
+from tmslurm.rundir import RunDir
+
+log = logging.getLogger(__name__)
+
+
+def _advertise_host(client: Any, node: str) -> str:
+    try:
+        info = client.nodes([node])
+        addr = info[0].raw.get("NodeAddr") if info else None
+        return addr or socket.gethostbyname(socket.gethostname())
+    except (SlurmError, OSError):
+        return "127.0.0.1"
+
+
+def main_job(run_dir: str) -> dict[str, Any]:
+    """Entry of the main job's single batch task (submitted by tmslurm-launch)."""
+    from tmslurm.logs import setup_logging
+
+    setup_logging()
+    cfg = from_dict(json.loads(RunDir(Path(run_dir)).config.read_text()))
+    return run_in_allocation(cfg, Path(run_dir))
+
+
+def run_in_allocation(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
+    """Run the supervisor here (the batch host) until the run ends; the summary (``failed`` and no
+    final hash when the run ended without one)."""
+    from tmslurm.controller.server import open_store
+    from tmslurm.slurm.client import make_client
+    from tmslurm.slurm.proc.spawner import job_nodes
+    from tmslurm.slurm.spawnstate import SlurmOwner
+    from tmslurm.supervisor import Child, Supervisor
+    from tmslurm.topology import Layout
+    from tmslurm.train.ckpt_index import latest_complete
+
+    job_id = os.environ["SLURM_JOB_ID"]
+    nodes = job_nodes()
+    rundir = RunDir(run_dir)
+    resume = latest_complete(run_dir, Layout.from_config(cfg).shard_names) is not None and not cfg.train.resume_from
+    if resume:  # a requeued main job resumes from its own checkpoint
+        log.info("resuming from the run directory's latest checkpoint (requeued job)")
+    rundir.spawner.unlink(missing_ok=True)  # a previous job incarnation's steps are gone with it
+    host = _advertise_host(make_client(cfg.slurm.backend), nodes[0])
+    child = Child(module="tmslurm.slurm.proc.ctlmain", pipe=False, args=("--resume-own",) if resume else (),
+                  advert={"main_job_id": job_id})
+    sup = Supervisor(cfg, run_dir, SlurmOwner(rundir.spawner), socket.create_server((host, 0)), open_store(host), host, child)
+    rc = sup.run()
+    try:
+        return json.loads(rundir.summary.read_text())
+    except (OSError, ValueError):
+        return {"failed": f"the controller ended with status {rc} and wrote no summary", "final_params_sha256": None}
+
+
+def submit_main(run_dir: Path, cfg: RunConfig) -> str:
+    from tmslurm.slurm.submit import main_executor
+
+    ex = main_executor(run_dir, cfg)
+    try:
+        job = ex.submit(main_job, str(run_dir))
+    except Exception as exc:  # submitit raises its own failure types around sbatch
+        raise SlurmError(f"sbatch of the main job failed: {exc}") from None
+    return str(job.job_id)
+
+
+def launch_slurm(cfg: RunConfig) -> str:
+    from tmslurm.runprep import prepare_run_dir
+    from tmslurm.wire.protocol import write_token
+
+    run_dir = prepare_run_dir(cfg)
+    write_token(run_dir)
+    job_id = submit_main(run_dir, cfg)
+    RunDir(run_dir).jobs.write_text(json.dumps({"main_job_id": job_id, "submitted_t": time.time()}))
+    print(f"main job {job_id}: {num_nodes(cfg.parallel)} nodes, dp={cfg.parallel.dp} pp={cfg.parallel.pp}, "
+          f"{cfg.standby.count} spare job(s) submitted by the run itself")
+    print(f"run directory: {run_dir}")
+    print(f"watch it:      tmslurm status {run_dir}")
+    return job_id
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tmslurm.runprep import prepare_run_dir, warn_unprotected
+    from tmslurm.logs import setup_logging
+    from tmslurm.wire.protocol import write_token
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    setup_logging()
+    try:
+        if argv[:1] == ["--run-dir"]:
+            run_dir = Path(argv[1])
+            cfg = from_dict(json.loads(RunDir(run_dir).config.read_text()))
+        else:
+            cfg = compose_config(["cluster=slurm", *argv])
+            warn_unprotected(cfg)
+            if not cfg.run_dir:
+                cfg.run_dir = f"runs/job{os.environ.get('SLURM_JOB_ID', int(time.time()))}"
+            requeued = RunDir(Path(cfg.run_dir)).token.exists()
+            run_dir = Path(cfg.run_dir).resolve() if requeued else prepare_run_dir(cfg)
+            if not requeued:
+                write_token(run_dir)
+        summary = run_in_allocation(cfg, run_dir)
+        return 0 if summary.get("final_params_sha256") else 1
+    except TmslurmError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,349 @@
+"""The Slurm spawner: ranks as ``srun`` steps of the main job, standbys in one-node spare jobs.
+
+Contract (same interface as :class:`~tmslurm.controller.spawner.LocalSpawner`):
+- a rank runs as its own step of the main job: ``srun --jobid=J -N1 -n1 -w NODE --no-kill
+  --kill-on-bad-exit=0 --overlap python -m tmslurm.agent.main --rank R``, so it can end (after a
+  migration) or die without touching any other step, and its node can then be cut out of the job;
+- spares are separate one-node jobs submitted with submitit (``--no-requeue``: a lost spare just
+  ends and is replaced), each running ``ranks_per_node`` standby agents and the node's monitor; new
+  spares exclude nodes known to be bad;
+- the first rank step on a node of the main job is preceded by that node's monitor, a step of its
+  own (``python -m tmslurm.slurm.proc.orphan``: it also requeues the job if the controller is lost);
+- a rank restarted after its node left the job (checkpoint-restart fallback) runs as a step of a
+  spare job instead;
+- :meth:`fence` kills only what it launched: a rank's own step (``scancel --signal=KILL`` of that
+  step) or a standby's spare job; :meth:`stop_all` ends every step and cancels every spare job.
+- Nothing the controller's thread calls waits on Slurm: spare submission (with the node-state read
+  that picks the nodes to exclude), reading spare jobs' nodes, node give-back and a standby's fence
+  run in order on the :class:`~tmslurm.slurm.lane.Lane`; a rank's fence runs on ``background`` (in
+  parallel, a dead node's ``scancel`` can take seconds). A rank spawned on the controller's thread
+  avoids the nodes known bad so far (the lane refreshes which ones healed). Results the controller
+  needs come back through a callback (:meth:`release_node`'s ``released``).
+Slurm command failures are logged and never raised into the controller's loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+from tmslurm.config import RunConfig, wants_monitors
+from tmslurm.errors import SlurmError
+from tmslurm.rundir import RunDir
+from tmslurm.controller.spawner import agent_env, wait_for_exit
+from tmslurm.slurm.client import SlurmClient
+from tmslurm.slurm.hostlist import expand_hostlist
+from tmslurm.slurm.lane import Lane
+from tmslurm.slurm.parse import OK, classify
+from tmslurm.slurm.spawnstate import RecordWriter, Spare, SpawnRecord
+from tmslurm.slurm.submit import submit_spare
+
+log = logging.getLogger(__name__)
+
+
+class SlurmSpawner:
+    def __init__(self, run_dir: Path, cfg: RunConfig, client: SlurmClient, job_id: str, nodes: list[str], *,
+                 background: Callable[[Callable[[], None], str], None] | None = None, lane: Lane | None = None,
+                 record: SpawnRecord | None = None) -> None:
+        self.background = background or _daemon_thread  # runs Slurm commands the caller must not wait for
+        self.lane = lane or Lane()  # the other Slurm commands, in order, off the controller's thread
+        self.lock = threading.Lock()  # spares, bad_nodes and main_nodes are shared with the lane
+        self.run_dir = Path(run_dir)
+        self.cfg = cfg
+        self.client = client
+        self.job_id = job_id
+        self.rpn = cfg.parallel.ranks_per_node
+        self.rank_node = {r: nodes[r // self.rpn] for r in range(cfg.parallel.dp * cfg.parallel.pp * cfg.parallel.tp)}
+        self.main_nodes = list(nodes)
+        self.steps: list[subprocess.Popen] = []
+        self.rank_steps: dict[int, tuple[str, str]] = {}  # rank -> (job, step name) of its latest step
+        self.spares: dict[str, dict[str, Any]] = {}
+        self.bad_nodes: set[str] = set()
+        self.unconfirmed: set[str] = set()
+        """Bad by our own liveness, not yet by Slurm: a node that Slurm still calls fine a second after
+        it went silent is not healed (Slurm notices only after SlurmdTimeout); it heals once Slurm
+        has called it unhealthy and then fine again."""
+        self.monitored: set[tuple[str, str]] = set()  # (job, node) with a monitor step
+        if record is not None:  # a restarted controller takes over what its predecessor launched
+            self._restore(record)
+        self.writer = RecordWriter(RunDir(self.run_dir).spawner)
+        RunDir(self.run_dir).logs.mkdir(parents=True, exist_ok=True)
+
+    def _restore(self, record: SpawnRecord) -> None:
+        self.rank_node.update(record.rank_node)
+        self.rank_steps = dict(record.rank_steps)
+        self.spares = {j: s.model_dump() for j, s in record.spares.items()}
+        self.main_nodes = list(record.main_nodes)
+        self.bad_nodes = set(record.bad_nodes)
+        self.unconfirmed = set(record.unconfirmed)
+        self.monitored = set(record.monitored)
+
+    def record(self) -> SpawnRecord:
+        with self.lock:
+            return SpawnRecord(main_job_id=self.job_id, ranks_per_node=self.rpn, rank_node=dict(self.rank_node),
+                               rank_steps=dict(self.rank_steps), spares={j: Spare(**s) for j, s in self.spares.items()},
+                               main_nodes=list(self.main_nodes), bad_nodes=sorted(self.bad_nodes),
+                               unconfirmed=sorted(self.unconfirmed),
+                               monitored=sorted(self.monitored))
+
+    def _changed(self) -> None:
+        """Hand the new record to the writer (``spawner.json``, off this thread)."""
+        self.writer.offer(self.record())
+
+    def node_of_rank(self, rank: int) -> str:
+        return self.rank_node[rank]
+
+    # ---- ranks --------------------------------------------------------------------------------
+    def _srun(self, job_id: str, node: str, who: str, args: list[str], module: str = "tmslurm.agent.main") -> None:
+        if wants_monitors(self.cfg) and (job_id, node) not in self.monitored:  # the node's monitor: a step of its own
+            with self.lock:
+                self.monitored.add((job_id, node))
+            self._srun(job_id, node, f"monitor-{node}", [], module="tmslurm.slurm.proc.orphan")
+        if args[:1] == ["--rank"]:
+            with self.lock:
+                self.rank_steps[int(args[1])] = (job_id, f"tmslurm-{who}")
+        log_path = RunDir(self.run_dir).log(who)
+        cmd = ["srun", f"--jobid={job_id}", "-N1", "-n1", f"-w{node}", "--no-kill", "--kill-on-bad-exit=0", "--overlap",
+               f"--job-name=tmslurm-{who}", "--output", str(log_path), sys.executable, "-m", module,
+               "--run-dir", str(self.run_dir), *args]
+        env = {k: v for k, v in agent_env(self.cfg).items() if not k.startswith(("SLURM_STEP", "SLURM_NTASKS", "SLURM_NPROCS",
+                                                                                  "SLURM_NNODES", "SLURM_TASKS_PER", "SLURM_CPU"))}
+        with open(log_path.with_suffix(".srun"), "ab") as err:
+            self.steps.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env, start_new_session=True))
+        self._changed()
+
+    def spawn_worker(self, rank: int, incarnation: int) -> bool:
+        """Start rank's step on its node; off a bad node onto a spare when one is there; False when
+        the rank has nowhere to run (its node left the job and no spare allocation is up)."""
+        node = self.rank_node[rank]
+        with self.lock:
+            bad = set(self.bad_nodes)
+            home = self.job_id if node in self.main_nodes else next(
+                (s["job_id"] for s in self.spares.values() if s.get("node") == node and s.get("used_for_restart")), None)
+        self.lane.submit(self.still_bad, "refresh-bad-nodes")
+        if home is not None and node not in bad:  # its node in the main job, or the spare it restarted on before
+            self._srun(home, node, f"rank{rank}.{incarnation}", ["--rank", str(rank)])
+            return True
+        with self.lock:
+            spare = next((s for s in self.spares.values() if s.get("node") and not s.get("used_for_restart")), None)
+        if spare is None:
+            if node in self.main_nodes:  # a draining node still belongs to the job: restart there
+                log.warning("rank %d restarts on %s (leaving, but no spare allocation is up)", rank, node)
+                self._srun(self.job_id, node, f"rank{rank}.{incarnation}", ["--rank", str(rank)])
+                return True
+            log.error("rank %d has no node to restart on (node %s left the job; no spare allocation)", rank, node)
+            return False
+        with self.lock:
+            spare["used_for_restart"] = True
+            self.rank_node[rank] = spare["node"]
+        self._srun(spare["job_id"], spare["node"], f"rank{rank}.{incarnation}", ["--rank", str(rank)])
+        return True
+
+    # ---- spares -------------------------------------------------------------------------------
+    def spawn_standby(self, index: int) -> None:
+        """Standby ``index`` lives in spare job ``index // ranks_per_node``; submit it when first needed
+        (on the lane: returns at once)."""
+        job_index = index // self.rpn
+        if index % self.rpn:
+            return
+        self.lane.submit(lambda: self._submit_spare(index, job_index), f"submit-spare{job_index}")
+
+    def _submit_spare(self, index: int, job_index: int) -> None:
+        exclude = self.still_bad()
+        try:
+            job_id = submit_spare(self.run_dir, self.cfg, job_index, first_standby=index, exclude=exclude)
+        except SlurmError as exc:
+            log.error("cannot submit spare job %d: %s", job_index, exc)
+            return
+        with self.lock:
+            self.spares[job_id] = {"job_id": job_id, "index": job_index, "node": None, "exclude": exclude}
+        self._changed()
+        log.info("spare job %s submitted (standbys %d..%d)", job_id, index, index + self.rpn - 1)
+
+    def still_bad(self) -> list[str]:
+        """Nodes that had a notice and are still not healthy now (a repaired node is usable again).
+        Reads Slurm's node states: blocking, run on the lane only."""
+        with self.lock:
+            bad = sorted(self.bad_nodes)
+        if not bad:
+            return []
+        try:
+            infos = {n.name: n for n in self.client.nodes(bad)}
+        except SlurmError as exc:
+            log.warning("cannot read node states (%s); excluding every node that had a notice", exc)
+            return bad
+        ok = {name for name, info in infos.items() if classify(info) == OK}
+        with self.lock:
+            confirmed = self.unconfirmed & (set(infos) - ok)  # Slurm sees it too now
+            self.unconfirmed -= confirmed
+            healed = ok - self.unconfirmed
+            self.bad_nodes -= healed
+            bad = sorted(self.bad_nodes)
+        if healed or confirmed:
+            self._changed()
+        return bad
+
+    def add_bad_node(self, node: str, *, confirmed: bool = True) -> None:
+        """``confirmed=False``: found dead by our liveness, Slurm may not know yet (:attr:`unconfirmed`)."""
+        with self.lock:
+            new = node not in self.bad_nodes
+            self.bad_nodes.add(node)
+            if not confirmed and new:
+                self.unconfirmed.add(node)
+        if new:
+            self._changed()
+
+    def spare_job_ids(self) -> list[str]:
+        with self.lock:
+            return list(self.spares)
+
+    def note_spare_node(self, node: str) -> None:
+        """Learn the nodes of spare jobs that started, and let pending ones use nodes that healed since
+        they were submitted (on the lane: returns at once)."""
+        self.lane.submit(self._note_spare_nodes, "note-spare-nodes")
+
+    def _note_spare_nodes(self) -> None:
+        with self.lock:
+            unknown = [info["job_id"] for info in self.spares.values() if info["node"] is None]
+        for job_id in unknown:
+            job = self._job(job_id)
+            if job is not None and job.nodes:
+                with self.lock:
+                    self.spares[job_id]["node"] = job.nodes[0]
+                self._changed()
+        with self.lock:
+            unconfirmed = bool(self.unconfirmed)
+        if unconfirmed:  # learn as soon as Slurm flags a node we found dead, so that it can heal later
+            self.still_bad()
+        self._unexclude_healed()
+
+    def _unexclude_healed(self) -> None:
+        """A pending spare submitted while a node was bad would never run there once it is repaired
+        (a small cluster, or the node it is waiting for): drop healed nodes from its exclusions."""
+        with self.lock:
+            pending = {j: list(s.get("exclude") or []) for j, s in self.spares.items() if s["node"] is None and s.get("exclude")}
+        if not pending:
+            return
+        bad = set(self.still_bad())
+        for job_id, exclude in pending.items():
+            keep = sorted(set(exclude) & bad)
+            if keep == sorted(exclude):
+                continue
+            try:
+                self.client.update_job_excludes(job_id, keep)
+            except SlurmError as exc:  # it may have started or ended meanwhile: the next call sees it
+                log.warning("cannot update the excluded nodes of spare job %s: %s", job_id, exc)
+                continue
+            log.info("spare job %s may now use %s (healed)", job_id, ",".join(sorted(set(exclude) - bad)))
+            with self.lock:
+                if job_id in self.spares:
+                    self.spares[job_id]["exclude"] = keep
+            self._changed()
+
+    def _job(self, job_id: str) -> Any:
+        try:
+            return self.client.job(job_id)
+        except SlurmError as exc:
+            log.warning("cannot read job %s: %s", job_id, exc)
+            return None
+
+    # ---- fencing and the end ------------------------------------------------------------------
+    def fence(self, kind: str, ident: int) -> None:
+        """Kill what we launched for it: a rank's own step (``scancel --signal=KILL J.S``), a
+        standby's spare job (``scancel``). Never a pid an agent reported.
+
+        Runs in a thread of its own and returns at once: Slurm's commands for a step on a node that
+        went silent block for seconds (measured on the failure lab: ~6 s), and the caller does not
+        need to wait, because a fenced process is already shut out by its stale epoch."""
+        if kind == "worker" and ident in self.rank_steps:
+            log.info("fencing rank %d's step", ident)
+            self.background(lambda step=self.rank_steps[ident]: self._kill_step(*step), f"fence-{kind}{ident}")
+        elif kind == "standby":  # on the lane: after its spare job's submission, which may still be queued
+            self.lane.submit(lambda: self._fence_spare(ident), f"fence-{kind}{ident}")
+
+    def _fence_spare(self, ident: int) -> None:
+        with self.lock:
+            job = next((j for j, s in self.spares.items() if s["index"] == ident // self.rpn), None)
+        if job is not None:
+            log.info("fencing spare job %s of standby %d", job, ident)
+            self._cancel(job)
+            with self.lock:  # gone: no restart may launch a rank into it (its step would never start)
+                self.spares.pop(job, None)
+            self._changed()
+
+    def _cancel(self, job: str) -> None:
+        try:
+            self.client.cancel(job)
+        except SlurmError as exc:
+            log.warning("cannot cancel spare job %s: %s", job, exc)
+
+    def _kill_step(self, job: str, name: str) -> None:
+        try:
+            out = subprocess.run(["squeue", "-h", "-s", "-j", job, "-o", "%i %j"], capture_output=True, text=True, timeout=15)
+            steps = [line.split()[0] for line in out.stdout.splitlines() if line.split()[1:2] == [name]]
+            for step in steps:
+                subprocess.run(["scancel", "--signal=KILL", step], capture_output=True, timeout=15)
+        except (subprocess.TimeoutExpired, OSError, IndexError) as exc:  # a dead node: Slurm ends the step anyway
+            log.warning("fencing step %s of job %s failed: %s", name, job, exc)
+
+    def release_node(self, node: str, released: Callable[[str], None]) -> None:
+        """Cut ``node`` out of the main job (it becomes DRAINED if it was draining), on the lane;
+        ``released(node)`` is called from the lane once Slurm accepted it."""
+        self.lane.submit(lambda: self._release(node, released), f"release-{node}")
+
+    def _release(self, node: str, released: Callable[[str], None]) -> None:
+        with self.lock:
+            rest = [n for n in self.main_nodes if n != node]
+            if node not in self.main_nodes:
+                return
+        try:
+            self.client.update_job_nodelist(self.job_id, rest)
+        except SlurmError as exc:
+            log.error("cannot release node %s from job %s: %s", node, self.job_id, exc)
+            return
+        with self.lock:
+            self.main_nodes = [n for n in self.main_nodes if n != node]
+        self._changed()
+        log.info("node %s released from job %s", node, self.job_id)
+        released(node)
+
+    def stop_all(self, grace_s: float = 0.0) -> None:
+        """At the end (off the loop): let queued Slurm commands finish, give the rank steps up to
+        ``grace_s`` to end on their own, then end everything."""
+        if not self.lane.flush(60.0):
+            log.warning("queued Slurm commands still running after 60s; stopping anyway")
+        for job_id in self.spare_job_ids():
+            try:
+                self.client.cancel(job_id)
+            except SlurmError as exc:
+                log.warning("cannot cancel spare job %s: %s", job_id, exc)
+        wait_for_exit(self.steps, grace_s)
+        for p in self.steps:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.steps:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        self.steps.clear()
+
+    def reap(self) -> None:
+        self.steps = [p for p in self.steps if p.poll() is None]
+
+
+def job_nodes() -> list[str]:
+    """The nodes of the allocation we run in (SLURM_JOB_NODELIST), in order."""
+    text = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
+    if not text:
+        raise SlurmError("SLURM_JOB_NODELIST is not set: the main job entry must run inside a Slurm allocation")
+    return expand_hostlist(text)
+
+
+def _daemon_thread(work: Callable[[], None], name: str) -> None:
+    threading.Thread(target=work, name=name, daemon=True).start()

@@ -1,0 +1,248 @@
+"""The agent/control protocol transport: newline-delimited JSON over TCP, authenticated by the run's token.
+
+Contract: the first message on every connection carries ``token`` (or, for a signed admin notice,
+a signature); the controller compares it in constant time with the run token (``<run_dir>/token``,
+mode 0600, created with O_EXCL) and refuses the connection otherwise. :class:`Channel` sends whole
+lines under a lock (safe from several threads). :meth:`Channel.recv` returns ``None`` on EOF and
+raises :class:`~tmslurm.errors.ProtocolError` on a line that is not a JSON object with a string
+``type``, :class:`LineTooLong` on a line over its limit (the rest of that line is discarded, so the
+stream stays in sync) and :class:`ReadTimeout` when the socket's timeout passes. A
+:class:`GateChannel` (the controller's side of a connection) only sends: the gate reads its socket
+with :func:`parse_line` for each line. What the fields mean and which are valid is
+:mod:`tmslurm.wire.messages`' business.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+import secrets
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from tmslurm.errors import AuthError, ProtocolError, TmslurmError
+from tmslurm.rundir import RunDir
+
+MAX_LINE = 1 << 20
+MSG_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
+REPLY_LOCK_S = 0.1
+"""How long :meth:`GateChannel.send_now` waits for a send in progress before giving up."""
+
+
+class LineTooLong(ProtocolError):
+    """A line longer than the channel's limit."""
+
+
+class ReadTimeout(ProtocolError):
+    """No complete line within the socket's timeout."""
+
+
+def encode_line(msg: Any) -> bytes:
+    """A dict or a :class:`~tmslurm.wire.messages.Msg` as one JSON line."""
+    if hasattr(msg, "model_dump"):
+        msg = msg.model_dump(mode="json")
+    return (json.dumps(msg, separators=(",", ":")) + "\n").encode()
+
+
+def parse_line(line: bytes) -> dict[str, Any]:
+    """One received line as a JSON object with a string ``type``; :class:`ProtocolError` otherwise."""
+    try:
+        msg = json.loads(line)
+    except (ValueError, RecursionError):
+        raise ProtocolError(f"not JSON: {line[:120]!r}") from None
+    if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
+        raise ProtocolError(f"a message must be a JSON object with a string 'type': {line[:120]!r}")
+    return msg
+
+
+class Channel:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._rfile = sock.makefile("rb")
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def send(self, msg: Any) -> None:
+        """Send a dict or a :class:`~tmslurm.wire.messages.Msg` as one line."""
+        self.send_line(encode_line(msg))
+
+    def send_line(self, data: bytes) -> None:
+        """Send one line already encoded by :func:`encode_line` (a broadcast encodes once)."""
+        with self._lock:
+            self.sock.sendall(data)
+
+    def try_send_line(self, data: bytes) -> bool:
+        try:
+            self.send_line(data)
+            return True
+        except OSError:
+            return False
+
+    def try_send(self, msg: Any) -> bool:
+        try:
+            self.send(msg)
+            return True
+        except OSError:
+            return False
+
+    def recv(self, max_line: int = MAX_LINE) -> dict[str, Any] | None:
+        line = self._readline(max_line)
+        if not line:
+            return None
+        if not line.endswith(b"\n") and len(line) >= max_line:
+            self._discard_rest(max_line)
+            raise LineTooLong(f"line longer than {max_line} bytes")
+        return parse_line(line)
+
+    def _readline(self, limit: int) -> bytes:
+        try:
+            return self._rfile.readline(limit)
+        except socket.timeout:
+            raise ReadTimeout("no complete line in time") from None
+        except (OSError, ValueError):
+            return b""
+
+    def _discard_rest(self, chunk: int) -> None:
+        while True:
+            part = self._readline(chunk)
+            if not part or part.endswith(b"\n"):
+                return
+
+    def close(self) -> None:
+        self.closed = True
+        shutdown(self.sock)
+        self.sock.close()
+
+
+class GateChannel(Channel):
+    """A channel whose socket the controller's gate reads (:mod:`tmslurm.controller.gate`): it sends
+    like :class:`Channel` and has no reader of its own. ``close()`` shuts the connection down at
+    once; the socket is freed once the gate has stopped reading it too (:meth:`done_reading`), so the
+    gate never reads a descriptor closed, and perhaps reused, under it.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:  # no makefile: the gate reads the socket itself
+        self.sock = sock
+        self._lock = threading.Lock()
+        self._state = threading.Lock()
+        self._reading = True
+        self.closed = False
+
+    def recv(self, max_line: int = MAX_LINE) -> dict[str, Any] | None:
+        raise TypeError("the gate reads this connection")
+
+    def close(self) -> None:
+        with self._state:
+            self.closed = True
+            free = not self._reading
+        shutdown(self.sock)
+        if free:
+            self.sock.close()
+
+    def done_reading(self) -> None:
+        """The gate reads no more: free the socket if the controller has closed it too."""
+        with self._state:
+            self._reading = False
+            free = self.closed
+        if free:
+            self.sock.close()
+
+    def send_now(self, msg: Any) -> bool:
+        """Send one line without waiting for the peer; a partly sent line shuts the connection down."""
+        return self.send_now_line(encode_line(msg))
+
+    def send_now_line(self, data: bytes) -> bool:
+        """:meth:`send_now` of an encoded line."""
+        if not self._lock.acquire(timeout=REPLY_LOCK_S):
+            return False
+        try:
+            sent = self.sock.send(data, MSG_DONTWAIT)
+        except OSError:  # would block (the peer reads nothing), or it is gone
+            sent = 0
+        finally:
+            self._lock.release()
+        if 0 < sent < len(data):  # the line is cut: nothing after it could be read right
+            shutdown(self.sock)
+        return sent == len(data)
+
+
+def shutdown(sock: socket.socket) -> None:
+    """Shut both directions down (the peer and any reader see EOF); errors are ignored."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def connect(host: str, port: int, timeout_s: float = 10.0) -> Channel:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            sock = socket.create_connection((host, port), timeout=5.0)
+            sock.settimeout(None)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return Channel(sock)
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                raise TmslurmError(f"controller at {host}:{port} is unreachable: {exc}. Is the run still alive? (tmslurm status RUN_DIR)") from None
+            time.sleep(0.1)
+
+
+def write_token(run_dir: Path) -> str:
+    token = secrets.token_hex(16)
+    path = RunDir(Path(run_dir)).token
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise TmslurmError(f"{path} exists: a run was started in {run_dir} before; pass run_dir=<new dir>") from None
+    with os.fdopen(fd, "w") as f:
+        f.write(token)
+    return token
+
+
+def read_token(run_dir: Path) -> str:
+    try:
+        return RunDir(Path(run_dir)).token.read_text().strip()
+    except OSError as exc:
+        raise AuthError(f"cannot read the run token {Path(run_dir) / 'token'}: {exc}") from None
+
+
+def token_ok(given: Any, expected: str) -> bool:
+    return isinstance(given, str) and hmac.compare_digest(given.encode(), expected.encode())
+
+
+def controller_address(run_dir: Path, timeout_s: float = 60.0) -> dict[str, Any]:
+    """Wait for ``<run_dir>/controller.json`` and return it (host, port, store_port)."""
+    path = RunDir(Path(run_dir)).controller
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            if time.monotonic() > deadline:
+                raise TmslurmError(f"{path} did not appear within {timeout_s:.0f}s: the controller is not running") from None
+            time.sleep(0.05)
+
+
+def request(run_dir: Path, msg: dict[str, Any], token: str | None = None, timeout_s: float = 10.0) -> dict[str, Any]:
+    """One authenticated request/reply to a run's controller (used by the CLI and admin hooks)."""
+    return exchange(controller_address(run_dir, timeout_s=1.0), {**msg, "token": token if token is not None else read_token(run_dir)},
+                    timeout_s)
+
+
+def exchange(addr: dict[str, Any], msg: Any, timeout_s: float = 10.0) -> dict[str, Any]:
+    """Send one first line to the controller at ``addr`` and return its one reply."""
+    ch = connect(addr["host"], addr["port"], timeout_s)
+    try:
+        ch.sock.settimeout(timeout_s)
+        ch.send(msg)
+        reply = ch.recv()
+    finally:
+        ch.close()
+    if reply is None:
+        raise TmslurmError("the controller closed the connection without answering")
+    return reply
