@@ -201,7 +201,17 @@ class FaultConfig:
     step: int
     """Step at which the fault fires."""
     kind: str
-    """drain | kill | stop | node_down."""
+    """One of FAULT_KINDS:
+
+    - ``drain``: a maintenance notice for the rank's node (a planned move);
+    - ``kill``: SIGKILL of the rank's process (see ``when``);
+    - ``stop``: SIGSTOP of the rank's process, a hung process that holds its sockets open;
+    - ``hang``: the rank's training thread stops just before voting while its heartbeats go on;
+    - ``node_down``: ``scontrol update state=down`` of the rank's node (cluster=slurm);
+    - ``power_off``: the failure lab powers the rank's node off, silent: no FIN, no RST
+      (cluster=slurm with ``slurm.lab_command``);
+    - ``partition``: the failure lab cuts the rank's node off the network, its processes live on
+      (cluster=slurm with ``slurm.lab_command``)."""
     rank: int = 0
     """Training rank hit by the fault (its node for drain and node_down)."""
     when: str = "midstep"

@@ -40,12 +40,13 @@ def run_local(cfg: RunConfig) -> dict[str, Any]:
 
     from tmslurm.controller.server import open_store
     from tmslurm.controller.spawner import LocalSpawner
-    from tmslurm.supervisor import Supervisor
+    from tmslurm.supervisor import Supervisor, log_as_supervisor
 
     run_dir = prepare_run_dir(cfg)
     write_token(run_dir)
     host = "127.0.0.1"
     sup = Supervisor(cfg, run_dir, LocalSpawner(run_dir, cfg), socket.create_server((host, 0)), open_store(host), host)
+    log_as_supervisor(RunDir(run_dir))
     log.info("run %s: %d ranks (dp=%d pp=%d tp=%d), %d standby(s); logs in %s/logs", run_dir.name, world_size(cfg.parallel),
              cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp, cfg.standby.count, run_dir)
     rc = sup.run()

@@ -2,7 +2,9 @@
 
 Contract: :func:`setup_logging` installs one stderr handler on the root logger (only entry points
 call it, never a library module); :data:`LOG_CONTEXT` holds the fields the lines carry, updated
-by the agent as it goes. Nothing here raises.
+by the agent as it goes. A field may be a callable, read at each line: the controller and the
+supervisor, which do not step themselves, give the step they know that way. A callable that
+raises gives ``?``. Nothing here raises.
 """
 
 from __future__ import annotations
@@ -16,8 +18,17 @@ LOG_CONTEXT: dict[str, Any] = {"run": "-", "who": "-", "step": "-"}
 
 class ContextFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        record.run, record.who, record.step = LOG_CONTEXT["run"], LOG_CONTEXT["who"], LOG_CONTEXT["step"]
+        record.run, record.who, record.step = (_value(LOG_CONTEXT[k]) for k in ("run", "who", "step"))
         return True
+
+
+def _value(field: Any) -> Any:
+    if not callable(field):
+        return field
+    try:
+        return field()
+    except Exception:  # a log line must never fail for its context
+        return "?"
 
 
 def setup_logging(level: int = logging.INFO) -> None:

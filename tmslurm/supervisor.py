@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tmslurm.config import RunConfig
+from tmslurm.logs import LOG_CONTEXT
 from tmslurm.rundir import RunDir
 from tmslurm.controller.journal import Journal
 from tmslurm.controller.spawnpipe import serve
@@ -87,6 +88,7 @@ class Supervisor:
 
     def run(self) -> int:
         """Run controllers until one ends the run; the last controller's exit status."""
+        log_as_supervisor(self.rundir)
         incarnation = 0
         try:
             while True:
@@ -142,3 +144,18 @@ class Supervisor:
         tmp.write_text(json.dumps({"incarnation": incarnation + 1, "died_t": died_t, "alive": alive}))
         os.replace(tmp, self.rundir.adopt)
         return True
+
+
+def log_as_supervisor(rundir: RunDir) -> None:
+    """This process's lines carry the run, ``supervisor`` and the step of the controller's latest
+    per-commit snapshot (read at each line: the supervisor logs rarely, and never steps itself)."""
+    LOG_CONTEXT.update(run=rundir.name, who="supervisor", step=lambda: _snapshot_step(rundir))
+
+
+def _snapshot_step(rundir: RunDir) -> Any:
+    """The snapshot's step, or ``-``; silent (it runs inside a log line, so it must not log)."""
+    try:
+        step = json.loads(rundir.snapshot.read_text()).get("step", "-")
+    except (OSError, ValueError, AttributeError):
+        return "-"
+    return step if isinstance(step, int) else "-"

@@ -1,9 +1,13 @@
-"""Structure rules checked on the source: no import circle, small controller modules, no lazy state."""
+"""Structure rules checked on the source: no import circle, one folder per process role with no import
+from a lower layer to a higher one (wire < agent, controller; slurm library < slurm.proc), product
+code never imports the benchmarks, small controller modules, no lazy state."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+import pytest
 
 import tmslurm
 
@@ -16,19 +20,71 @@ def _module(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _imports(path: Path) -> set[str]:
+    """Every module name ``path`` imports, at any depth (lazy imports too), with ``from X import Y``
+    also giving ``X.Y`` (Y may be a module)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+    return out
+
+
 def _graph() -> dict[str, set[str]]:
-    """Every import of a tmslurm module by another, at any depth (lazy imports too)."""
+    """Every import of a tmslurm module by another."""
     modules = {_module(p): p for p in ROOT.rglob("*.py")}
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for name, path in modules.items():
-        for node in ast.walk(ast.parse(path.read_text())):
-            targets = []
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tmslurm"):
-                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-            elif isinstance(node, ast.Import):
-                targets = [a.name for a in node.names if a.name.startswith("tmslurm")]
-            graph[name] |= {t for t in targets if t in modules and t != name and not name.startswith(t + ".")}
+        graph[name] = {t for t in _imports(path) if t in modules and t != name and not name.startswith(t + ".")}
     return graph
+
+
+def _under(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+# (importer, imported): modules under the first never import modules under the second
+FORBIDDEN = [
+    ("tmslurm.wire", "tmslurm.agent"),
+    ("tmslurm.wire", "tmslurm.controller"),
+    ("tmslurm.agent", "tmslurm.controller"),
+    ("tmslurm.controller", "tmslurm.agent"),
+    ("tmslurm.controller", "tmslurm.slurm"),
+    ("tmslurm.comm", "tmslurm.agent"),
+    ("tmslurm.comm", "tmslurm.controller"),
+    ("tmslurm.train", "tmslurm.agent"),
+    ("tmslurm.train", "tmslurm.controller"),
+]
+
+
+@pytest.mark.parametrize("importer,imported", FORBIDDEN)
+def test_no_import_from_a_lower_layer_to_a_higher_one(importer, imported):
+    bad = sorted(f"{a} -> {b}" for a, targets in _graph().items() if _under(a, importer)
+                 for b in targets if _under(b, imported))
+    assert bad == []
+
+
+def test_the_slurm_library_imports_no_process_code():
+    procs = ("tmslurm.slurm.proc", "tmslurm.agent", "tmslurm.controller", "tmslurm.launch", "tmslurm.supervisor")
+    bad = sorted(f"{a} -> {b}" for a, targets in _graph().items()
+                 if _under(a, "tmslurm.slurm") and not _under(a, "tmslurm.slurm.proc")
+                 for b in targets if any(_under(b, p) for p in procs))
+    assert bad == []
+
+
+def test_the_product_never_imports_the_benchmarks():
+    bad = sorted(f"{_module(p)} -> {t}" for p in ROOT.rglob("*.py") for t in _imports(p)
+                 if _under(t, "benchmarks"))
+    assert bad == []
+    assert not (ROOT / "bench").exists() and not (ROOT / "sim").exists()
+
+
+def test_every_process_folder_exists_with_a_contract():
+    for pkg in ("wire", "agent", "controller", "slurm", "slurm/proc"):
+        init = ROOT / pkg / "__init__.py"
+        assert ast.get_docstring(ast.parse(init.read_text())), f"{pkg}/__init__.py states no contract"
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -93,6 +93,7 @@ def build(start: Start, spawner: Spawner, hooks: ClusterHooks) -> tuple[Controll
 
 def finish(ctl: Controller, server: ControlServer, token: str) -> int:
     """Run the controller to the end; the exit status for the supervisor."""
+    LOG_CONTEXT["step"] = lambda: ctl.state.step  # its lines carry the run's step
     summary = ctl.run(server, token)
     return FINISHED if summary.get("final_params_sha256") else FINISHED_FAILED
 
