@@ -8,7 +8,7 @@ import time
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="tmslurm-bench", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     d = sub.add_parser("downtime", help="downtime: tmslurm vs in-job restart vs requeue restart (local Slurm)")

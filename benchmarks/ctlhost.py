@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     from tmslurm.runprep import prepare_run_dir
     from tmslurm.wire.protocol import write_token
 
-    ap = argparse.ArgumentParser(prog="tmslurm-bench-ctlhost")
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.ctlhost")
     ap.add_argument("--run-dir", required=True, type=Path)
     args, overrides = ap.parse_known_args(argv)
     setup_logging()
