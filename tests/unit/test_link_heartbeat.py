@@ -9,13 +9,14 @@ import threading
 import time
 
 from tmslurm.agent.link import Link
+from tmslurm.wire.messages import Progress
 from tmslurm.wire.protocol import Channel, connect
 
 BEAT_S = 0.5
 
 
-def progress(step: int) -> dict:
-    return {"type": "progress", "step": step, "epoch": 0, "rank": 0}
+def progress(step: int) -> Progress:
+    return Progress(step=step, epoch=0, rank=0, dt=0.01, peak_rss_mb=1.0)
 
 
 def test_a_busy_agent_sends_no_heartbeat_and_an_idle_one_does():

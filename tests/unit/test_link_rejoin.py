@@ -9,15 +9,15 @@ import socket
 import threading
 import time
 
-from tmslurm.wire.messages import Decision
+from tmslurm.wire.messages import Decision, Hello, Ready, Vote
 from tmslurm.agent.link import LOST, Link, Rejoiner
 from tmslurm.wire.protocol import Channel, connect, encode_line
 
-FIRST = {"type": "hello", "kind": "worker", "id": 1, "pid": 1, "node": "n1", "host": "h"}
+FIRST = Hello(token="", kind="worker", id=1, pid=1, node="n1", host="h")
 
 
-def vote(step: int) -> dict:
-    return {"type": "vote", "step": step, "epoch": 0, "rank": 1, "loss": 1.0, "dt": 0.01, "peak_rss_mb": 1.0}
+def vote(step: int) -> Vote:
+    return Vote(step=step, epoch=0, rank=1, loss=1.0, dt=0.01, peak_rss_mb=1.0)
 
 
 def wait_until(cond, what: str, timeout: float = 10.0) -> None:
@@ -37,7 +37,7 @@ def test_rejoin_carries_the_last_decision_and_the_waiting_vote(tmp_path):
     first, _ = server.accept()
     c1 = Channel(first)
     threading.Thread(target=link._read, daemon=True).start()
-    link.send({"type": "ready", "role": "only", "warmup_s": 0.1, "rss_mb": 1.0, "role_rss_mb": 0.0, "sandbox_sends_skipped": 0})
+    link.send(Ready(role="only", warmup_s=0.1, rss_mb=1.0, role_rss_mb=0.0, sandbox_sends_skipped=0))
     c1.send_line(encode_line(Decision(step=4, epoch=0)))
     wait_until(lambda: link.last_decision is not None, "decision 4 not read")
     link.send(vote(5))
@@ -48,7 +48,7 @@ def test_rejoin_carries_the_last_decision_and_the_waiting_vote(tmp_path):
     c2 = Channel(second)
     hello = c2.recv()
     assert hello["token"] == "tok" and hello["kind"] == "worker" and hello["id"] == 1
-    assert hello["rejoin"]["decision"]["step"] == 4 and hello["rejoin"]["vote"] == vote(5)
+    assert hello["rejoin"]["decision"]["step"] == 4 and Vote.model_validate(hello["rejoin"]["vote"]) == vote(5)
     assert hello["rejoin"]["rank"] == 1 and hello["rejoin"]["in_plan"] is False
     c2.send({"type": "welcome"})
     assert c2.recv()["type"] == "ready"  # sticky: sent again to the new controller

@@ -11,7 +11,12 @@ import torch
 
 from tmslurm.comm.transfer import _parse_header, _split
 from tmslurm.errors import CommError
-from tmslurm.wire.messages import BadMessage, Decision, NoticeRequest, Vote, decode_agent, decode_controller, decode_first
+from tmslurm.wire.messages import (Aborted, BadMessage, CommErrorReport, Decision, Done, Exited, FaultFired, Groups,
+                                   Heartbeat, Hello, Joined, JoinFailed, Left, NoticeRequest, Prepared, Progress, Ready,
+                                   Recovered, RelayHello, Rejoin, Started, Stopped, Switched, Vote, decode_agent,
+                                   decode_controller, decode_first, encode)
+from tmslurm.wire.mux import is_vote
+from tmslurm.wire.protocol import encode_line
 from tmslurm.notify import trusted_run
 from tmslurm.controller.final import final_hashes
 from tmslurm.signing import NoticeRefused, NoticeVerifier, generate_keypair, load_private_key, load_public_key, signed_notice
@@ -47,6 +52,42 @@ def test_valid_messages_decode_to_their_type_and_round_trip():
     d = decode_controller(json.loads(json.dumps(Decision(step=3, epoch=1, final=True).model_dump(mode="json"))))
     assert isinstance(d, Decision) and d.final and d.switch is None
     assert isinstance(decode_first({"type": "notice", "token": "t", "event": "failure", "rank": 2}), NoticeRequest)
+
+
+AGENT_SENDS = [  # one of every message an agent, monitor or relay sends, built as the agent builds it
+    Heartbeat(), Started(rank=1, step=0, groups_s=0.5, ckpt_load_s=0.0),
+    Groups(rank=1, step=0, epoch=0, ids={"dp/s0": 140000000000000}, gens={"dp/s0": 0}, peak_rss_mb=300.0),
+    Vote(step=3, epoch=1, rank=0, loss=2.5, dt=0.01, peak_rss_mb=100.0),
+    Vote(step=3, epoch=1, rank=0, loss=None, dt=0.01, peak_rss_mb=100.0, digest="ab" * 32),
+    Progress(step=3, epoch=1, rank=0, loss=None, dt=0.01, peak_rss_mb=100.0),
+    Prepared(epoch=2, rank=1, phase1_s=0.2, error=None), Prepared(epoch=2, rank=1, joiner=0, phase1_s=0.2),
+    Switched(epoch=2, rank=1, phase2_s=0.01), Left(rank=1, step=5, transfer_s=0.1, phase2_s=0.01, bytes=1 << 20),
+    Aborted(epoch=2, rank=1, step=5, status={"dp/s0": {"sent": 0, "recv": 1, "coll": 2, "pending": 0, "gen": 1}}),
+    Recovered(epoch=2, rank=1, build_s=0.3, transfer_s=None), CommErrorReport(rank=1, step=5, epoch=1, error="peer gone"),
+    FaultFired(index=0, rank=1, step=5, kind="kill"), Done(rank=1, stage=0, shard=0, digest="d", state_digest="s", step=9),
+    Ready(role="only", stages=[0], warmup_s=1.0, rss_mb=500.0, role_rss_mb=100.0, sandbox_sends_skipped=4),
+    Joined(epoch=2, rank=1, joiner=0, step=5, transfer_s=0.1, phase1_s=0.2, bytes=10, rss_mb=1.0, joiner_warm=False,
+           warm_reason="cold"),
+    JoinFailed(epoch=2, rank=1, error="x"), Exited(agent="worker0.1#1", pid=123), Stopped(agent="w", pid=1, stopped_s=0.5),
+]
+
+
+@pytest.mark.parametrize("msg", AGENT_SENDS, ids=lambda m: m.type)
+def test_what_an_agent_sends_is_what_the_controller_decodes(msg):
+    line = encode_line(msg)
+    assert encode(msg) == line  # the agent's framing and the messages module agree byte for byte
+    assert decode_agent(json.loads(line)) == msg
+    assert is_vote(json.loads(line)) is isinstance(msg, Vote)  # a relay aggregates every vote an agent sends
+
+
+def test_first_lines_an_agent_or_relay_sends_decode_and_a_type_is_still_required():
+    hello = Hello(token="t", kind="standby", id=0, pid=1, node="n", host="h",
+                  rejoin=Rejoin(rank=None, epoch=0, decision=None, vote=None, in_plan=False))
+    for first in (hello, Hello(token="t", kind="worker", id=1, node="n"), RelayHello(token="t", node="n")):
+        assert decode_first(json.loads(encode_line(first))) == first
+    assert json.loads(encode_line(Heartbeat())) == {"type": "hb"}
+    with pytest.raises(BadMessage):  # the defaults are for senders: a line without a type is still refused
+        decode_agent({k: v for k, v in VOTE.items() if k != "type"})
 
 
 @pytest.mark.parametrize("junk", [None, [], "x", 3, {"type": None}, {"type": "vote" * 1000}, {"type": "vote", **{f"k{i}": i for i in range(500)}}])

@@ -12,20 +12,20 @@ import threading
 import time
 from pathlib import Path
 
-from tmslurm.wire.messages import Finish, Watch
+from tmslurm.wire.messages import Exited, Finish, Msg, Stopped, Watch
 from tmslurm.agent.monitor import Monitor, is_agent_of
 
 
 class FakeLink:
     def __init__(self) -> None:
         self.inbox: queue.Queue = queue.Queue()
-        self.sent: list[dict] = []
+        self.sent: list[Msg] = []
         self.on_reconnect: list = []
 
     def get(self, timeout: float | None = None):
         return self.inbox.get(timeout=timeout) if timeout else self.inbox.get_nowait()
 
-    def send(self, msg: dict) -> None:
+    def send(self, msg: Msg) -> None:
         self.sent.append(msg)
 
 
@@ -64,11 +64,11 @@ def test_a_watched_agent_exit_is_reported_and_a_stranger_is_not_watched(tmp_path
             assert time.monotonic() < deadline, "the exit was not reported"
             time.sleep(0.005)
         reported_s = time.monotonic() - killed_t
-        assert link.sent == [{"type": "exited", "agent": "worker0.1#1", "pid": agent.pid}]
+        assert link.sent == [Exited(agent="worker0.1#1", pid=agent.pid)]
         assert reported_s < 1.0, reported_s
         link.inbox.put(Finish())
         t.join(5)
-        assert not t.is_alive() and link.sent == [{"type": "exited", "agent": "worker0.1#1", "pid": agent.pid}]
+        assert not t.is_alive() and link.sent == [Exited(agent="worker0.1#1", pid=agent.pid)]
     finally:
         for p in (agent, stranger, other_run):
             p.kill()
@@ -93,8 +93,8 @@ def test_a_watched_agent_stopped_past_the_limit_is_reported_once_and_a_short_sto
             time.sleep(0.005)
         took = time.monotonic() - stopped_t
         (msg,) = link.sent
-        assert (msg["type"], msg["agent"], msg["pid"]) == ("stopped", "worker1.1#1", agent.pid)
-        assert msg["stopped_s"] >= 0.5 and 0.5 <= took < 2.5, (msg, took)
+        assert isinstance(msg, Stopped) and (msg.agent, msg.pid) == ("worker1.1#1", agent.pid)
+        assert msg.stopped_s >= 0.5 and 0.5 <= took < 2.5, (msg, took)
         link.inbox.put(Finish())
         t.join(5)
         assert len(link.sent) == 1  # once, though it stays stopped
@@ -123,7 +123,7 @@ def test_after_a_rejoin_only_the_new_controllers_watches_count(tmp_path):
             time.sleep(0.005)
         link.inbox.put(Finish())
         t.join(5)
-        assert link.sent == [{"type": "exited", "agent": "worker0.1#7", "pid": agent.pid}]
+        assert link.sent == [Exited(agent="worker0.1#7", pid=agent.pid)]
     finally:
         agent.kill()
         agent.wait()

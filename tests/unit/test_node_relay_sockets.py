@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from tmslurm.wire.messages import Heartbeat, Vote
 from tmslurm.wire.mux import Alive, Gone, Line, Votes, close_frame, deliver, parse_up
 from tmslurm.wire.protocol import encode_line
 from tmslurm.agent.relay import Relay, connect_local
@@ -17,8 +18,7 @@ TOKEN = "r" * 32
 
 
 def vote(rank: int, step: int) -> bytes:
-    return encode_line({"type": "vote", "step": step, "epoch": 0, "rank": rank, "loss": 1.0, "dt": 0.1,
-                        "peak_rss_mb": 1.0})
+    return encode_line(Vote(step=step, epoch=0, rank=rank, loss=1.0, dt=0.1, peak_rss_mb=1.0))
 
 
 @pytest.fixture
@@ -66,7 +66,7 @@ def test_lines_votes_and_heartbeats_go_up_and_deliveries_come_down(lab):
     a.sendall(b'{"type":"hello","id":0}\n')
     b.sendall(b'{"type":"hello","id":1}\n')
     assert {f.line for f in frames(up, Line, 2)} == {b'{"type":"hello","id":0}\n', b'{"type":"hello","id":1}\n'}
-    a.sendall(b'{"type":"hb"}\n')
+    a.sendall(encode_line(Heartbeat()))  # what an agent's link sends
     while 1 not in frames(up, Alive)[0].subs:  # a heartbeat stops at the relay and becomes "+1"
         pass
     for step in (0, 1):

@@ -27,6 +27,9 @@ the vote is never lost, as it travels in the rejoin. A refused rejoin, or no con
 With ``runtime.relay`` (``controller.json`` says ``relay``), a worker or standby connects to its
 node's relay (:mod:`tmslurm.agent.relay`, a local socket) instead of the controller's address;
 the relay carries its lines unchanged, so everything above holds as it is.
+
+Everything an agent sends is a :mod:`tmslurm.wire.messages` model (:meth:`Link.send` takes nothing
+else): the hello, the rejoin, the heartbeat and every report.
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tmslurm.errors import ProtocolError, TmslurmError
-from tmslurm.wire.messages import Abort, BadMessage, Beat, Decision, Welcome, decode_controller
+from tmslurm.wire.messages import (Abort, BadMessage, Beat, Decision, Done, Heartbeat, Hello, Msg, Ready, Rejoin, Vote,
+                                   Welcome, decode_controller)
 from tmslurm.wire.protocol import Channel, connect, controller_address, read_token
 from tmslurm.agent.relay import connect_local
 
@@ -51,8 +55,9 @@ LOST = object()
 """Put in the inbox when the controller's connection closed."""
 LOST_GRACE_S = 2.0
 """After the connection closed, the training thread gets this long to exit on its own."""
-STICKY = ("ready", "done")
-"""Message types sent again after a reconnect: the restarted controller needs them and cannot ask."""
+STICKY = (Ready, Done)
+"""Messages sent again after a reconnect: the restarted controller needs them and cannot ask."""
+HEARTBEAT = Heartbeat()
 
 
 @dataclass
@@ -85,8 +90,8 @@ class Link:
     on_reconnect: list[Callable[[], Any]] = field(default_factory=list)
     """Called after a reconnect (a monitor forgets its watches; the controller names them again)."""
     last_decision: Decision | None = None
-    pending_vote: dict[str, Any] | None = None
-    sticky: list[dict[str, Any]] = field(default_factory=list)
+    pending_vote: Vote | None = None
+    sticky: list[Msg] = field(default_factory=list)
     send_lock: threading.Lock = field(default_factory=threading.Lock)
     """Held by a send and by a whole reconnect attempt, so nothing is sent into the gap."""
 
@@ -95,11 +100,11 @@ class Link:
         threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
         threading.Thread(target=self._watch, name="ctl-watchdog", daemon=True).start()
 
-    def send(self, msg: dict[str, Any]) -> None:
+    def send(self, msg: Msg) -> None:
         with self.send_lock:
-            if msg.get("type") == "vote":
+            if isinstance(msg, Vote):
                 self.pending_vote = msg
-            elif msg.get("type") in STICKY:
+            elif isinstance(msg, STICKY):
                 self.sticky.append(msg)
             if self.channel.try_send(msg):
                 self.sent_m = time.monotonic()
@@ -141,7 +146,7 @@ class Link:
                 if isinstance(typed, Decision):
                     self.last_decision = typed
                 vote = self.pending_vote
-                if vote is not None and (isinstance(typed, Abort) or vote["step"] <= typed.step):
+                if vote is not None and (isinstance(typed, Abort) or vote.step <= typed.step):
                     self.pending_vote = None
 
     def _reconnect(self) -> bool:
@@ -153,9 +158,8 @@ class Link:
         while time.monotonic() - lost_m < self.controller_lost_s:
             with self.send_lock:
                 state = self.rejoin_state() if self.rejoin_state is not None else {}
-                rejoin = {"rank": state.get("rank"), "epoch": state.get("epoch", 0), "in_plan": bool(state.get("in_plan")),
-                          "decision": self.last_decision.model_dump(mode="json") if self.last_decision else None,
-                          "vote": self.pending_vote}
+                rejoin = Rejoin(rank=state.get("rank"), epoch=state.get("epoch", 0), in_plan=bool(state.get("in_plan")),
+                                decision=self.last_decision, vote=self.pending_vote)
                 outcome = self.rejoin.attempt(rejoin, lost_m + self.controller_lost_s)
                 if isinstance(outcome, Channel):
                     self.channel = outcome
@@ -184,7 +188,7 @@ class Link:
         while not self.lost.is_set():
             idle = time.monotonic() - self.sent_m
             if idle >= self.heartbeat_s:
-                self.send({"type": "hb"})
+                self.send(HEARTBEAT)
                 idle = 0.0
             time.sleep(self.heartbeat_s - idle)
 
@@ -236,13 +240,13 @@ class Rejoiner:
     """One reconnect attempt to a restarted controller, with the identity of the first hello."""
 
     run_dir: Path
-    hello: dict[str, Any]
+    hello: Hello
     """The first hello without its token (read again: it never changes) and without ``rejoin``."""
 
     def relayed(self, addr: dict[str, Any]) -> bool:
-        return via_relay(addr, self.hello["kind"])
+        return via_relay(addr, self.hello.kind)
 
-    def attempt(self, rejoin: dict[str, Any], deadline_m: float) -> Channel | str:
+    def attempt(self, rejoin: Rejoin, deadline_m: float) -> Channel | str:
         """The new channel once welcomed; ``"refused"`` (give up) or ``"retry"``.
 
         A refused connection means nobody listens any more: the supervisor, which holds the listening
@@ -250,7 +254,7 @@ class Rejoiner:
         try:
             addr = controller_address(self.run_dir, timeout_s=0.5)
             if self.relayed(addr):  # the relay connects to the controller when we arrive
-                sock = connect_local(self.run_dir, self.hello["node"], 0.5)
+                sock = connect_local(self.run_dir, self.hello.node, 0.5)
             else:
                 sock = socket.create_connection((addr["host"], addr["port"]), timeout=0.5)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -262,7 +266,7 @@ class Rejoiner:
         ch = Channel(sock)
         try:
             ch.sock.settimeout(max(0.1, deadline_m - time.monotonic()))
-            ch.send({**self.hello, "token": read_token(self.run_dir), "rejoin": rejoin})
+            ch.send(with_token(self.hello, read_token(self.run_dir), rejoin))
             reply = ch.recv()
             ch.sock.settimeout(None)
         except (OSError, ProtocolError, TmslurmError) as exc:
@@ -292,8 +296,8 @@ def hello(run_dir: Path, kind: str, ident: int, node: str,
         ch = Channel(connect_local(Path(run_dir), node, timeout_s=30.0))
     else:
         ch = connect(addr["host"], addr["port"], timeout_s=30.0)
-    first = {"type": "hello", "kind": kind, "id": ident, "pid": os.getpid(), "node": node, "host": socket.gethostname()}
-    ch.send({**first, "token": read_token(run_dir)})
+    first = Hello(token="", kind=kind, id=ident, pid=os.getpid(), node=node, host=socket.gethostname())
+    ch.send(with_token(first, read_token(run_dir)))
     reply = ch.recv()
     if reply is None or reply.get("type") != "welcome":
         raise TmslurmError(f"controller refused {kind} {ident}: {reply}")
@@ -306,6 +310,12 @@ def hello(run_dir: Path, kind: str, ident: int, node: str,
                 rejoin=rejoiner)
     link.start()
     return link, welcome
+
+
+def with_token(first: Hello, token: str, rejoin: Rejoin | None = None) -> Hello:
+    """``first`` (kept without the token) as it is sent: with the run token, and the rejoin if any. The
+    token is not validated here: the controller judges it, as it judges any first line."""
+    return first.model_copy(update={"token": token, "rejoin": rejoin})
 
 
 def restartable(cfg: dict[str, Any]) -> bool:

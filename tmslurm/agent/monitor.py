@@ -27,7 +27,7 @@ from pathlib import Path
 
 from typing import Any
 
-from tmslurm.wire.messages import Finish, Watch
+from tmslurm.wire.messages import Exited, Finish, Stopped, Watch
 from tmslurm.agent.link import Link
 from tmslurm.agent.relay import start_relay
 
@@ -112,7 +112,7 @@ class Monitor:
             if now_m - since >= self.stop_after_s and fd not in self.reported:
                 self.reported.add(fd)
                 log.warning("%s (pid %d) stopped for %.2fs", agent, pid, now_m - since)
-                self.link.send({"type": "stopped", "agent": agent, "pid": pid, "stopped_s": round(now_m - since, 4)})
+                self.link.send(Stopped(agent=agent, pid=pid, stopped_s=round(now_m - since, 4)))
 
     def _exited(self, fd: int) -> None:
         self.stopped_since.pop(fd, None)
@@ -121,7 +121,7 @@ class Monitor:
         self.poller.unregister(fd)
         os.close(fd)
         log.info("%s (pid %d) exited", agent, pid)
-        self.link.send({"type": "exited", "agent": agent, "pid": pid})
+        self.link.send(Exited(agent=agent, pid=pid))
 
 
 def is_stopped(pid: int) -> bool:

@@ -39,10 +39,12 @@ from pathlib import Path
 from tmslurm.errors import TmslurmError
 from tmslurm.wire.mux import (HOLD_S, Close, VoteHold, is_vote, parse_down, relay_address, up_alive, up_gone,
                                  up_line)
+from tmslurm.wire.messages import Heartbeat, RelayHello
 from tmslurm.wire.protocol import MAX_LINE, controller_address, encode_line, read_token, shutdown
 
 log = logging.getLogger(__name__)
-HB_LINE = b'{"type":"hb"}'
+HB_LINE = encode_line(Heartbeat()).rstrip(b"\n")
+"""An agent's heartbeat line as its link sends it (without the newline): it stops at the relay."""
 READ_CHUNK = 1 << 16
 CONNECT_S = 5.0
 
@@ -142,7 +144,7 @@ class Relay:
             addr = controller_address(self.run_dir, timeout_s=CONNECT_S)
             sock = socket.create_connection((addr["host"], addr["port"]), timeout=CONNECT_S)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.sendall(encode_line({"type": "relay", "token": read_token(self.run_dir), "node": self.node}))
+            sock.sendall(encode_line(RelayHello(token=read_token(self.run_dir), node=self.node)))
         except (OSError, TmslurmError, KeyError, TypeError, ValueError) as exc:
             log.warning("node relay %s cannot reach the controller: %s", self.node, exc)
             return False

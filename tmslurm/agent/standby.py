@@ -34,7 +34,8 @@ from tmslurm.comm.transfer import recv_state
 from tmslurm.config import from_dict
 from tmslurm.errors import CommError, TmslurmError
 from tmslurm.logs import LOG_CONTEXT
-from tmslurm.wire.messages import Activate, Cancel, Finish, Join, Welcome
+from tmslurm.wire.messages import Activate, Cancel, Finish, Join, Joined, JoinFailed, Prepared, Ready, Welcome
+from tmslurm.agent.faults import FaultPlan
 from tmslurm.agent.link import Link
 from tmslurm.agent.worker import Worker, build_runner, layout_of, make_fabric, stage_spec
 from tmslurm.train.schedule import StageRunner
@@ -76,8 +77,8 @@ class Standby:
             base = rss_mb()
         for shape in self.layout.shape_classes[cap:]:
             log.warning("shape class %s not warmed (standby.max_classes=%d): a join there builds in the pause", shape.name, cap)
-            self.link.send({"type": "ready", "role": shape.name, "warm": False, "stages": list(shape.stages), "warmup_s": 0.0,
-                            "rss_mb": rss_mb(), "role_rss_mb": 0.0, "sandbox_sends_skipped": 0})
+            self.link.send(Ready(role=shape.name, warm=False, stages=list(shape.stages), warmup_s=0.0, rss_mb=rss_mb(),
+                                 role_rss_mb=0.0, sandbox_sends_skipped=0))
         while True:
             msg = self._next()
             if isinstance(msg, Join):
@@ -108,8 +109,8 @@ class Standby:
         self.warm[role] = runner
         rss = rss_mb()
         stages = list(self.layout.stages_of_class(role))
-        self.link.send({"type": "ready", "role": role, "stages": stages, "warmup_s": time.monotonic() - t0, "rss_mb": rss,
-                        "role_rss_mb": rss - base_rss, "sandbox_sends_skipped": sandbox.sent})
+        self.link.send(Ready(role=role, stages=stages, warmup_s=time.monotonic() - t0, rss_mb=rss, role_rss_mb=rss - base_rss,
+                             sandbox_sends_skipped=sandbox.sent))
         log.info("role %s warm in %.2fs (RSS %.0f MiB)", role, time.monotonic() - t0, rss)
         return True
 
@@ -142,11 +143,11 @@ class Standby:
         try:
             handles = build.join(0)
         except CommError as exc:
-            self.link.send({"type": "join_failed", "epoch": epoch, "rank": rank, "error": str(exc)[:300]})
+            self.link.send(JoinFailed(epoch=epoch, rank=rank, error=str(exc)[:300]))
             return None
         phase1_s = time.monotonic() - t0
         if not msg.activate:
-            self.link.send({"type": "prepared", "epoch": epoch, "rank": rank, "joiner": self.ident, "phase1_s": phase1_s})
+            self.link.send(Prepared(epoch=epoch, rank=rank, joiner=self.ident, phase1_s=phase1_s))
             if not self._await_activate(epoch):
                 return None
         t1 = time.monotonic()
@@ -154,17 +155,17 @@ class Standby:
             state, nbytes = recv_state(handles.pop(xfer).pg, 0, self.cfg.runtime.collective_timeout_s,
                                        lambda: self._cancelled(epoch))
         except CommError as exc:
-            self.link.send({"type": "join_failed", "epoch": epoch, "rank": rank, "error": str(exc)[:300]})
+            self.link.send(JoinFailed(epoch=epoch, rank=rank, error=str(exc)[:300]))
             return None
         runner.load_state(state["state"])
         fabric.install(handles)
         self.warm = {}  # the other classes' runners are not needed any more
         step = int(state["step"])
-        self.link.send({"type": "joined", "epoch": epoch, "rank": rank, "joiner": self.ident, "step": step,
-                        "transfer_s": time.monotonic() - t1, "phase1_s": phase1_s, "bytes": nbytes, "rss_mb": rss_mb(),
-                        "joiner_warm": cold_reason is None, "warm_reason": cold_reason})
+        self.link.send(Joined(epoch=epoch, rank=rank, joiner=self.ident, step=step, transfer_s=time.monotonic() - t1,
+                              phase1_s=phase1_s, bytes=nbytes, rss_mb=rss_mb(), joiner_warm=cold_reason is None,
+                              warm_reason=cold_reason))
         log.info("now rank %d at step %d (state %d bytes in %.3fs)", rank, step, nbytes, time.monotonic() - t1)
-        return Worker(self.run_dir, self.link, self.cfg, rank, runner, fabric, epoch, step, [], self.address)
+        return Worker(self.run_dir, self.link, self.cfg, rank, runner, fabric, epoch, step, FaultPlan.none(), self.address)
 
     def _next(self) -> Any:
         return self.stash.pop(0) if self.stash else self.link.get()

@@ -13,8 +13,10 @@ background (``train.checkpoint_async``, :mod:`tmslurm.train.async_checkpoint`, a
 one the decision asks for (``checkpoint``) synchronously, so it is complete before the rank goes on; the
 in-flight save is waited for before the process exits (end of run, a leaver's exit, ``finish``, a lost
 controller), and its failure raises CheckpointError in the step loop.
-Phase-1 builds run in background threads while training goes on. Faults from the config fire here
-for real (SIGKILL/SIGSTOP of this very process, mid-step).
+Phase-1 builds run in background threads while training goes on. Faults from the config fire for
+real (SIGKILL/SIGSTOP of this very process, mid-step; a hang before the vote): the step loop only
+calls its :class:`~tmslurm.agent.faults.FaultPlan` at named points (:mod:`tmslurm.agent.faults`).
+Everything it sends is a :mod:`tmslurm.wire.messages` model.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from __future__ import annotations
 import logging
 import os
 import resource
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -36,8 +37,10 @@ from tmslurm.comm.transfer import send_state
 from tmslurm.config import RunConfig, from_dict
 from tmslurm.errors import CommAborted, CommError
 from tmslurm.logs import LOG_CONTEXT
-from tmslurm.wire.messages import Abort, Cancel, Decision, Finish, Prepare, Recover, SwitchSpec, Welcome
+from tmslurm.wire.messages import (Abort, Aborted, Cancel, CommErrorReport, Decision, Done, Finish, Groups, Left, Prepare,
+                                   Prepared, Progress, Recover, Recovered, Started, Switched, SwitchSpec, Vote, Welcome)
 from tmslurm.rundir import RunDir
+from tmslurm.agent.faults import FaultPlan
 from tmslurm.agent.link import Link
 from tmslurm.topology import Layout, split_layers
 from tmslurm.train import checkpoint
@@ -101,7 +104,7 @@ def _td(seconds: float) -> Any:
 
 class Worker:
     def __init__(self, run_dir: Path, link: Link, cfg: RunConfig, rank: int, runner: StageRunner, fabric: Fabric,
-                 epoch: int, step: int, faults: list[dict[str, Any]], addr: dict[str, Any]) -> None:
+                 epoch: int, step: int, faults: FaultPlan, addr: dict[str, Any]) -> None:
         self.run_dir = Path(run_dir)
         self.link = link
         self.cfg = cfg
@@ -116,6 +119,8 @@ class Worker:
         self.coord = self.layout.coord(rank)
         self.prepared: dict[int, BackgroundBuild] = {}
         self.seen_abort = epoch
+        self.final = False
+        """The controller's decision said this step is the run's last."""
         self.recording = self._should_record()
         self.saver = AsyncCheckpointer(run_dir)
         link.before_exit.append(self.saver.wait)
@@ -138,8 +143,8 @@ class Worker:
         t1 = time.monotonic()
         gens = {g.name: welcome.generation for g in fabric.my_groups()}
         fabric.install(fabric.build(gens))
-        link.send({"type": "started", "rank": rank, "step": step, "groups_s": time.monotonic() - t1, "ckpt_load_s": t1 - t0})
-        faults = [f.model_dump() for f in welcome.faults]
+        link.send(Started(rank=rank, step=step, groups_s=time.monotonic() - t1, ckpt_load_s=t1 - t0))
+        faults = FaultPlan(welcome.faults, rank, link.send)
         return cls(run_dir, link, cfg, rank, runner, fabric, welcome.epoch, step, faults, address)
 
     def _should_record(self) -> bool:
@@ -157,13 +162,12 @@ class Worker:
 
     def report_groups(self) -> None:
         """Tell the controller which ProcessGroup object serves each group (tests check identity)."""
-        self.link.send({"type": "groups", "rank": self.rank, "step": self.step, "epoch": self.epoch,
-                        "ids": {n: id(h.pg) for n, h in self.fabric.handles.items()},
-                        "gens": self.fabric.generations(), "peak_rss_mb": peak_rss_mb()})
+        self.link.send(Groups(rank=self.rank, step=self.step, epoch=self.epoch,
+                              ids={n: id(h.pg) for n, h in self.fabric.handles.items()},
+                              gens=self.fabric.generations(), peak_rss_mb=peak_rss_mb()))
 
     # ---- the step loop ------------------------------------------------------------------------
     def run(self) -> None:
-        self.final = False
         while self.step < self.cfg.train.steps and not self.final:
             self._poll_inbox()
             LOG_CONTEXT["step"] = self.step
@@ -173,7 +177,7 @@ class Worker:
                 self.runner.drop()
                 if not isinstance(exc, CommAborted):
                     log.warning("step %d failed: %s", self.step, exc)
-                    self.link.send({"type": "comm_error", "rank": self.rank, "step": self.step, "epoch": self.epoch, "error": str(exc)[:1000]})
+                    self.link.send(CommErrorReport(rank=self.rank, step=self.step, epoch=self.epoch, error=str(exc)[:1000]))
                 self._recover()
                 continue
             if decision is not None:
@@ -189,18 +193,19 @@ class Worker:
         t0 = time.perf_counter()
         self.fabric.begin_step()
         comm = RecordingStageComm(self.comm, recording_path(self.run_dir, self.layout.shape_class(self.rank).name)) if self.recording else self.comm
-        loss = self.runner.compute(self.step, comm, midstep=self._fault_hook())
+        loss = self.runner.compute(self.step, comm, midstep=self.faults.midstep(self.step))
         if self.recording:
             comm.save()
             self.recording = False
-        vote: dict[str, Any] = {"type": "vote", "step": self.step, "epoch": self.epoch, "rank": self.rank,
-                                "loss": loss, "dt": time.perf_counter() - t0, "peak_rss_mb": peak_rss_mb()}
-        if self.cfg.runtime.verify_replicas:
-            vote["digest"] = self.runner.digest()
+        dt = time.perf_counter() - t0
+        digest = self.runner.digest() if self.cfg.runtime.verify_replicas else None
         if not self.cfg.runtime.commit_vote:
-            self.link.send({**vote, "type": "progress"})
+            self.link.send(Progress(step=self.step, epoch=self.epoch, rank=self.rank, loss=loss, dt=dt,
+                                    peak_rss_mb=peak_rss_mb(), digest=digest))
             return Decision(step=self.step, epoch=self.epoch)
-        self._hang_if_due()
+        vote = Vote(step=self.step, epoch=self.epoch, rank=self.rank, loss=loss, dt=dt, peak_rss_mb=peak_rss_mb(),
+                    digest=digest)
+        self.faults.before_vote(self.step)
         self.link.send(vote)
         return self._wait_decision()
 
@@ -249,15 +254,15 @@ class Worker:
         if leaving:
             self._leave(handles[f"xfer/r{self.rank}"], t0)
         self.fabric.install(handles)
-        self.link.send({"type": "switched", "epoch": epoch, "rank": self.rank, "phase2_s": time.monotonic() - t0})
+        self.link.send(Switched(epoch=epoch, rank=self.rank, phase2_s=time.monotonic() - t0))
         self.epoch = epoch
         self.report_groups()
 
     def _leave(self, xfer: GroupHandle, t0: float) -> None:
         t1 = time.monotonic()
         nbytes = send_state(xfer.pg, 1, {"state": self.runner.state(), "step": self.step}, self.cfg.runtime.collective_timeout_s)
-        self.link.send({"type": "left", "rank": self.rank, "step": self.step, "transfer_s": time.monotonic() - t1,
-                        "phase2_s": t1 - t0, "bytes": nbytes})
+        self.link.send(Left(rank=self.rank, step=self.step, transfer_s=time.monotonic() - t1, phase2_s=t1 - t0,
+                            bytes=nbytes))
         log.info("handed rank %d over at step %d (%d bytes); exiting", self.rank, self.step, nbytes)
         self.saver.wait()
         time.sleep(0.2)  # let the controller read our last message before the socket closes
@@ -289,8 +294,8 @@ class Worker:
         pairs = {k: (v[0], v[1]) for k, v in msg.pairs.items()}
 
         def done(build: BackgroundBuild) -> None:
-            self.link.send({"type": "prepared", "epoch": epoch, "rank": self.rank, "phase1_s": build.seconds,
-                            "error": None if build.error is None else str(build.error)[:300]})
+            self.link.send(Prepared(epoch=epoch, rank=self.rank, phase1_s=build.seconds,
+                                    error=None if build.error is None else str(build.error)[:300]))
 
         self.prepared[epoch] = self.fabric.build_in_background(gens, pairs, done)
 
@@ -306,7 +311,7 @@ class Worker:
         while True:
             if replied < self.seen_abort:
                 replied = self.seen_abort
-                self.link.send({"type": "aborted", "epoch": replied, "rank": self.rank, "step": self.step, "status": self.fabric.status()})
+                self.link.send(Aborted(epoch=replied, rank=self.rank, step=self.step, status=self.fabric.status()))
             msg = self.link.get()
             if isinstance(msg, Abort):
                 self.seen_abort = max(self.seen_abort, msg.epoch)
@@ -317,9 +322,7 @@ class Worker:
                 self._dispatch(msg)
 
     def _apply_recover(self, msg: Recover) -> bool:
-        due = [f for f in self.faults if f.get("when") == "recover" and f["step"] <= self.step]
-        if due:
-            self._fire(due[0])()
+        self.faults.before_recovery(self.step)
         epoch = msg.epoch
         gens = dict(msg.groups)
         pairs = {k: (v[0], v[1]) for k, v in msg.pairs.items()}
@@ -334,7 +337,7 @@ class Worker:
             handles = build.join(0)
         except CommError as exc:
             log.warning("recovery build failed: %s", exc)
-            self.link.send({"type": "comm_error", "rank": self.rank, "step": self.step, "epoch": epoch, "error": str(exc)[:1000]})
+            self.link.send(CommErrorReport(rank=self.rank, step=self.step, epoch=epoch, error=str(exc)[:1000]))
             return False
         build_s = time.monotonic() - t0
         xfers = {k: handles.pop(k) for k in list(handles) if k.startswith("xfer/")}
@@ -345,36 +348,12 @@ class Worker:
             self.fabric.graveyard.append(h.pg)
         self.epoch = epoch
         self.link.clear_abort(epoch)
-        self.link.send({"type": "recovered", "epoch": epoch, "rank": self.rank, "build_s": build_s,
-                        "transfer_s": time.monotonic() - t1 if xfers else None})
+        self.link.send(Recovered(epoch=epoch, rank=self.rank, build_s=build_s,
+                                 transfer_s=time.monotonic() - t1 if xfers else None))
         self.report_groups()
         return True
 
-    # ---- faults and the end -------------------------------------------------------------------
-    def _fault_hook(self) -> Any:
-        due = [f for f in self.faults if f["step"] == self.step and f["kind"] in ("kill", "stop") and f.get("when", "midstep") == "midstep"]
-        return self._fire(due[0]) if due else None
-
-    def _hang_if_due(self) -> None:
-        """Injected ``hang``: the training thread stops just before voting, the heartbeats go on."""
-        due = [f for f in self.faults if f["step"] == self.step and f["kind"] == "hang"]
-        if due:
-            self.faults.remove(due[0])
-            self.link.send({"type": "fault", "index": due[0]["index"], "rank": self.rank, "step": self.step, "kind": "hang"})
-            log.warning("injecting fault hang at step %d: the training thread stops, heartbeats go on", self.step)
-            while True:
-                time.sleep(3600)
-
-    def _fire(self, fault: dict[str, Any]) -> Any:
-        def fire() -> None:
-            self.faults.remove(fault)
-            self.link.send({"type": "fault", "index": fault["index"], "rank": self.rank, "step": self.step, "kind": fault["kind"]})
-            time.sleep(0.05)
-            log.warning("injecting fault %s at step %d", fault["kind"], self.step)
-            os.kill(os.getpid(), signal.SIGKILL if fault["kind"] == "kill" else signal.SIGSTOP)
-
-        return fire
-
+    # ---- the end ----------------------------------------------------------------------------
     def _finish(self) -> None:
         self.saver.wait()
         digest = self.runner.digest()
@@ -382,8 +361,8 @@ class Worker:
             out = RunDir(self.run_dir).final
             out.mkdir(exist_ok=True)
             torch.save(self.runner.module.state_dict(), out / f"{self.layout.shard_name(self.rank)}.pt")
-        self.link.send({"type": "done", "rank": self.rank, "stage": self.coord.stage, "shard": self.layout.shard(self.rank), "digest": digest,
-                        "state_digest": self.runner.state_digest(), "step": self.step})
+        self.link.send(Done(rank=self.rank, stage=self.coord.stage, shard=self.layout.shard(self.rank), digest=digest,
+                            state_digest=self.runner.state_digest(), step=self.step))
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:

@@ -11,6 +11,9 @@ Contract:
   object and return the typed message, or raise :class:`BadMessage` (a
   :class:`~tmslurm.errors.ProtocolError`) with one line naming the first bad fields. They raise
   nothing else, whatever the input. :func:`encode` turns a message into one JSON line.
+- A sender builds every message as its model (agents, monitors and relays send nothing else); each
+  model's ``type`` is its default, so ``Vote(step=..., ...)`` is a whole vote. A received line
+  without a ``type`` is still refused.
 
 Why pydantic and not msgspec: pydantic 2 validates in compiled code (a vote decodes in a few
 microseconds), it is already a common dependency of ML stacks, and its strict mode plus tagged
@@ -50,7 +53,7 @@ class Msg(BaseModel):
 
 # ---- first line of a connection -----------------------------------------------------------------
 class Hello(Msg):
-    type: Literal["hello"]
+    type: Literal["hello"] = "hello"
     token: Token
     kind: Literal["worker", "standby", "monitor"]
     id: Count
@@ -63,7 +66,7 @@ class Hello(Msg):
 
 
 class StatusRequest(Msg):
-    type: Literal["status"]
+    type: Literal["status"] = "status"
     token: Token
 
 
@@ -108,7 +111,7 @@ class SignedNotice(Msg):
 class RelayHello(Msg):
     """The first line of a node relay's connection (:mod:`tmslurm.wire.mux`): frames follow."""
 
-    type: Literal["relay"]
+    type: Literal["relay"] = "relay"
     token: Token
     node: Name
 
@@ -120,11 +123,11 @@ Request = Union[StatusRequest, StopRequest, NoticeRequest, SignedNotice]
 
 # ---- agent -> controller ------------------------------------------------------------------------
 class Heartbeat(Msg):
-    type: Literal["hb"]
+    type: Literal["hb"] = "hb"
 
 
 class Started(Msg):
-    type: Literal["started"]
+    type: Literal["started"] = "started"
     rank: Count
     step: Count
     groups_s: Seconds
@@ -132,7 +135,7 @@ class Started(Msg):
 
 
 class Groups(Msg):
-    type: Literal["groups"]
+    type: Literal["groups"] = "groups"
     rank: Count
     step: Count
     epoch: Count
@@ -154,7 +157,7 @@ class _StepReport(Msg):
 
 
 class Vote(_StepReport):
-    type: Literal["vote"]
+    type: Literal["vote"] = "vote"
 
 
 class StepVote(NamedTuple):
@@ -200,11 +203,11 @@ class NodeVotes(Msg):
 
 
 class Progress(_StepReport):
-    type: Literal["progress"]
+    type: Literal["progress"] = "progress"
 
 
 class Prepared(Msg):
-    type: Literal["prepared"]
+    type: Literal["prepared"] = "prepared"
     epoch: Count
     rank: Count
     phase1_s: Seconds | None = None
@@ -213,14 +216,14 @@ class Prepared(Msg):
 
 
 class Switched(Msg):
-    type: Literal["switched"]
+    type: Literal["switched"] = "switched"
     epoch: Count
     rank: Count
     phase2_s: Seconds
 
 
 class Left(Msg):
-    type: Literal["left"]
+    type: Literal["left"] = "left"
     rank: Count
     step: Count
     transfer_s: Seconds
@@ -237,7 +240,7 @@ class OpStatus(Msg):
 
 
 class Aborted(Msg):
-    type: Literal["aborted"]
+    type: Literal["aborted"] = "aborted"
     epoch: Count
     rank: Count
     step: Count
@@ -245,7 +248,7 @@ class Aborted(Msg):
 
 
 class Recovered(Msg):
-    type: Literal["recovered"]
+    type: Literal["recovered"] = "recovered"
     epoch: Count
     rank: Count
     build_s: Seconds
@@ -253,7 +256,7 @@ class Recovered(Msg):
 
 
 class CommErrorReport(Msg):
-    type: Literal["comm_error"]
+    type: Literal["comm_error"] = "comm_error"
     rank: Count
     step: Count
     epoch: Count
@@ -261,7 +264,7 @@ class CommErrorReport(Msg):
 
 
 class FaultFired(Msg):
-    type: Literal["fault"]
+    type: Literal["fault"] = "fault"
     index: Annotated[int, Field(ge=0, le=10_000)]
     rank: Count
     step: Count
@@ -269,7 +272,7 @@ class FaultFired(Msg):
 
 
 class Done(Msg):
-    type: Literal["done"]
+    type: Literal["done"] = "done"
     rank: Count
     stage: Count
     shard: Count | None = None
@@ -285,7 +288,7 @@ class Done(Msg):
 
 
 class Ready(Msg):
-    type: Literal["ready"]
+    type: Literal["ready"] = "ready"
     role: Name
     """A shape class of the layout: only, first, last, middle or middle-<n>b."""
     warm: bool = True
@@ -298,7 +301,7 @@ class Ready(Msg):
 
 
 class Joined(Msg):
-    type: Literal["joined"]
+    type: Literal["joined"] = "joined"
     epoch: Count
     rank: Count
     joiner: Count
@@ -313,7 +316,7 @@ class Joined(Msg):
 
 
 class JoinFailed(Msg):
-    type: Literal["join_failed"]
+    type: Literal["join_failed"] = "join_failed"
     epoch: Count
     rank: Count
     error: Text
@@ -322,7 +325,7 @@ class JoinFailed(Msg):
 class Exited(Msg):
     """A node monitor saw a process it was told to watch exit (pidfd), whether or not a socket closed."""
 
-    type: Literal["exited"]
+    type: Literal["exited"] = "exited"
     agent: Name
     pid: AnyInt
 
@@ -330,7 +333,7 @@ class Exited(Msg):
 class Stopped(Msg):
     """A node monitor saw a process it watches stay stopped (SIGSTOP, state T) for this long."""
 
-    type: Literal["stopped"]
+    type: Literal["stopped"] = "stopped"
     agent: Name
     pid: AnyInt
     stopped_s: Seconds

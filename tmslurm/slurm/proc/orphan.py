@@ -36,6 +36,7 @@ from tmslurm.logs import LOG_CONTEXT, setup_logging
 from tmslurm.rundir import RunDir
 from tmslurm.agent.link import hello, node_name
 from tmslurm.agent.monitor import run_monitor
+from tmslurm.wire.messages import StatusRequest
 from tmslurm.wire.protocol import Channel, read_token
 from tmslurm.slurm.client import SlurmClient, make_client
 
@@ -84,7 +85,7 @@ def probe_controller(run_dir: Path, timeout_s: float = 3.0) -> str:
     ch = Channel(sock)
     try:
         sock.settimeout(timeout_s)
-        ch.send({"type": "status", "token": read_token(run_dir)})
+        ch.send(StatusRequest(token=read_token(run_dir)))
         reply = ch.recv()
     except (OSError, ProtocolError, TmslurmError):
         reply = None
