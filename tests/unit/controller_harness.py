@@ -9,8 +9,10 @@ from typing import Any, Callable
 
 from tmslurm.config import compose_config
 from tmslurm.controller import Controller, LocalHooks
+from tmslurm.controller.items import Disconnected, HelloIn, MessageIn
 from tmslurm.controller.state import Mode
 from tmslurm.wire.messages import Hello, decode_agent
+from tmslurm.wire.protocol import GateSide
 from tmslurm.controller.journal import read_journal
 
 ADDRESS = {"host": "127.0.0.1", "port": 1, "store_port": 2}
@@ -21,20 +23,22 @@ def _config(overrides: tuple[str, ...]) -> Any:
     return compose_config(list(overrides))
 
 
-class FakeChannel:
+class FakeChannel(GateSide):
+    """Records every line sent (decoded), even after ``close()``; a send after it reports failure."""
+
     def __init__(self) -> None:
         self.sent: list[dict[str, Any]] = []
         self.closed = False
 
-    def try_send(self, msg: Any) -> bool:
-        self.sent.append(json.loads(json.dumps(msg.model_dump(mode="json") if hasattr(msg, "model_dump") else msg)))
-        return not self.closed
-
-    send = try_send
+    def send_line(self, data: bytes) -> None:
+        self.sent.append(json.loads(data))
 
     def try_send_line(self, data: bytes) -> bool:
-        self.sent.append(json.loads(data))
+        self.send_line(data)
         return not self.closed
+
+    def send_now_line(self, data: bytes) -> bool:
+        return self.try_send_line(data)
 
     def close(self) -> None:
         self.closed = True
@@ -110,14 +114,14 @@ class Harness:
         conn = len(self.conns) + 1
         ch = FakeChannel()
         self.conns[who], self.channels[who] = conn, ch
-        self.ctl.handle(("hello", Hello(type="hello", token="t", kind=kind, id=ident, pid=pid, node=node), (conn, ch)))
+        self.ctl.handle(HelloIn(Hello(type="hello", token="t", kind=kind, id=ident, pid=pid, node=node), conn, ch))
         return ch
 
     def aid(self, who: Any) -> str:
         return self.state.conn_agent[self.conns[who]]
 
     def send(self, who: Any, msg: dict[str, Any]) -> None:
-        self.ctl.handle(("msg", self.conns[who], decode_agent(msg)))
+        self.ctl.handle(MessageIn(self.conns[who], decode_agent(msg)))
 
     def vote(self, who: Any, rank: int | None = None, epoch: int | None = None, step: int | None = None) -> None:
         self.send(who, {"type": "vote", "step": self.state.step if step is None else step,
@@ -131,7 +135,7 @@ class Harness:
         return self.got((who or {}).get(0, 0), "decision")[-1]
 
     def disconnect(self, who: Any) -> None:
-        self.ctl.handle(("disconnect", self.conns[who], None))
+        self.ctl.handle(Disconnected(self.conns[who]))
 
     def got(self, who: Any, mtype: str) -> list[dict[str, Any]]:
         return [m for m in self.channels[who].sent if m["type"] == mtype]
@@ -150,3 +154,21 @@ class Harness:
             who = int(w[1:]) if w.startswith("r") else next(k for k in self.conns if self.aid(k) == w)
             rank = who if isinstance(who, int) else plan.moves[0].rank
             self.send(who, {"type": "prepared", "epoch": plan.epoch, "rank": rank, "phase1_s": 0.01})
+
+
+class FakeRelay:
+    """A relay's connection as the controller sees it: it records each line sent."""
+
+    def __init__(self) -> None:
+        self.lines: list[bytes] = []
+
+    def send_line(self, data: bytes) -> None:
+        self.lines.append(data)
+
+    def try_send_line(self, data: bytes) -> bool:
+        self.send_line(data)
+        return True
+
+    def send_now_line(self, data: bytes) -> bool:
+        self.lines.append(data)
+        return True

@@ -16,6 +16,7 @@ import pytest
 from tests.unit.controller_harness import ADDRESS, FakeChannel, FakeCluster, FakeSpawner, Harness, _config
 from tmslurm.controller import Controller
 from tmslurm.controller.adoption import AdoptOrder
+from tmslurm.controller.items import HelloIn, MessageIn
 from tmslurm.controller.snapshot import read_steps
 from tmslurm.controller.state import Mode
 from tmslurm.wire.messages import Hello, Rejoin, decode_agent
@@ -57,8 +58,7 @@ class Restarted:
         ch = FakeChannel()
         self.conns[who] = conn = 100 + len(self.conns)
         self.channels[who] = ch
-        self.ctl.handle(("hello", Hello(type="hello", token="t", kind=kind, id=ident, node=f"n{ident}", rejoin=rj),
-                         (conn, ch)))
+        self.ctl.handle(HelloIn(Hello(type="hello", token="t", kind=kind, id=ident, node=f"n{ident}", rejoin=rj), conn, ch))
         return ch
 
     def journal(self, etype: str) -> list[dict[str, Any]]:
@@ -123,10 +123,10 @@ def test_votes_sent_while_adopting_count_and_the_step_commits(tmp_path):
     for rank in range(4):
         r.hello(rank, "worker", rank, rejoin(rank, 2, 3 if rank < 2 else None))
     for rank in (2,):  # computed during the outage, voted after its rejoin, before the adoption decided
-        r.ctl.handle(("msg", r.conns[rank], decode_agent(vote(rank, 3))))
+        r.ctl.handle(MessageIn(r.conns[rank], decode_agent(vote(rank, 3))))
     r.ctl.adoption.tick()
     assert sorted(r.ctl.state.votes) == [0, 1, 2]
-    r.ctl.handle(("msg", r.conns[3], decode_agent(vote(3, 3))))
+    r.ctl.handle(MessageIn(r.conns[3], decode_agent(vote(3, 3))))
     assert r.ctl.state.step == 4  # committed
     assert [m["step"] for m in r.channels[0].sent if m["type"] == "decision"] == [3]
     ev = [e for e in r.ctl.ctx.events.items if e["kind"] == "controller_restart"][0]
@@ -179,10 +179,10 @@ def test_a_controller_that_did_not_restart_refuses_every_rejoin(tmp_path):
     h = Harness(tmp_path, 2, 2, 1)
     h.ctl.members.spawn_worker(3, 1)  # a restart spawned a new rank 3; the old process reconnects first
     ch = FakeChannel()
-    h.ctl.handle(("hello", Hello(type="hello", token="t", kind="worker", id=3, node="n3", rejoin=rejoin(3, 2)), (99, ch)))
+    h.ctl.handle(HelloIn(Hello(type="hello", token="t", kind="worker", id=3, node="n3", rejoin=rejoin(3, 2)), 99, ch))
     assert ch.closed and "did not restart" in ch.sent[-1]["error"]
     assert ("worker", 3) in h.state.expected  # still waiting for the new process
     mon = FakeChannel()
-    h.ctl.handle(("hello", Hello(type="hello", token="t", kind="monitor", id=0, node="n9", rejoin=rejoin(None, None)),
-                  (98, mon)))
+    h.ctl.handle(HelloIn(Hello(type="hello", token="t", kind="monitor", id=0, node="n9", rejoin=rejoin(None, None)),
+                         98, mon))
     assert mon.closed and [e["why"] for e in h.journal("hello_refused")] == ["a rejoin, but this controller did not restart"] * 2

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.unit.controller_harness import FakeChannel, FakeCluster, FakeSpawner, Harness
+from tmslurm.controller.items import Batch, MessageIn, RequestIn
 from tmslurm.controller.plans import PlannedSwitch, Recovery
 from tmslurm.controller.state import Mode
 from tmslurm.wire.messages import NoticeRequest, decode_agent
@@ -179,7 +180,7 @@ def test_notice_request_for_unknown_node_or_rank_gets_an_error(tmp_path):
     for msg, error in ((NoticeRequest(type="notice", token="t", event="maintenance", node="nowhere"), "unknown node"),
                        (NoticeRequest(type="notice", token="t", event="failure", rank=7), "unknown rank")):
         ch = FakeChannel()
-        h.ctl.handle(("request", msg, ch))
+        h.ctl.handle(RequestIn(msg, ch))
         assert ch.sent[0]["type"] == "error" and error in ch.sent[0]["error"] and ch.closed
     assert h.state.plan is None and h.state.mode is Mode.RUNNING
 
@@ -299,12 +300,12 @@ def test_a_restart_that_moves_a_rank_off_a_bad_node_gives_that_node_back(tmp_pat
 def test_a_gate_batch_is_handled_item_by_item_in_order(tmp_path):
     h = Harness(tmp_path)
     step = h.state.step
-    votes = [("msg", h.conns[r], decode_agent({"type": "vote", "step": step, "epoch": 0, "rank": r, "loss": 1.0,
-                                               "dt": 0.01, "peak_rss_mb": 1.0})) for r in range(4)]
+    votes = [MessageIn(h.conns[r], decode_agent({"type": "vote", "step": step, "epoch": 0, "rank": r, "loss": 1.0,
+                                                 "dt": 0.01, "peak_rss_mb": 1.0})) for r in range(4)]
     # a handler failing on one item (no handler for a heartbeat: the gate never queues one) leaves the
     # items after it handled
-    broken = ("msg", h.conns[1], decode_agent({"type": "hb"}))
-    h.ctl.handle(("batch", [votes[0], votes[1], broken, votes[2], votes[3]], None))
+    broken = MessageIn(h.conns[1], decode_agent({"type": "hb"}))
+    h.ctl.handle(Batch([votes[0], votes[1], broken, votes[2], votes[3]]))
     assert h.state.step == step + 1 and h.got(0, "decision")[-1]["step"] == step
     assert [e["item"] for e in h.journal("handler_error")] == ["msg"]
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 
-from tests.unit.controller_harness import Harness
+from tests.unit.controller_harness import FakeRelay, Harness
+from tmslurm.controller.items import HelloIn, VotesIn
 from tmslurm.wire.messages import Hello, NodeVotes
 from tmslurm.wire.mux import SubChannel, parse_down
 
@@ -22,9 +23,9 @@ def test_node_votes_commit_as_the_same_votes_one_by_one(tmp_path):
     for r in range(one.world):
         one.send(r, {"type": "vote", "step": 0, "epoch": 0, "rank": r, "loss": 1.0 + r, "dt": 0.01 * (r + 1),
                      "peak_rss_mb": 1.0})
-    many.ctl.handle(("votes", [many.conns[r] for r in (0, 1)], node_votes(many, [0, 1])))
+    many.ctl.handle(VotesIn([many.conns[r] for r in (0, 1)], node_votes(many, [0, 1])))
     assert many.got(0, "decision") == []  # half the world voted
-    many.ctl.handle(("votes", [many.conns[r] for r in (2, 3)], node_votes(many, [2, 3])))
+    many.ctl.handle(VotesIn([many.conns[r] for r in (2, 3)], node_votes(many, [2, 3])))
     assert many.got(3, "decision") == one.got(3, "decision") != []
     strip = [{k: v for k, v in e.items() if k != "t_end"} for e in many.state.step_log]
     assert strip == [{k: v for k, v in e.items() if k != "t_end"} for e in one.state.step_log]
@@ -32,25 +33,11 @@ def test_node_votes_commit_as_the_same_votes_one_by_one(tmp_path):
 
 def test_a_row_counts_only_for_the_slot_its_connection_owns(tmp_path):
     h = Harness(tmp_path)
-    h.ctl.handle(("votes", [h.conns[1], h.conns[0], 0, h.conns[3]], node_votes(h, [0, 1, 2, 3])))
+    h.ctl.handle(VotesIn([h.conns[1], h.conns[0], 0, h.conns[3]], node_votes(h, [0, 1, 2, 3])))
     assert set(h.state.votes) == {3}  # rows 0 and 1 came over each other's connection; row 2's agent was refused
     for r in (0, 1, 2):
         h.vote(r)
     assert h.got(0, "decision")[-1]["step"] == 0
-
-
-class FakeRelay:
-    """A relay's connection as the controller sees it: it records each line sent."""
-
-    def __init__(self) -> None:
-        self.lines: list[bytes] = []
-
-    def send_line(self, data: bytes) -> None:
-        self.lines.append(data)
-
-    def try_send_line(self, data: bytes) -> bool:
-        self.send_line(data)
-        return True
 
 
 class RelayedHarness(Harness):
@@ -64,7 +51,7 @@ class RelayedHarness(Harness):
         conn = len(self.conns) + 1
         self.conns[who] = conn
         ch = SubChannel(self.relay, who - 1)  # type: ignore[arg-type]
-        self.ctl.handle(("hello", Hello(type="hello", token="t", kind=kind, id=ident, pid=pid, node=node), (conn, ch)))
+        self.ctl.handle(HelloIn(Hello(type="hello", token="t", kind=kind, id=ident, pid=pid, node=node), conn, ch))
         return ch
 
 

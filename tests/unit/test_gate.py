@@ -11,7 +11,9 @@ import time
 import pytest
 
 from tmslurm.controller.gate import Gate, GateLimits
+from tmslurm.controller.items import Batch, Disconnected, HelloIn, MessageIn, RequestIn
 from tmslurm.controller.journal import Journal, read_journal
+from tmslurm.wire.messages import Beat, Finish, StatusReply
 from tmslurm.wire.protocol import MAX_LINE, exchange
 
 TOKEN = "t" * 32
@@ -20,9 +22,9 @@ ROUNDS: list[int] = []
 
 
 def unbatched(items: queue.Queue):
-    """The gate's ``submit``: every item of a round's ``batch`` queued on its own, in order."""
+    """The gate's ``submit``: every item of a round's ``Batch`` queued on its own, in order."""
     def submit(item) -> None:
-        many = item[1] if item[0] == "batch" else [item]
+        many = item.items if isinstance(item, Batch) else [item]
         ROUNDS.append(len(many))
         for one in many:
             items.put(one)
@@ -45,10 +47,10 @@ def test_a_valid_request_is_queued_with_its_channel(gate):
     g, items, addr, _ = gate
     sock = socket.create_connection((addr["host"], addr["port"]))
     sock.sendall(b'{"type": "status", "token": "' + TOKEN.encode() + b'"}\n')
-    kind, msg, ch = items.get(timeout=10)
-    assert (kind, msg.type) == ("request", "status")
-    ch.try_send({"type": "status", "status": {}})
-    assert json.loads(sock.makefile().readline()) == {"type": "status", "status": {}}
+    item = items.get(timeout=10)
+    assert isinstance(item, RequestIn) and item.request.type == "status"
+    item.ch.try_send(StatusReply(status={}))
+    assert json.loads(sock.makefile().readline()) == {"type": "status", "ok": True, "status": {}}
     sock.close()
 
 
@@ -71,7 +73,7 @@ def test_a_slow_client_is_journalled_only_after_its_slot_is_free(gate):
     # Both drops are journalled, so both slots are free: a request right now must be queued, not refused.
     sock = socket.create_connection((addr["host"], addr["port"]))
     sock.sendall(b'{"type": "status", "token": "' + TOKEN.encode() + b'"}\n')
-    assert items.get(timeout=10)[0] == "request"
+    assert isinstance(items.get(timeout=10), RequestIn)
     assert not any("too many" in e["why"] for e in read_journal(journal.path) if e["type"] == "preauth_dropped")
     for s in (*idle, sock):
         s.close()
@@ -136,9 +138,9 @@ def test_many_agents_share_one_reader_thread_and_each_keeps_its_order(tmp_path):
     got = take(items, n * (1 + steps))
     assert threading.active_count() == threads  # not one thread per connection
     per_conn: dict[int, list] = {}
-    for kind, a, b in got:
-        conn = b[0] if kind == "hello" else a
-        per_conn.setdefault(conn, []).append((kind, a.id if kind == "hello" else (b.type, b.rank, b.step)))
+    for item in got:
+        per_conn.setdefault(item.conn, []).append(
+            ("hello", item.hello.id) if isinstance(item, HelloIn) else ("msg", (item.msg.type, item.msg.rank, item.msg.step)))
     assert len(per_conn) == n
     for seq in per_conn.values():
         (kind, ident), *rest = seq
@@ -148,7 +150,7 @@ def test_many_agents_share_one_reader_thread_and_each_keeps_its_order(tmp_path):
     for s in socks:
         s.close()
     gone = take(items, n)
-    assert {kind for kind, _, _ in gone} == {"disconnect"} and {a for _, a, _ in gone} == set(per_conn)
+    assert all(isinstance(item, Disconnected) for item in gone) and {item.conn for item in gone} == set(per_conn)
     g.stop()
     assert not g._thread.is_alive()
 
@@ -160,12 +162,13 @@ def test_a_line_split_across_segments_and_two_lines_in_one_segment(tmp_path):
     for piece in (line[:5], line[5:30], line[30:]):  # the stimulus: three segments for one line
         sock.sendall(piece)
         time.sleep(0.05)
-    (kind, msg, (conn, _)), = take(items, 1)
-    assert (kind, msg.id) == ("hello", 7)
+    (hello_in,) = take(items, 1)
+    assert isinstance(hello_in, HelloIn) and hello_in.hello.id == 7
+    conn = hello_in.conn
     ROUNDS.clear()
     sock.sendall(vote(1) + vote(2))
-    assert [(k, a, b.step) for k, a, b in take(items, 2)] == [("msg", conn, 1), ("msg", conn, 2)]
-    assert ROUNDS == [2]  # one read, one hand-over: a ("batch", [msg, msg], None)
+    assert [(type(i), i.conn, i.msg.step) for i in take(items, 2)] == [(MessageIn, conn, 1), (MessageIn, conn, 2)]
+    assert ROUNDS == [2]  # one read, one hand-over: a Batch([MessageIn, MessageIn])
     sock.close()
     g.stop()
 
@@ -184,9 +187,9 @@ def test_an_over_long_agent_line_is_refused_and_the_agent_goes_on(tmp_path):
     g, items, _, port, journal = open_gate(tmp_path)
     sock = client(port)
     sock.sendall(hello(1))
-    (_, _, (conn, _)), = take(items, 1)
+    conn = take(items, 1)[0].conn
     sock.sendall(b"x" * (MAX_LINE + 10) + b"\n" + vote(3))
-    assert [(k, a, b.step) for k, a, b in take(items, 1)] == [("msg", conn, 3)]
+    assert [(type(i), i.conn, i.msg.step) for i in take(items, 1)] == [(MessageIn, conn, 3)]
     assert "longer than" in json.loads(sock.makefile().readline())["error"]
     assert [e["conn"] for e in read_journal(journal.path) if e["type"] == "bad_message"] == [conn]
     sock.close()
@@ -202,13 +205,13 @@ def test_a_slow_client_is_dropped_at_its_deadline_while_others_are_served(tmp_pa
     agent.sendall(hello(2))
     for k in range(3):
         agent.sendall(vote(k))
-    assert [k for k, _, _ in take(items, 4)] == ["hello", "msg", "msg", "msg"]
+    assert [type(i) for i in take(items, 4)] == [HelloIn, MessageIn, MessageIn, MessageIn]
     assert not drops(journal, "in time")  # served while the slow one waits
     wait_for(lambda: drops(journal, "in time"), what="the slow client's drop")
     assert time.monotonic() - t0 >= 3.0 - 0.05
     assert slow.recv(100) == b""
     agent.sendall(vote(9))
-    assert take(items, 1)[0][2].step == 9
+    assert take(items, 1)[0].msg.step == 9
     for s in (slow, agent):
         s.close()
     g.stop()
@@ -218,16 +221,17 @@ def test_a_close_by_the_controller_gives_one_disconnect_and_frees_the_socket(tmp
     g, items, _, port, _ = open_gate(tmp_path)
     sock = client(port)
     sock.sendall(hello(3))
-    (_, _, (conn, ch)), = take(items, 1)
-    assert ch.try_send({"type": "welcome"})
+    (hello_in,) = take(items, 1)
+    conn, ch = hello_in.conn, hello_in.ch
+    assert ch.try_send(Beat())
     ch.close()
-    assert take(items, 1) == [("disconnect", conn, None)]
+    assert take(items, 1) == [Disconnected(conn)]
     wait_for(lambda: ch.sock.fileno() == -1, what="freeing the socket")  # the gate let go too
     assert len(g._sel.get_map()) == 2  # the listening socket and the wake-up pair's end
     assert items.empty()
     f = sock.makefile("rb")
-    assert json.loads(f.readline()) == {"type": "welcome"} and f.readline() == b""
-    assert not ch.try_send({"type": "finish"})
+    assert json.loads(f.readline()) == {"type": "beat"} and f.readline() == b""
+    assert not ch.try_send(Finish())
     sock.close()
     g.stop()
 
@@ -236,12 +240,12 @@ def test_stop_ends_the_reader_and_closes_the_listening_socket(tmp_path):
     g, items, _, port, _ = open_gate(tmp_path)
     sock = client(port)
     sock.sendall(hello(4))
-    (_, _, (_, ch)), = take(items, 1)
+    ch = take(items, 1)[0].ch
     g.stop()
     assert not g._thread.is_alive()
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=5)
-    assert ch.try_send({"type": "finish"})  # an agent's channel is still the controller's to use and close
+    assert ch.try_send(Finish())  # an agent's channel is still the controller's to use and close
     assert sock.makefile().readline() == '{"type":"finish"}\n'
     ch.close()
     assert ch.sock.fileno() == -1

@@ -126,8 +126,9 @@ def test_no_import_circle():
     assert _cycles(graph) == []
 
 
-def test_controller_modules_are_small_and_build_their_state_up_front():
-    for path in (ROOT / "controller").glob("*.py"):
+@pytest.mark.parametrize("folder", ["controller", "agent"])
+def test_process_modules_are_small_and_build_their_state_up_front(folder):
+    for path in (ROOT / folder).glob("*.py"):
         text = path.read_text()
         assert len(text.splitlines()) <= 400, path.name
         assert "getattr(self" not in text, path.name

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from tests.unit.controller_harness import FakeChannel, Harness
+from tmslurm.controller.items import HelloIn, MessageIn
 from tmslurm.controller.plans import Recovery
 from tmslurm.wire.messages import Exited, Hello, Stopped
 
@@ -16,7 +17,7 @@ from tmslurm.wire.messages import Exited, Hello, Stopped
 def add_monitor(h: Harness, node: str, pid: int = 777) -> tuple[int, FakeChannel]:
     conn = 1000 + len(h.ctl.monitors.monitors)
     ch = FakeChannel()
-    h.ctl.handle(("hello", Hello(type="hello", token="t", kind="monitor", id=0, pid=pid, node=node), (conn, ch)))
+    h.ctl.handle(HelloIn(Hello(type="hello", token="t", kind="monitor", id=0, pid=pid, node=node), conn, ch))
     return conn, ch
 
 
@@ -84,7 +85,7 @@ def test_a_silent_monitor_whose_processes_talk_is_dropped_not_the_node(tmp_path)
 def test_exited_ends_only_the_named_agent_on_the_monitors_node(tmp_path, node, agent_of, pid, ends):
     h = Harness(tmp_path)
     conn, _ = add_monitor(h, node)
-    h.ctl.handle(("msg", conn, Exited(type="exited", agent=h.aid(agent_of), pid=pid)))
+    h.ctl.handle(MessageIn(conn, Exited(type="exited", agent=h.aid(agent_of), pid=pid)))
     if ends:
         assert isinstance(h.state.plan, Recovery) and h.state.plan.dead == {2}
         assert h.journal("process_exit")[0]["source"] == "monitor"
@@ -107,7 +108,7 @@ def test_monitors_get_a_beat_each_fifth_of_controller_lost_s(tmp_path):
 def test_stopped_fences_only_the_named_agent_on_the_monitors_node(tmp_path, node, pid, fenced):
     h = Harness(tmp_path)
     conn, _ = add_monitor(h, node)
-    h.ctl.handle(("msg", conn, Stopped(type="stopped", agent=h.aid(2), pid=pid, stopped_s=0.85)))
+    h.ctl.handle(MessageIn(conn, Stopped(type="stopped", agent=h.aid(2), pid=pid, stopped_s=0.85)))
     if fenced:
         assert h.spawner.fenced == [("worker", 2)]
         assert isinstance(h.state.plan, Recovery) and h.state.plan.reason == "stopped"

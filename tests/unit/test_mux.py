@@ -9,10 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.unit.controller_harness import FakeRelay
 from tmslurm.errors import ProtocolError
-from tmslurm.wire.messages import BadMessage, decode_votes
-from tmslurm.wire.mux import (Alive, Close, Deliver, Gone, Line, VoteHold, Votes, close_frame, deliver, is_vote,
-                                 parse_down, parse_up, up_alive, up_gone, up_line, up_votes)
+from tmslurm.wire.messages import BadMessage, Beat, Finish, decode_votes
+from tmslurm.wire.mux import (Alive, Close, Deliver, Gone, Line, SubChannel, VoteHold, Votes, close_frame, deliver,
+                              is_vote, parse_down, parse_up, up_alive, up_gone, up_line, up_votes)
+from tmslurm.wire.protocol import Channel, GateChannel, GateSide, LineChannel
 
 
 def vote(rank: int, step: int = 5, epoch: int = 0, **extra) -> dict:
@@ -130,3 +132,23 @@ def test_a_gone_voter_is_not_waited_for_and_a_new_step_or_epoch_flushes():
     hold.vote(1, vote(1, step=3, epoch=1), 3.0)
     (old,) = hold.vote(1, vote(1, step=3, epoch=2), 3.0)  # the same sub again (a new epoch): the old one goes first
     assert json.loads(old.split(b" ", 1)[1])["epoch"] == 1
+
+
+def test_every_channel_sends_through_one_implementation():
+    """Channel, GateChannel and SubChannel implement only the line primitive; the model sends are LineChannel's."""
+    for cls in (Channel, GateChannel, SubChannel):
+        assert issubclass(cls, LineChannel)
+        for name in ("send", "try_send", "try_send_line"):
+            assert getattr(cls, name) is getattr(LineChannel, name), (cls.__name__, name)
+    assert issubclass(GateChannel, GateSide) and issubclass(SubChannel, GateSide)
+    assert SubChannel.send_now is GateChannel.send_now is GateSide.send_now
+
+
+def test_a_sub_channel_sends_models_as_delivery_frames_and_refuses_after_close():
+    relay = FakeRelay()
+    ch = SubChannel(relay, 7)  # type: ignore[arg-type]
+    assert ch.try_send(Beat()) and ch.send_now(Finish())
+    ch.close()
+    assert not ch.try_send(Beat())
+    assert [parse_down(x) for x in relay.lines] == [Deliver((7,), b'{"type":"beat"}\n'), Deliver((7,), b'{"type":"finish"}\n'),
+                                                    Close(7)]

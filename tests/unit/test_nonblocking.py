@@ -21,6 +21,7 @@ from tmslurm.notices import Notice
 from tmslurm.slurm.proc import spawner as sp
 from tmslurm.slurm.proc.hooks import SlurmHooks
 from tmslurm.slurm.watcher import NodeWatch
+from tmslurm.wire.messages import FaultSpec
 
 
 class Hanging:
@@ -143,7 +144,7 @@ def test_every_controller_facing_slurm_call_returns_at_once(slurm, tmp_path):
     calls = [lambda: spawner.spawn_standby(0), lambda: spawner.spawn_worker(3, 1), lambda: spawner.fence("worker", 3),
              lambda: hooks.on_step(20, lambda: {"n0": "main"}), lambda: spawner.fence("standby", 0),
              lambda: hooks.release_nodes(["n1"], lambda node: None), lambda: hooks.requeue(["n3"]),
-             lambda: hooks.inject_fault({"kind": "drain", "rank": 2}, lambda t, node: None)]
+             lambda: hooks.inject_fault(FaultSpec(index=0, kind="drain", rank=2, step=0, when="midstep"), lambda t, node: None)]
     for call in calls:
         call()
     assert hanging.hanging.wait(30) and not hanging.on_decision_thread()

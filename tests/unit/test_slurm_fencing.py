@@ -16,6 +16,7 @@ from tmslurm.slurm.proc import spawner as sp
 from tmslurm.slurm.proc.hooks import SlurmHooks
 from tmslurm.slurm.lane import Lane
 from tmslurm.slurm.watcher import NodeWatch
+from tmslurm.wire.messages import FaultSpec
 
 
 class FakeClient:
@@ -86,6 +87,6 @@ def test_hooks_release_emptied_nodes_but_never_the_batch_host(slurm, tmp_path):
     assert released == ["n2"] and client.nodelists == [["n1", "n3", "n4"]]
     assert hooks.is_batch_host("n1") and not hooks.is_batch_host("n4") and spawner.bad_nodes == {"n1", "n4"}
     fired: list[tuple[float, str]] = []
-    assert hooks.inject_fault({"kind": "drain", "rank": 2, "step": 3}, lambda t, node: fired.append((t, node)))
+    assert hooks.inject_fault(FaultSpec(index=0, kind="drain", rank=2, step=3, when="midstep"), lambda t, node: fired.append((t, node)))
     assert client.updates == [("n3", "drain")] and fired == []  # Slurm's own faults are timed by the watcher
     assert hooks.status() == {"main_job_id": "77", "spare_job_ids": []}

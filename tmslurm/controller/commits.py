@@ -25,6 +25,7 @@ from typing import Any
 
 from tmslurm.config import CLUSTER_FAULTS
 from tmslurm.controller.context import Context
+from tmslurm.controller.items import FaultAt, NoticeIn
 from tmslurm.controller.plans import PlannedSwitch
 from tmslurm.controller.state import Agent, Mode
 from tmslurm.controller.steptimes import StepTimes
@@ -162,16 +163,16 @@ class Commits:
             st.mode = Mode.DRAINING
             return
         for f in self.ctx.pending_faults():
-            if f["kind"] in ("drain", *CLUSTER_FAULTS) and f["step"] == st.step:
-                st.fired.add(f["index"])
+            if f.kind in ("drain", *CLUSTER_FAULTS) and f.step == st.step:
+                st.fired.add(f.index)
                 # journalled first: a fault that takes down the controller's own host is never fired again
-                self.ctx.journal.write("fault_firing", index=f["index"], kind=f["kind"], rank=f["rank"])
-                fired = lambda t, node, f=f: self.ctx.submit(("fault_at", {**f, "node": node}, t))  # noqa: E731
+                self.ctx.journal.write("fault_firing", index=f.index, kind=f.kind, rank=f.rank)
+                fired = lambda t, node, f=f: self.ctx.submit(FaultAt(f, node, t))  # noqa: E731
                 if self.ctx.hooks.inject_fault(f, fired):  # on Slurm through scontrol or the lab
-                    self.ctx.journal.write("fault", kind=f["kind"], rank=f["rank"], via="cluster")
+                    self.ctx.journal.write("fault", kind=f.kind, rank=f.rank, via="cluster")
                 else:
-                    self.ctx.submit(("notice", Notice(kind="maintenance", rank=f["rank"], source="fault",
-                                                      reason="injected drain", time=time.time()), None))
+                    self.ctx.submit(NoticeIn(Notice(kind="maintenance", rank=f.rank, source="fault",
+                                                    reason="injected drain", time=time.time())))
 
     def median_step(self) -> float:
         """The median gap between consecutive commits (:mod:`tmslurm.controller.steptimes`)."""

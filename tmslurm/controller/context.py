@@ -3,23 +3,27 @@
 Contract: one :class:`Context` is built by the controller before its collaborators and handed to
 each. Sending (:meth:`Context.send_rank`, :meth:`Context.broadcast`, :meth:`Context.send_to`)
 goes to alive agents only and never raises: a broken connection is the disconnect handler's
-business. :meth:`Context.submit` queues an item for the controller's thread from any thread.
+business. :meth:`Context.submit` queues an item (:mod:`tmslurm.controller.items`) for the
+controller's thread from any thread. :meth:`Context.pending_faults` are the config's injected faults
+not yet fired, as the :class:`~tmslurm.wire.messages.FaultSpec` a worker's ``welcome`` carries.
 """
 
 from __future__ import annotations
 
 import queue
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Iterable
 
 from tmslurm.config import RunConfig
 from tmslurm.controller.hooks import ClusterHooks
-from tmslurm.controller.state import RunState
+from tmslurm.controller.items import Item
+from tmslurm.controller.state import Agent, RunState
 from tmslurm.rundir import RunDir
 from tmslurm.controller.events import EventLog
 from tmslurm.controller.journal import Journal
+from tmslurm.wire.messages import FaultSpec, Msg
 from tmslurm.wire.mux import SubChannel, deliver
-from tmslurm.wire.protocol import encode_line
+from tmslurm.wire.protocol import GateChannel, encode_line
 from tmslurm.controller.spawner import Spawner
 from tmslurm.topology import Layout
 
@@ -34,29 +38,29 @@ class Context:
     spawner: Spawner
     hooks: ClusterHooks
     state: RunState
-    queue: "queue.Queue[tuple[str, Any, Any]]"
+    queue: "queue.Queue[Item]"
 
-    def submit(self, item: tuple[str, Any, Any]) -> None:
+    def submit(self, item: Item) -> None:
         self.queue.put(item)
 
-    def send_rank(self, rank: int, msg: Any) -> None:
+    def send_rank(self, rank: int, msg: Msg) -> None:
         agent = self.state.agent_of(rank)
         if agent is not None and agent.alive:
             agent.channel.try_send(msg)
 
-    def broadcast(self, msg: Any) -> None:
+    def broadcast(self, msg: Msg) -> None:
         """``msg`` to every rank's slot owner, encoded once (a decision goes to every rank each step);
         the ranks behind one node relay get it as one frame (:mod:`tmslurm.wire.mux`)."""
         agents = self.state.agents
         self._fan_out(encode_line(msg), (agents.get(aid) for aid in self.state.slots.values()))
 
-    def send_all(self, msg: Any) -> None:
+    def send_all(self, msg: Msg) -> None:
         """``msg`` to every alive worker and standby (monitors are the node watch's), encoded once, one frame per relay."""
         self._fan_out(encode_line(msg), iter(list(self.state.agents.values())))
 
     @staticmethod
-    def _fan_out(line: bytes, agents: Iterator[Any]) -> None:
-        relayed: dict[Any, list[int]] = {}
+    def _fan_out(line: bytes, agents: Iterable[Agent | None]) -> None:
+        relayed: dict[GateChannel, list[int]] = {}
         for agent in agents:
             if agent is None or not agent.alive:
                 continue
@@ -69,14 +73,14 @@ class Context:
         for relay, subs in relayed.items():
             relay.try_send_line(deliver(subs, line))
 
-    def send_to(self, key: int | str, msg: Any) -> None:
+    def send_to(self, key: int | str, msg: Msg) -> None:
         """``key`` is a rank (its slot owner) or an agent id."""
         if isinstance(key, int):
             self.send_rank(key, msg)
         elif key in self.state.agents and self.state.agents[key].alive:
             self.state.agents[key].channel.try_send(msg)
 
-    def pending_faults(self) -> list[dict[str, Any]]:
+    def pending_faults(self) -> list[FaultSpec]:
         """The config's injected faults not yet fired, with their index."""
-        return [{"index": i, "step": f.step, "kind": f.kind, "rank": f.rank, "when": f.when}
+        return [FaultSpec(index=i, step=f.step, kind=f.kind, rank=f.rank, when=f.when)
                 for i, f in enumerate(self.cfg.faults) if i not in self.state.fired]

@@ -9,29 +9,27 @@ Contract:
   line of at most ``limits.preauth_max_line`` bytes, and at most ``limits.max_unauthenticated``
   connections wait at once; an oversize, slow or surplus client is dropped and journalled
   (``preauth_dropped``), after its slot is free.
-- The first line is authenticated before it is validated: a ``signed_notice`` by its Ed25519
-  signature (:class:`~tmslurm.signing.NoticeVerifier`; refused ones are journalled as
-  ``notice_refused``), anything else by the run token (``auth_refused``). A signed notice becomes a
-  notice request and nothing else.
-- Every line is then decoded into a typed message (:mod:`tmslurm.wire.messages`). A line that is not
+- The first line is authenticated, then validated, by :class:`~tmslurm.controller.gateauth.Admission`
+  (the run token, or a signed notice's signature).
+- Every later line is decoded into a typed message (:mod:`tmslurm.wire.messages`). A line that is not
   one (an agent's line over :data:`~tmslurm.wire.protocol.MAX_LINE` included) gets an ``error`` reply
   and a ``bad_message`` journal line; the connection stays open for an agent and is closed for a
   one-shot request. Nothing a client sends raises out of this module.
-- Items handed to ``submit`` (in the order read per connection): ``("hello", Hello, (conn, ch))``,
-  ``("request", Request, ch)``, ``("msg", conn, message)``, ``("disconnect", conn, None)``. The
-  items of one ``select`` round are handed over together, as ``("batch", [item, ...], None)`` when
-  there are several (one queue hand-off per round instead of one per line: at a thousand agents the
-  hand-offs were a quarter of the controller's time).
-  ``conn`` is a number unique per connection, so a second client can never speak for another's.
+- Items handed to ``submit`` (in the order read per connection): ``HelloIn``, ``RequestIn``,
+  ``MessageIn``, ``Disconnected`` (:mod:`tmslurm.controller.items`). The items of one ``select``
+  round are handed over together, as one ``Batch`` when there are several (one queue hand-off per
+  round instead of one per line: at a thousand agents the hand-offs were a quarter of the
+  controller's time). ``conn`` is a number unique per connection, so a second client can never speak for another's.
   ``touch(conn)`` is called for every line read from an agent (heartbeats included; they are not
   queued). ``ch`` is a :class:`~tmslurm.wire.protocol.GateChannel`: the controller sends on it (blocking, from its own
   thread) and closes it; the gate keeps reading an agent's connection until EOF, so a ``close()``
   by the controller ends in one ``disconnect``. A request's connection is not read after its line.
-- The gate's own error replies never wait for a client: one that cannot be sent at once is
-  skipped, and a connection whose line went out only in part is shut down (it reads as EOF).
+- The gate's own error replies never wait for a client (:meth:`~tmslurm.controller.gateauth.Admission.refuse`):
+  one that cannot be sent at once is skipped, and a connection whose line went out only in part is
+  shut down (it reads as EOF).
 - A connection whose first line is a node relay's ``relay`` (run token) carries many agents
   (:mod:`tmslurm.wire.mux`); each is authenticated, validated and queued as if it had its own
-  connection (:mod:`tmslurm.controller.gaterelay`), and a node's votes come as one ``votes`` item.
+  connection (:mod:`tmslurm.controller.gaterelay`), and a node's votes come as one ``VotesIn``.
 - After :meth:`Gate.close_requests` (the run is ending) a one-shot request is answered with an
   ``error`` by the gate itself and never queued; agents' lines still flow. After :meth:`Gate.stop`
   nothing more is accepted or read; agents' channels stay usable for sending until the controller
@@ -47,14 +45,16 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 from tmslurm.errors import ProtocolError
-from tmslurm.wire.messages import BadMessage, Hello, NoticeRequest, RelayHello, SignedNotice, decode_agent, decode_first, token_of
+from tmslurm.wire.messages import BadMessage, ErrorReply, Hello, RelayHello, Request, decode_agent
+from tmslurm.controller.gateauth import Admission, GateLimits
+from tmslurm.controller.items import Batch, Disconnected, HelloIn, Item, MessageIn, RequestIn
 from tmslurm.controller.journal import Journal
 from tmslurm.controller.gaterelay import RelayFrames, Sub
-from tmslurm.wire.protocol import MAX_LINE, MSG_DONTWAIT, GateChannel, parse_line, shutdown, token_ok
-from tmslurm.signing import NoticeRefused, NoticeVerifier
+from tmslurm.wire.protocol import MAX_LINE, MSG_DONTWAIT, GateChannel, GateSide, parse_line, shutdown
+from tmslurm.signing import NoticeVerifier
 
 log = logging.getLogger(__name__)
 
@@ -66,18 +66,6 @@ DRAIN_MAX = 1 << 20
 RELAY_PREFIX = 16
 """A relay's frame may exceed an agent's line limit by its sub prefix."""
 _WAKE = "wake"
-
-
-@dataclass(frozen=True, kw_only=True)
-class GateLimits:
-    auth_timeout_s: float = 5.0
-    """An unauthenticated client must send its first line within this."""
-    preauth_max_line: int = 16384
-    """The first line may be at most this long."""
-    max_unauthenticated: int = 32
-    """Connections waiting for their first line at once; more are dropped."""
-    max_relay_subs: int = 4096
-    """Agents one node relay may carry at once; a hello beyond them is refused."""
 
 
 @dataclass(eq=False)
@@ -99,10 +87,9 @@ class _Conn:
 
 class Gate(RelayFrames):
     def __init__(self, server: socket.socket, token: str, verifier: NoticeVerifier | None, journal: Journal,
-                 submit: Callable[[tuple[str, Any, Any]], None], touch: Callable[[int], None], limits: GateLimits) -> None:
+                 submit: Callable[[Item], None], touch: Callable[[int], None], limits: GateLimits) -> None:
         self.server = server
-        self.token = token
-        self.verifier = verifier
+        self.admission = Admission(token, verifier, journal)
         self.journal = journal
         self.submit = submit
         self.touch = touch
@@ -116,7 +103,7 @@ class Gate(RelayFrames):
         self._pending: dict[_Conn, None] = {}  # unauthenticated, oldest (earliest deadline) first
         self._accept_paused_until: float | None = None
         self._thread: threading.Thread | None = None
-        self._round: list[tuple[str, Any, Any]] = []
+        self._round: list[Item] = []
         """Items read in this select round, handed over together by :meth:`_flush`."""
 
     def start(self) -> None:
@@ -182,13 +169,13 @@ class Gate(RelayFrames):
                 shutdown(c.ch.sock)
                 self._let_go(c)
 
-    def _emit(self, item: tuple[str, Any, Any]) -> None:
+    def _emit(self, item: Item) -> None:
         self._round.append(item)
 
     def _flush(self) -> None:
         if self._round:
             items, self._round = self._round, []
-            self.submit(items[0] if len(items) == 1 else ("batch", items, None))
+            self.submit(items[0] if len(items) == 1 else Batch(items))
 
     def _expire(self, now: float) -> None:
         while self._pending and (c := next(iter(self._pending))).deadline <= now:
@@ -266,7 +253,7 @@ class Gate(RelayFrames):
         if c.relay:  # every agent behind it is disconnected; the relay's channel is ours
             for sub in c.subs.values():
                 if sub.conn:
-                    self._emit(("disconnect", sub.conn, None))
+                    self._emit(Disconnected(sub.conn))
             c.subs.clear()
             self._end(c)
             self.journal.write("relay_gone", peer=c.peer)
@@ -276,7 +263,7 @@ class Gate(RelayFrames):
             return
         self._unregister(c)
         c.ch.done_reading()
-        self._emit(("disconnect", c.conn, None))
+        self._emit(Disconnected(c.conn))
 
     def _unregister(self, c: _Conn) -> None:
         c.reading = False
@@ -309,13 +296,13 @@ class Gate(RelayFrames):
 
     def _first_line(self, c: _Conn, line: bytes) -> None:
         self._pending.pop(c, None)
-        first = self._authenticate(c, line)
+        first = self.admission.first(line, c.ch, c.peer)
         if first is None:
             self._end(c)
         elif isinstance(first, (Hello, RelayHello)):
             if isinstance(first, Hello):
                 c.conn = next(self.conns)
-                self._emit(("hello", first, (c.conn, c.ch)))
+                self._emit(HelloIn(first, c.conn, c.ch))
             else:
                 c.relay = True
                 self.journal.write("relay", node=first.node, peer=c.peer)
@@ -326,55 +313,17 @@ class Gate(RelayFrames):
         else:
             self._hand_over(c, first)
 
-    def _authenticate(self, c: _Conn, line: bytes, ch: Any = None) -> Any:
-        """The authenticated, validated first message; or None (answered on ``ch``, by default
-        ``c``'s channel, and journalled)."""
-        ch = ch or c.ch
-        try:
-            raw = parse_line(line)
-        except ProtocolError as exc:
-            return self._refuse(ch, "bad_message", f"malformed request: {exc}", peer=c.peer)
-        if raw.get("type") == "signed_notice":
-            return self._signed(c, raw)
-        if not token_ok(token_of(raw), self.token):
-            log.warning("refused a %r request without a valid token", str(raw.get("type"))[:40])
-            return self._refuse(ch, "auth_refused", "refused: missing or wrong token (use the run's token file, "
-                                "or sign the notice with the admin key)", request=str(raw.get("type"))[:40], peer=c.peer)
-        try:
-            return decode_first(raw)
-        except BadMessage as exc:
-            return self._refuse(ch, "bad_message", str(exc), peer=c.peer)
-
-    def _signed(self, c: _Conn, raw: dict[str, Any]) -> NoticeRequest | None:
-        try:
-            notice = decode_first(raw)
-            assert isinstance(notice, SignedNotice)
-            if self.verifier is None:
-                raise NoticeRefused("this run accepts no signed notices (runtime.admin_public_key_file is not set)")
-            p = self.verifier.verify(notice)
-        except BadMessage as exc:
-            return self._refuse(c.ch, "bad_message", str(exc), peer=c.peer)
-        except NoticeRefused as exc:
-            return self._refuse(c.ch, "notice_refused", f"refused: {exc}", peer=c.peer)
-        return NoticeRequest(type="notice", token="", event=p.event, node=p.node, deadline=p.deadline,
-                             reason=p.reason, source="admin")
-
-    def _hand_over(self, c: _Conn, request: Any) -> None:
+    def _hand_over(self, c: _Conn, request: Request) -> None:
         self._unregister(c)
         c.ch.done_reading()
         self._flush()  # what was read before it stays before it
         with self.requests_lock:
             why = self.requests_closed
             if why is None:
-                self.submit(("request", request, c.ch))
+                self.submit(RequestIn(request, c.ch))
         if why is not None:
-            c.ch.send_now({"type": "error", "error": why})
+            c.ch.send_now(ErrorReply(error=why))
             c.ch.close()
-
-    def _refuse(self, ch: Any, what: str, error: str, **fields: Any) -> None:
-        self.journal.write(what, error=error[:300], **fields)
-        ch.send_now({"type": "error", "error": error})
-        return None
 
     # ---- an agent's lines -----------------------------------------------------------------------
     def _agent_bytes(self, c: _Conn, data: bytes) -> None:
@@ -400,7 +349,7 @@ class Gate(RelayFrames):
             buf.clear()
 
     def _too_long(self, c: _Conn) -> None:
-        self._refuse(c.ch, "bad_message", f"malformed message: line longer than {MAX_LINE} bytes", conn=c.conn)
+        self.admission.refuse(c.ch, "bad_message", f"malformed message: line longer than {MAX_LINE} bytes", conn=c.conn)
 
     def _line(self, c: _Conn, line: bytes) -> None:
         if c.relay:
@@ -408,23 +357,23 @@ class Gate(RelayFrames):
         else:
             self._agent_line(c.conn, c.ch, line)
 
-    def _agent_line(self, conn: int, ch: Any, line: bytes) -> None:
+    def _agent_line(self, conn: int, ch: GateSide, line: bytes) -> None:
         try:
             raw = parse_line(line)
         except ProtocolError as exc:
-            self._refuse(ch, "bad_message", f"malformed message: {exc}", conn=conn)
+            self.admission.refuse(ch, "bad_message", f"malformed message: {exc}", conn=conn)
             return
         self.touch(conn)
         self._agent_obj(conn, ch, raw)
 
-    def _agent_obj(self, conn: int, ch: Any, raw: Any) -> None:
+    def _agent_obj(self, conn: int, ch: GateSide, raw: dict[str, object]) -> None:
         try:
             msg = decode_agent(raw)
         except BadMessage as exc:
-            self._refuse(ch, "bad_message", str(exc), conn=conn)
+            self.admission.refuse(ch, "bad_message", str(exc), conn=conn)
             return
         if msg.type != "hb":
-            self._emit(("msg", conn, msg))
+            self._round.append(MessageIn(conn, msg))  # what _emit does, without its call: once per message
 
 
 def _close(sock: socket.socket) -> None:

@@ -4,10 +4,11 @@ Contract: :class:`RelayFrames` is the part of :class:`~tmslurm.controller.gate.G
 node relay's frames, on the gate's reader thread. Each agent behind a relay (a :class:`Sub`) is
 treated as if it had its own connection: its first line must be a ``hello`` with the run token
 (anything else is refused and that agent alone is closed, ``!k``), then each line is validated and
-queued as ``("msg", conn, message)`` under its own connection number; ``-k`` queues its
-``disconnect``; ``+k,...`` counts as a line from each (``touch``). A vote frame is validated in one
-call and queued as ``("votes", [conn, ...], NodeVotes)`` (0 for an agent refused in it; the
-controller counts it as a line from each when it handles it, instead of one ``touch`` each here). A frame
+queued as a :class:`~tmslurm.controller.items.MessageIn` under its own connection number; ``-k``
+queues its :class:`~tmslurm.controller.items.Disconnected`; ``+k,...`` counts as a line from each
+(``touch``). A vote frame is validated in one call and queued as one
+:class:`~tmslurm.controller.items.VotesIn` (conn 0 for an agent refused in it; the controller
+counts it as a line from each when it handles it, instead of one ``touch`` each here). A frame
 that does not parse or validate gets an ``error`` reply on the relay's connection, is journalled
 (``bad_message``) and changes nothing. At most ``GateLimits.max_relay_subs`` agents ride one relay.
 """
@@ -16,11 +17,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
+from tmslurm.controller.gateauth import Admission, GateLimits
+from tmslurm.controller.items import Disconnected, HelloIn, Item, VotesIn
 from tmslurm.errors import ProtocolError
 from tmslurm.wire.messages import BadMessage, Hello, decode_votes
 from tmslurm.wire.mux import Alive, Gone, SubChannel, Votes, parse_up
+from tmslurm.wire.protocol import GateSide
 
 
 @dataclass(eq=False)
@@ -37,19 +41,18 @@ class Sub:
 class RelayFrames:
     """Mixed into the gate: the relay frames' handling (it keeps no state of its own)."""
 
-    limits: Any
-    conns: Any
+    limits: GateLimits
+    admission: Admission
+    conns: Iterator[int]
     touch: Callable[[int], None]
-    _emit: Callable[[tuple[str, Any, Any]], None]
-    _refuse: Callable[..., None]
-    _authenticate: Callable[..., Any]
-    _agent_line: Callable[[int, Any, bytes], None]
+    _emit: Callable[[Item], None]
+    _agent_line: Callable[[int, GateSide, bytes], None]
 
     def _frame(self, c: Any, line: bytes) -> None:
         try:
             frame = parse_up(line)
         except ProtocolError as exc:
-            self._refuse(c.ch, "bad_message", f"malformed relay frame: {exc}", peer=c.peer)
+            self.admission.refuse(c.ch, "bad_message", f"malformed relay frame: {exc}", peer=c.peer)
             return
         if isinstance(frame, Alive):
             for k in frame.subs:
@@ -61,7 +64,7 @@ class RelayFrames:
         elif isinstance(frame, Gone):
             sub = c.subs.pop(frame.sub, None)
             if sub is not None and sub.conn:
-                self._emit(("disconnect", sub.conn, None))
+                self._emit(Disconnected(sub.conn))
         else:
             sub = c.subs.get(frame.sub)
             if sub is None:
@@ -77,27 +80,27 @@ class RelayFrames:
         try:
             votes = decode_votes(json.loads(frame.payload))
         except (ValueError, RecursionError, BadMessage) as exc:
-            self._refuse(c.ch, "bad_message", f"malformed relay frame: {str(exc)[:200]}", peer=c.peer)
+            self.admission.refuse(c.ch, "bad_message", f"malformed relay frame: {str(exc)[:200]}", peer=c.peer)
             return
         if len(votes.rank) != len(frame.subs):
-            self._refuse(c.ch, "bad_message", "malformed relay frame: a vote frame names one sub per rank", peer=c.peer)
+            self.admission.refuse(c.ch, "bad_message", "malformed relay frame: a vote frame names one sub per rank", peer=c.peer)
             return
         conns = []
         for k in frame.subs:
             sub = c.subs.get(k) or self._new_sub(c, k)
             if not sub.conn:  # a vote before its hello: refused as a first line without a token is
                 if not sub.dead:
-                    self._refuse(sub.ch, "auth_refused", "refused: an agent's first line must be its hello", peer=c.peer)
+                    self.admission.refuse(sub.ch, "auth_refused", "refused: an agent's first line must be its hello", peer=c.peer)
                     self._kill_sub(sub)
                 conns.append(0)
                 continue
             conns.append(sub.conn)
-        self._emit(("votes", conns, votes))
+        self._emit(VotesIn(conns, votes))
 
     def _new_sub(self, c: Any, k: int) -> Sub:
         sub = c.subs[k] = Sub(SubChannel(c.ch, k))
         if len(c.subs) > self.limits.max_relay_subs:
-            self._refuse(sub.ch, "bad_message", f"refused: a relay may carry at most {self.limits.max_relay_subs} agents",
+            self.admission.refuse(sub.ch, "bad_message", f"refused: a relay may carry at most {self.limits.max_relay_subs} agents",
                          peer=c.peer)
             self._kill_sub(sub)
         return sub
@@ -105,17 +108,17 @@ class RelayFrames:
     def _sub_first(self, c: Any, sub: Sub, line: bytes) -> None:
         """An agent's first line through a relay: authenticated like a direct one; only a hello may come this way."""
         if len(line) > self.limits.preauth_max_line:
-            self._refuse(sub.ch, "bad_message", f"malformed request: line longer than {self.limits.preauth_max_line} bytes",
+            self.admission.refuse(sub.ch, "bad_message", f"malformed request: line longer than {self.limits.preauth_max_line} bytes",
                          peer=c.peer)
             self._kill_sub(sub)
             return
-        first = self._authenticate(c, line, sub.ch)
+        first = self.admission.first(line, sub.ch, c.peer)
         if isinstance(first, Hello):
             sub.conn = next(self.conns)
-            self._emit(("hello", first, (sub.conn, sub.ch)))
+            self._emit(HelloIn(first, sub.conn, sub.ch))
             return
         if first is not None:
-            self._refuse(sub.ch, "bad_message", "refused: only an agent's hello travels through a node relay; "
+            self.admission.refuse(sub.ch, "bad_message", "refused: only an agent's hello travels through a node relay; "
                          "send requests to the controller directly", peer=c.peer)
         self._kill_sub(sub)
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol
 
+from tmslurm.wire.messages import FaultSpec
+
 
 class ClusterHooks(Protocol):
     def on_step(self, step: int, nodes: Callable[[], dict[str, str]]) -> None:
@@ -22,7 +24,7 @@ class ClusterHooks(Protocol):
         """A switch finished and left ``nodes`` without ranks: give them back; ``released(node)``
         is called (from any thread) for each one the cluster took back."""
 
-    def inject_fault(self, fault: dict[str, Any], fired: Callable[[float, str], None]) -> bool:
+    def inject_fault(self, fault: FaultSpec, fired: Callable[[float, str], None]) -> bool:
         """Raise an injected fault through the cluster (drain/node_down through Slurm, power_off/
         partition through the failure lab); False: raise it as a notice instead. For a fault whose
         moment is only known later, ``fired(t, node)`` is called from any thread when it happened."""
@@ -55,7 +57,7 @@ class LocalHooks:
     def release_nodes(self, nodes: list[str], released: Callable[[str], None]) -> None:
         return None
 
-    def inject_fault(self, fault: dict[str, Any], fired: Callable[[float, str], None]) -> bool:
+    def inject_fault(self, fault: FaultSpec, fired: Callable[[float, str], None]) -> bool:
         return False
 
     def is_batch_host(self, node: str | None) -> bool:

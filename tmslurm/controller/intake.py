@@ -26,7 +26,7 @@ from tmslurm.controller.state import Mode
 from tmslurm.controller.switches import Switches
 from tmslurm.notices import Notice
 from tmslurm.wire.messages import ErrorReply, NoticeRequest, OkReply, StatusReply, StatusRequest, StopRequest
-from tmslurm.wire.protocol import Channel
+from tmslurm.wire.protocol import LineChannel
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class Intake:
         if not any(a.node == notice.node for a in self.state.agents.values()):
             self.ctx.journal.write("notice_ignored", node=notice.node, why="no rank or standby of this run there")
 
-    def request(self, msg: NoticeRequest | StatusRequest | StopRequest, ch: Channel) -> None:
+    def request(self, msg: NoticeRequest | StatusRequest | StopRequest, ch: LineChannel) -> None:
         try:
             if isinstance(msg, NoticeRequest):
                 ch.try_send(self._notice_request(msg))

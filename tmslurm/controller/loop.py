@@ -1,16 +1,21 @@
 """The controller: one per run, one thread, one queue, a dispatch table over typed messages.
 
 Contract:
-- Everything that can change the run arrives as a queue item (a new agent, an agent's message,
-  a disconnect, a request, a notice) and is handled on one thread, so every step is decided
-  exactly once without locks: whichever of "last vote" and "failure" is dequeued first wins.
+- Everything that can change the run arrives as a queue item (:mod:`tmslurm.controller.items`: a
+  new agent, an agent's message, a disconnect, a request, a notice) and is handled on one thread,
+  so every step is decided exactly once without locks: whichever of "last vote" and "failure" is
+  dequeued first wins. An item goes to its handler by its type (``item_handlers``), an agent's
+  message by the message's type (``handlers``); a node monitor's hello, messages and disconnect
+  go to the node watch.
 - Items reach the queue already authenticated and validated (:mod:`tmslurm.controller.gate`); a
-  handler that still fails is journalled (``handler_error``) and the run goes on.
+  handler that still fails is journalled (``handler_error``) and the run goes on (a failing
+  request is answered with an ``error``).
 - The work is done by collaborators built here, in dependency order, over one
   :class:`~tmslurm.controller.state.RunState`: membership, plan book, restarts, recoveries,
   switches, commits, intake, deadlines, node watch (node monitors), summary. Cluster specifics come in as
   :class:`~tmslurm.controller.hooks.ClusterHooks`, which never wait on the cluster: their results
-  come back as queue items (``released``), so no Slurm command delays a vote.
+  come back as queue items (:class:`~tmslurm.controller.items.Released`,
+  :class:`~tmslurm.controller.items.FaultAt`), so no Slurm command delays a vote.
 - A restarted controller (``adopt``, from the supervisor) spawns nothing: it restores what was
   committed and re-adopts the live agents (:mod:`tmslurm.controller.adoption`).
 - After each commit the snapshot and the new step log entries are handed to a writer thread
@@ -37,6 +42,8 @@ from tmslurm.controller.context import Context
 from tmslurm.controller.deadlines import Deadlines
 from tmslurm.controller.hooks import ClusterHooks
 from tmslurm.controller.intake import Intake
+from tmslurm.controller.items import (Batch, Disconnected, FaultAt, HelloIn, Item, MessageIn, NoticeIn, Released,
+                                      RequestIn, VotesIn)
 from tmslurm.controller.membership import Membership
 from tmslurm.controller.monitors import NodeMonitors
 from tmslurm.controller.planbook import PlanBook
@@ -106,6 +113,12 @@ class Controller:
             m.CommErrorReport: self.recoveries.on_comm_error, m.FaultFired: self.recoveries.on_fault,
             m.Started: lambda agent, msg: self.restarts.on_started(msg), m.Ready: self._on_ready, m.Done: self._on_done,
         }
+        self.item_handlers: dict[type, Callable[[Any], None]] = {
+            HelloIn: self._on_hello, RequestIn: self._on_request, MessageIn: self._on_message,
+            Disconnected: self._on_disconnect, VotesIn: self._on_votes, NoticeIn: self._on_notice,
+            FaultAt: self._on_fault_at, Released: self._on_released, Batch: self._on_batch,
+        }
+        """Queue item type -> its handler (:mod:`tmslurm.controller.items`), as ``handlers`` is for messages."""
         self.restarts.resume_after_requeue()
         self.adoption = Adoption(self.ctx, self.members, self.commits, self.recoveries, adopt) if adopt else None
         if self.adoption is not None:
@@ -117,7 +130,7 @@ class Controller:
     # ---- intake from other threads -------------------------------------------------------------
     def submit_notice(self, notice: Notice) -> None:
         """Queue a notice from any thread (the Slurm watcher)."""
-        self.ctx.submit(("notice", notice, None))
+        self.ctx.submit(NoticeIn(notice))
 
     def checkpoint_and_requeue(self, node: str, reason: str) -> None:
         self.restarts.checkpoint_and_requeue(node, reason)
@@ -164,59 +177,70 @@ class Controller:
         else:
             self.members.touch(conn)
 
-    def handle(self, item: tuple[str, Any, Any]) -> None:
-        """Handle one queue item (a gate's ``batch``: each of its items); a failing handler is
+    def handle(self, item: Item) -> None:
+        """Handle one queue item (a gate's :class:`Batch`: each of its items); a failing handler is
         journalled, never raised."""
-        kind, a, b = item
-        if kind == "batch":
-            for one in a:
-                self.handle(one)
-            return
         try:
-            self._dispatch(kind, a, b)
+            self.item_handlers[type(item)](item)
         except Exception as exc:  # a bug must not end the run: journal it loudly and go on
-            log.exception("controller handler for %s failed", kind)
-            self.ctx.journal.write("handler_error", item=kind, error=repr(exc)[:300])
-            if kind == "request":
-                b.try_send(m.ErrorReply(error=f"internal error: {exc!r}"[:300]))
-                b.close()
+            log.exception("controller handler for %s failed", item.label)
+            self.ctx.journal.write("handler_error", item=item.label, error=repr(exc)[:300])
+            if isinstance(item, RequestIn):
+                item.ch.try_send(m.ErrorReply(error=f"internal error: {exc!r}"[:300]))
+                item.ch.close()
         if self.state.retry_notices:
             self.intake.retry_pending()
 
-    def _dispatch(self, kind: str, a: Any, b: Any) -> None:
-        if kind == "hello" and a.kind == "monitor":
-            self.monitors.hello(a, *b)
-        elif kind == "hello":
-            agent = self.members.hello(a, *b)
+    # ---- one handler per kind of queue item (:mod:`tmslurm.controller.items`) ----------------------
+    def _on_batch(self, item: Batch) -> None:
+        for one in item.items:
+            self.handle(one)
+
+    def _on_hello(self, item: HelloIn) -> None:
+        if item.hello.kind == "monitor":
+            self.monitors.hello(item.hello, item.conn, item.ch)
+            return
+        agent = self.members.hello(item.hello, item.conn, item.ch)
+        if agent is not None:
+            self.monitors.watch(agent)
+            if self.adoption is not None:
+                self.adoption.on_hello(agent, item.hello.rejoin)
+
+    def _on_message(self, item: MessageIn) -> None:
+        if self.monitors.owns(item.conn):
+            self.monitors.on_msg(item.conn, item.msg)
+            return
+        agent = self.members.agent_of_conn(item.conn)
+        if agent is not None and agent.alive:
+            self.handlers[type(item.msg)](agent, item.msg)
+
+    def _on_disconnect(self, item: Disconnected) -> None:
+        if self.monitors.owns(item.conn):
+            self.monitors.disconnect(item.conn)
+        else:
+            self.recoveries.disconnect(self.members.agent_of_conn(item.conn))
+
+    def _on_votes(self, item: VotesIn) -> None:
+        """A node relay's votes, for its agents' connections (0: refused)."""
+        agents = [self.members.agent_of_conn(c) if c else None for c in item.conns]
+        now_m = time.monotonic()
+        for agent in agents:  # a vote is a line from its agent: it proves it alive
             if agent is not None:
-                self.monitors.watch(agent)
-                if self.adoption is not None:
-                    self.adoption.on_hello(agent, a.rejoin)
-        elif kind == "msg" and self.monitors.owns(a):
-            self.monitors.on_msg(a, b)
-        elif kind == "disconnect" and self.monitors.owns(a):
-            self.monitors.disconnect(a)
-        elif kind == "msg":
-            agent = self.members.agent_of_conn(a)
-            if agent is not None and agent.alive:
-                self.handlers[type(b)](agent, b)
-        elif kind == "votes":  # a node relay's, for its agents' connections (0: refused)
-            agents = [self.members.agent_of_conn(c) if c else None for c in a]
-            now_m = time.monotonic()
-            for agent in agents:  # a vote is a line from its agent: it proves it alive
-                if agent is not None:
-                    agent.last_seen = now_m
-            self.commits.on_node_votes(agents, b)
-        elif kind == "disconnect":
-            self.recoveries.disconnect(self.members.agent_of_conn(a))
-        elif kind == "request":
-            self.intake.request(a, b)
-        elif kind == "notice":
-            self.intake.notice(a)
-        elif kind == "fault_at":
-            self.recoveries.on_cluster_fault(a, b)
-        elif kind == "released":  # the cluster hooks gave a node back, off this thread
-            self.ctx.journal.write("node_released", node=a)
+                agent.last_seen = now_m
+        self.commits.on_node_votes(agents, item.votes)
+
+    def _on_request(self, item: RequestIn) -> None:
+        self.intake.request(item.request, item.ch)
+
+    def _on_notice(self, item: NoticeIn) -> None:
+        self.intake.notice(item.notice)
+
+    def _on_fault_at(self, item: FaultAt) -> None:
+        self.recoveries.on_cluster_fault(item.fault, item.node, item.t)
+
+    def _on_released(self, item: Released) -> None:
+        """The cluster hooks gave a node back, off this thread."""
+        self.ctx.journal.write("node_released", node=item.node)
 
     def _on_ready(self, agent: Agent, msg: m.Ready) -> None:
         agent.roles[msg.role] = msg.model_dump(exclude={"type"})
@@ -258,12 +282,12 @@ class Controller:
         server.close_requests(why)
         while True:
             try:
-                kind, _, ch = self.ctx.queue.get_nowait()
+                item = self.ctx.queue.get_nowait()
             except queue.Empty:
                 return
-            if kind == "request":
-                ch.try_send(m.ErrorReply(error=why))
-                ch.close()
+            if isinstance(item, RequestIn):  # the gate never puts a request inside a batch
+                item.ch.try_send(m.ErrorReply(error=why))
+                item.ch.close()
 
 
 def _verifier(ctx: Context) -> NoticeVerifier | None:

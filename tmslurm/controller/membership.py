@@ -20,8 +20,8 @@ import time
 from tmslurm.config import to_dict
 from tmslurm.controller.context import Context
 from tmslurm.controller.state import Agent, Mode
-from tmslurm.wire.messages import Address, ErrorReply, FaultSpec, Hello, Welcome
-from tmslurm.wire.protocol import Channel
+from tmslurm.wire.messages import Address, ErrorReply, Hello, Welcome
+from tmslurm.wire.protocol import LineChannel
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ class Membership:
         self.replenishing = cfg.standby.replenish or cfg.cluster == "slurm"
 
     # ---- connections --------------------------------------------------------------------------
-    def hello(self, msg: Hello, conn: int, ch: Channel) -> Agent | None:
+    def hello(self, msg: Hello, conn: int, ch: LineChannel) -> Agent | None:
         if msg.rejoin is not None and self.state.mode is not Mode.ADOPTING:
             # only a restarted controller takes agents back; this one closed the connection itself (a fence)
             self.ctx.journal.write("hello_refused", kind=msg.kind, id=msg.id, node=msg.node, reported_pid=msg.pid,
@@ -63,7 +63,7 @@ class Membership:
         if rank is not None:
             agent.rank = rank
             self.state.slots[rank] = agent.aid
-        faults = [FaultSpec(**f) for f in self.ctx.pending_faults() if msg.kind == "worker" and f["rank"] == msg.id]
+        faults = [f for f in self.ctx.pending_faults() if msg.kind == "worker" and f.rank == msg.id]
         ch.try_send(Welcome(config=to_dict(self.ctx.cfg), epoch=self.state.epoch, generation=self.state.epoch,
                             resume_step=self.state.resume_step, faults=faults, address=Address(**self.address)))
         self.ctx.journal.write("agent_up", agent=agent.aid, node=agent.node, pid=agent.pid)

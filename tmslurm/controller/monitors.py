@@ -32,7 +32,7 @@ from tmslurm.controller.recoveries import Recoveries
 from tmslurm.config import to_dict
 from tmslurm.controller.state import Agent, Mode
 from tmslurm.wire.messages import Address, Beat, ErrorReply, Exited, Finish, Hello, Stopped, Watch, Welcome
-from tmslurm.wire.protocol import Channel
+from tmslurm.wire.protocol import LineChannel
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class NodeMonitor:
     node: str
     pid: int
     """As reported: for logs only, never signalled."""
-    channel: Channel
+    channel: LineChannel
     last_seen: float
     alive: bool = True
 
@@ -65,7 +65,7 @@ class NodeMonitors:
         if mon is not None:
             mon.last_seen = time.monotonic()
 
-    def hello(self, msg: Hello, conn: int, ch: Channel) -> None:
+    def hello(self, msg: Hello, conn: int, ch: LineChannel) -> None:
         if msg.rejoin is not None and self.state.mode is not Mode.ADOPTING:
             ch.try_send(ErrorReply(error="refused: this controller did not restart; there is nothing to rejoin"))
             ch.close()

@@ -16,6 +16,7 @@ import logging
 import time
 
 from tmslurm.controller.context import Context
+from tmslurm.controller.items import Released
 from tmslurm.controller.membership import Membership
 from tmslurm.controller.plans import PlannedSwitch
 from tmslurm.controller.state import Mode
@@ -40,7 +41,7 @@ class PlanBook:
         self.state.plan = None
         emptied = sorted({n for n in str((plan.event or {}).get("node", "")).split(",") if n})
         empty = [n for n in emptied if not self.members.ranks_of_node(n)]
-        self.ctx.hooks.release_nodes(empty, lambda node: self.ctx.submit(("released", node, None)))
+        self.ctx.hooks.release_nodes(empty, lambda node: self.ctx.submit(Released(node)))
         self.state.mode = Mode.RUNNING
         self.state.retry_notices = True
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tmslurm.wire.messages import Join, Prepare
+
 
 @dataclass
 class Move:
@@ -75,8 +77,8 @@ class PlannedSwitch(_Plan):
     kind: str = "planned"
     source: str = ""
     ready: bool = False
-    deferred: dict[Any, dict[str, Any]] = field(default_factory=dict)
-    """switch_mode=full: the phase-1 messages, sent only with the commit that applies the switch."""
+    deferred: dict[int | str, Prepare | Join] = field(default_factory=dict)
+    """switch_mode=full: the phase-1 messages (by rank, or joiner's agent id), sent only with the commit that applies the switch."""
     bytes: int = 0
 
 

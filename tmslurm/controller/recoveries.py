@@ -28,7 +28,7 @@ from tmslurm.controller.planbook import PlanBook
 from tmslurm.controller.plans import Move, PlannedSwitch, Recovery
 from tmslurm.controller.restarts import Restarts
 from tmslurm.controller.state import Agent, Mode
-from tmslurm.wire.messages import Abort, Aborted, CommErrorReport, FaultFired, Joined, Recovered
+from tmslurm.wire.messages import Abort, Aborted, CommErrorReport, FaultFired, FaultSpec, Joined, Recovered
 from tmslurm.controller import switchplan as sw
 
 log = logging.getLogger(__name__)
@@ -173,14 +173,13 @@ class Recoveries:
         self.state.fault_t[msg.rank] = time.time()
         self.ctx.journal.write("fault", index=msg.index, rank=msg.rank, step=msg.step, kind=msg.kind)
 
-    def on_cluster_fault(self, fault: dict[str, Any], t: float) -> None:
-        """A fault the cluster injected (the failure lab's power-off, partition) happened at ``t``:
-        every rank on its node was hit then; their detection is measured from that moment."""
-        ranks = self.members.ranks_of_node(fault["node"])
+    def on_cluster_fault(self, fault: FaultSpec, node: str, t: float) -> None:
+        """A fault the cluster injected (the failure lab's power-off, partition) happened on ``node``
+        at ``t``: every rank on that node was hit then; their detection is measured from that moment."""
+        ranks = self.members.ranks_of_node(node)
         for rank in ranks:
             self.state.fault_t[rank] = t
-        self.ctx.journal.write("fault", kind=fault["kind"], rank=fault["rank"], node=fault["node"], ranks=ranks,
-                               via="lab", at=t)
+        self.ctx.journal.write("fault", kind=fault.kind, rank=fault.rank, node=node, ranks=ranks, via="lab", at=t)
 
     def disconnect(self, agent: Agent | None) -> None:
         if agent is None or not agent.alive:

@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 from tmslurm.controller.context import Context
+from tmslurm.controller.items import Released
 from tmslurm.controller.snapshot import read_snapshot
 from tmslurm.controller.membership import Membership
 from tmslurm.controller.planbook import PlanBook
@@ -89,7 +90,7 @@ class Restarts:
         failed = [r for r in world if self.members.spawn_worker(r, st.incarnation) is False]
         left = sorted(before - {self.ctx.spawner.node_of_rank(r) for r in world})
         if left and not failed:  # ranks moved off these (bad) nodes: give them back, as a switch does
-            self.ctx.hooks.release_nodes(left, lambda node: self.ctx.submit(("released", node, None)))
+            self.ctx.hooks.release_nodes(left, lambda node: self.ctx.submit(Released(node)))
         st.mode = Mode.RUNNING
         if failed:  # never hang: end the run with what it has, the checkpoint stays for a resume
             log.error("ranks %s cannot be restarted anywhere; ending the run (resume with train.resume_from)", failed)

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 
-from tmslurm.controller.gate import Gate, GateLimits
+from tmslurm.controller.gate import Gate
+from tmslurm.controller.gateauth import GateLimits
+from tmslurm.controller.items import Item
 from tmslurm.controller.journal import Journal
 from tmslurm.signing import NoticeVerifier
 
@@ -46,7 +48,7 @@ class ControlServer:
         return {"host": self.host, "port": self.sock.getsockname()[1], "store_port": self.store_port}
 
     def serve(self, token: str, verifier: NoticeVerifier | None, journal: Journal,
-              submit: Callable[[tuple[str, Any, Any]], None], touch: Callable[[int], None]) -> None:
+              submit: Callable[[Item], None], touch: Callable[[int], None]) -> None:
         self.gate = Gate(self.sock, token, verifier, journal, submit, touch, GateLimits())
         self.gate.start()
 

@@ -17,7 +17,7 @@ from typing import Any
 from tmslurm.controller.plans import PlannedSwitch, Recovery
 from tmslurm.wire.messages import Done, Started
 from tmslurm.notices import Notice
-from tmslurm.wire.protocol import Channel
+from tmslurm.wire.protocol import LineChannel
 
 
 class Mode(enum.Enum):
@@ -43,7 +43,8 @@ class Agent:
     pid: int
     """As the agent reported it: for logs only, never signalled."""
     node: str
-    channel: Channel
+    channel: LineChannel
+    """A :class:`~tmslurm.wire.protocol.GateChannel`, or a :class:`~tmslurm.wire.mux.SubChannel` behind a node relay."""
     last_seen: float
     host: str | None = None
     rank: int | None = None

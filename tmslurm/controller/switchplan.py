@@ -16,7 +16,6 @@ why, and the controller falls back to a checkpoint restart.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from tmslurm.controller.plans import Move, Plan
 from tmslurm.errors import TmslurmError
@@ -87,7 +86,7 @@ def _greedy(layout: Layout, ranks: list[int], candidates: dict[str, set[str]], p
     return moves
 
 
-def planned_messages(layout: Layout, plan: Plan) -> dict[Any, Prepare | Join]:
+def planned_messages(layout: Layout, plan: Plan) -> dict[int | str, Prepare | Join]:
     """``prepare`` for stayers (keyed by rank) and leavers, ``join`` for joiners (keyed by standby id)."""
     leaving = set(plan.ranks)
     groups: dict[int, dict[str, int]] = {}
@@ -98,19 +97,19 @@ def planned_messages(layout: Layout, plan: Plan) -> dict[Any, Prepare | Join]:
                 groups.setdefault(member, {})[name] = plan.epoch
     for m in plan.moves:
         pairs.setdefault(m.rank, {})[m.xfer] = [plan.epoch, 0]
-    out: dict[Any, Prepare | Join] = {r: Prepare(epoch=plan.epoch, groups=groups.get(r, {}), pairs=pairs.get(r, {}))
+    out: dict[int | str, Prepare | Join] = {r: Prepare(epoch=plan.epoch, groups=groups.get(r, {}), pairs=pairs.get(r, {}))
                                       for r in [*groups, *(r for r in pairs if r not in groups)]}
     for m in plan.moves:
         out[m.joiner] = join_message(layout, plan, m, activate=False)
     return out
 
 
-def recovery_messages(layout: Layout, plan: Plan, alive: list[int]) -> dict[Any, Recover | Join]:
+def recovery_messages(layout: Layout, plan: Plan, alive: list[int]) -> dict[int | str, Recover | Join]:
     """``recover`` for every alive rank (possibly with nothing to rebuild) and ``join`` per joiner."""
     pairs: dict[int, dict[str, list[int]]] = {rank: {} for rank in alive}
     for m in plan.moves:
         pairs[m.source][m.xfer] = [plan.epoch, 0]
-    out: dict[Any, Recover | Join] = {
+    out: dict[int | str, Recover | Join] = {
         rank: Recover(epoch=plan.epoch, groups={n: plan.epoch for n in plan.groups if rank in layout.groups[n].members},
                       pairs=pairs[rank]) for rank in alive}
     for m in plan.moves:

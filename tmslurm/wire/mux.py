@@ -21,8 +21,12 @@ Contract:
   goes to a node's ranks as one frame) and ``!<k>`` (close sub ``k``).
 - :func:`parse_up` and :func:`parse_down` split one frame (without or with its newline) and raise
   :class:`~tmslurm.errors.ProtocolError` on anything else; they never raise another error.
-  :class:`SubChannel` is the controller's channel to one sub: it sends like a
-  :class:`~tmslurm.wire.protocol.GateChannel`, through the relay's connection.
+  :class:`SubChannel` is the controller's channel to one sub: a
+  :class:`~tmslurm.wire.protocol.GateSide` like a :class:`~tmslurm.wire.protocol.GateChannel`,
+  through the relay's connection.
+- :func:`up_votes` builds its frame's JSON body from the held votes' decoded dicts, not through a
+  :class:`~tmslurm.wire.messages.NodeVotes` model: it runs on the relay for every step of every node
+  (and in the load generator), and the controller validates the frame in one call anyway.
 - Why a hand-made prefix and not a JSON envelope: the line inside is the agent's own bytes, which
   the gate parses and validates exactly as it would on a direct connection; an envelope would make
   the relay and the controller decode and re-encode every message once more.
@@ -38,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from tmslurm.errors import ProtocolError
-from tmslurm.wire.protocol import GateChannel, encode_line
+from tmslurm.wire.protocol import GateChannel, GateSide
 
 MAX_SUB = 1 << 20
 HOLD_S = 0.01
@@ -267,7 +271,7 @@ class VoteHold:
         return before is not None and before <= set(self.held)
 
 
-class SubChannel:
+class SubChannel(GateSide):
     """The controller's channel to one agent behind a relay: sends go through the relay's
     connection with the sub's prefix; ``close()`` tells the relay to close that agent's socket."""
 
@@ -276,31 +280,15 @@ class SubChannel:
         self.sub = sub
         self.closed = False
 
-    def send(self, msg: Any) -> None:
-        self.send_line(encode_line(msg))
-
     def send_line(self, data: bytes) -> None:
         if self.closed:
             raise OSError("the controller closed this agent's channel")
         self.relay.send_line(deliver([self.sub], data))
 
-    def try_send_line(self, data: bytes) -> bool:
-        try:
-            self.send_line(data)
-            return True
-        except OSError:
-            return False
-
-    def try_send(self, msg: Any) -> bool:
-        return self.try_send_line(encode_line(msg))
-
-    def send_now(self, msg: Any) -> bool:
-        return self.relay.send_now_line(deliver([self.sub], encode_line(msg)))
+    def send_now_line(self, data: bytes) -> bool:
+        return self.relay.send_now_line(deliver([self.sub], data))
 
     def close(self) -> None:
         if not self.closed:
             self.closed = True
             self.relay.try_send_line(close_frame(self.sub))
-
-    def done_reading(self) -> None:
-        """Nothing to free: the relay's connection is the gate's."""

@@ -2,13 +2,23 @@
 
 Contract: the first message on every connection carries ``token`` (or, for a signed admin notice,
 a signature); the controller compares it in constant time with the run token (``<run_dir>/token``,
-mode 0600, created with O_EXCL) and refuses the connection otherwise. :class:`Channel` sends whole
-lines under a lock (safe from several threads). :meth:`Channel.recv` returns ``None`` on EOF and
-raises :class:`~tmslurm.errors.ProtocolError` on a line that is not a JSON object with a string
-``type``, :class:`LineTooLong` on a line over its limit (the rest of that line is discarded, so the
-stream stays in sync) and :class:`ReadTimeout` when the socket's timeout passes. A
-:class:`GateChannel` (the controller's side of a connection) only sends: the gate reads its socket
-with :func:`parse_line` for each line. What the fields mean and which are valid is
+mode 0600, created with O_EXCL) and refuses the connection otherwise.
+
+Every channel is a :class:`LineChannel`: one primitive, :meth:`LineChannel.send_line` (one line
+already encoded by :func:`encode_line`; raises ``OSError`` when it cannot), under which
+:meth:`~LineChannel.send` (a :class:`~tmslurm.wire.messages.Msg` model), :meth:`~LineChannel.try_send`
+and :meth:`~LineChannel.try_send_line` (``False`` instead of ``OSError``) are implemented once. Three
+implement it: :class:`Channel` (a direct connection with its own reader: an agent's, a client's),
+:class:`GateChannel` (the controller's side of a connection its gate reads) and
+:class:`~tmslurm.wire.mux.SubChannel` (the controller's side of one agent behind a node relay). The
+last two are a :class:`GateSide`, which adds :meth:`GateSide.send_now` (a reply that never waits
+for the peer). A socket channel sends whole lines under a lock (safe from several threads).
+
+:meth:`Channel.recv` returns ``None`` on EOF and raises :class:`~tmslurm.errors.ProtocolError` on a
+line that is not a JSON object with a string ``type``, :class:`LineTooLong` on a line over its limit
+(the rest of that line is discarded, so the stream stays in sync) and :class:`ReadTimeout` when the
+socket's timeout passes. The gate reads a :class:`GateChannel`'s socket itself, with
+:func:`parse_line` for each line. What the fields mean and which are valid is
 :mod:`tmslurm.wire.messages`' business.
 """
 
@@ -26,6 +36,7 @@ from typing import Any
 
 from tmslurm.errors import AuthError, ProtocolError, TmslurmError
 from tmslurm.rundir import RunDir
+from tmslurm.wire.messages import Msg
 
 MAX_LINE = 1 << 20
 MSG_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
@@ -41,8 +52,9 @@ class ReadTimeout(ProtocolError):
     """No complete line within the socket's timeout."""
 
 
-def encode_line(msg: Any) -> bytes:
-    """A dict or a :class:`~tmslurm.wire.messages.Msg` as one JSON line."""
+def encode_line(msg: Msg | dict[str, Any]) -> bytes:
+    """A :class:`~tmslurm.wire.messages.Msg` (or, for a raw line such as a client's untyped request,
+    a dict) as one JSON line."""
     if hasattr(msg, "model_dump"):
         msg = msg.model_dump(mode="json")
     return (json.dumps(msg, separators=(",", ":")) + "\n").encode()
@@ -59,21 +71,23 @@ def parse_line(line: bytes) -> dict[str, Any]:
     return msg
 
 
-class Channel:
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self._rfile = sock.makefile("rb")
-        self._lock = threading.Lock()
-        self.closed = False
+class LineChannel:
+    """What every channel is: sends built once on :meth:`send_line`, the one primitive an
+    implementation provides (with :meth:`close`). Not an ``abc.ABC``: the controller's fan-out tests
+    ``isinstance`` per agent and per decision, and ``ABCMeta``'s check costs several times a plain one."""
 
-    def send(self, msg: Any) -> None:
-        """Send a dict or a :class:`~tmslurm.wire.messages.Msg` as one line."""
-        self.send_line(encode_line(msg))
+    closed: bool
 
     def send_line(self, data: bytes) -> None:
-        """Send one line already encoded by :func:`encode_line` (a broadcast encodes once)."""
-        with self._lock:
-            self.sock.sendall(data)
+        """Send one line already encoded by :func:`encode_line` (a broadcast encodes once); ``OSError`` when it cannot."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def send(self, msg: Msg) -> None:
+        """Send a message model as one line."""
+        self.send_line(encode_line(msg))
 
     def try_send_line(self, data: bytes) -> bool:
         try:
@@ -82,12 +96,48 @@ class Channel:
         except OSError:
             return False
 
-    def try_send(self, msg: Any) -> bool:
-        try:
-            self.send(msg)
-            return True
-        except OSError:
-            return False
+    def try_send(self, msg: Msg) -> bool:
+        return self.try_send_line(encode_line(msg))
+
+
+class GateSide(LineChannel):
+    """The controller's side of a connection its gate reads (:mod:`tmslurm.controller.gate`): a
+    :class:`GateChannel` or a relay's :class:`~tmslurm.wire.mux.SubChannel`. Adds the gate's own
+    replies, which never wait for the peer, on :meth:`send_now_line`."""
+
+    def send_now_line(self, data: bytes) -> bool:
+        """Send one encoded line without waiting for the peer; False when it did not go out whole."""
+        raise NotImplementedError
+
+    def send_now(self, msg: Msg) -> bool:
+        """:meth:`send_now_line` of a message model."""
+        return self.send_now_line(encode_line(msg))
+
+
+class SocketChannel(LineChannel):
+    """A channel over its own socket: whole lines under a lock, so several threads may send."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def send_line(self, data: bytes) -> None:
+        with self._lock:
+            self.sock.sendall(data)
+
+    def close(self) -> None:
+        self.closed = True
+        shutdown(self.sock)
+        self.sock.close()
+
+
+class Channel(SocketChannel):
+    """A direct connection with its own reader (an agent's, a client's)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__(sock)
+        self._rfile = sock.makefile("rb")
 
     def recv(self, max_line: int = MAX_LINE) -> dict[str, Any] | None:
         line = self._readline(max_line)
@@ -112,13 +162,8 @@ class Channel:
             if not part or part.endswith(b"\n"):
                 return
 
-    def close(self) -> None:
-        self.closed = True
-        shutdown(self.sock)
-        self.sock.close()
 
-
-class GateChannel(Channel):
+class GateChannel(SocketChannel, GateSide):
     """A channel whose socket the controller's gate reads (:mod:`tmslurm.controller.gate`): it sends
     like :class:`Channel` and has no reader of its own. ``close()`` shuts the connection down at
     once; the socket is freed once the gate has stopped reading it too (:meth:`done_reading`), so the
@@ -126,14 +171,9 @@ class GateChannel(Channel):
     """
 
     def __init__(self, sock: socket.socket) -> None:  # no makefile: the gate reads the socket itself
-        self.sock = sock
-        self._lock = threading.Lock()
+        super().__init__(sock)
         self._state = threading.Lock()
         self._reading = True
-        self.closed = False
-
-    def recv(self, max_line: int = MAX_LINE) -> dict[str, Any] | None:
-        raise TypeError("the gate reads this connection")
 
     def close(self) -> None:
         with self._state:
@@ -151,12 +191,8 @@ class GateChannel(Channel):
         if free:
             self.sock.close()
 
-    def send_now(self, msg: Any) -> bool:
-        """Send one line without waiting for the peer; a partly sent line shuts the connection down."""
-        return self.send_now_line(encode_line(msg))
-
     def send_now_line(self, data: bytes) -> bool:
-        """:meth:`send_now` of an encoded line."""
+        """Send one line without waiting for the peer; a partly sent line shuts the connection down."""
         if not self._lock.acquire(timeout=REPLY_LOCK_S):
             return False
         try:
@@ -234,12 +270,13 @@ def request(run_dir: Path, msg: dict[str, Any], token: str | None = None, timeou
                     timeout_s)
 
 
-def exchange(addr: dict[str, Any], msg: Any, timeout_s: float = 10.0) -> dict[str, Any]:
-    """Send one first line to the controller at ``addr`` and return its one reply."""
+def exchange(addr: dict[str, Any], msg: Msg | dict[str, Any], timeout_s: float = 10.0) -> dict[str, Any]:
+    """Send one first line to the controller at ``addr`` and return its one reply. ``msg`` may be a
+    raw dict (:func:`request`'s untyped CLI requests): the controller validates whatever comes."""
     ch = connect(addr["host"], addr["port"], timeout_s)
     try:
         ch.sock.settimeout(timeout_s)
-        ch.send(msg)
+        ch.send_line(encode_line(msg))
         reply = ch.recv()
     finally:
         ch.close()

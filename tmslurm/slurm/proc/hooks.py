@@ -29,6 +29,7 @@ from tmslurm.slurm.client import SlurmClient
 from tmslurm.slurm.lab import LAB_FAULTS, inject_lab_fault
 from tmslurm.slurm.proc.spawner import SlurmSpawner
 from tmslurm.slurm.watcher import NodeWatch
+from tmslurm.wire.messages import FaultSpec
 
 log = logging.getLogger(__name__)
 NODES_REFRESH_S = 0.25
@@ -58,12 +59,12 @@ class SlurmHooks:
             if node != self.batch_host:
                 self.spawner.release_node(node, released)
 
-    def inject_fault(self, fault: dict[str, Any], fired: Callable[[float, str], None]) -> bool:
-        node = self.spawner.node_of_rank(fault["rank"])
-        if fault["kind"] in LAB_FAULTS:
-            inject_lab_fault(self.spawner.cfg, fault["kind"], node, fired)
+    def inject_fault(self, fault: FaultSpec, fired: Callable[[float, str], None]) -> bool:
+        node = self.spawner.node_of_rank(fault.rank)
+        if fault.kind in LAB_FAULTS:
+            inject_lab_fault(self.spawner.cfg, fault.kind, node, fired)
             return True
-        self.spawner.lane.submit(lambda: self._update_node(node, fault["kind"]), f"inject-{fault['kind']}")
+        self.spawner.lane.submit(lambda: self._update_node(node, fault.kind), f"inject-{fault.kind}")
         return True
 
     def _update_node(self, node: str, kind: str) -> None:
