@@ -1,4 +1,4 @@
-"""``python -m benchmarks {downtime,scaling,overhead,memory,roles,control,ckpt,soak,project}`` (also ``scripts/bench``)."""
+"""``python -m benchmarks {downtime,scaling,overhead,memory,roles,control,ckpt,soak,linkbw,project}`` (also ``scripts/bench``)."""
 
 from __future__ import annotations
 
@@ -81,6 +81,10 @@ def parser() -> argparse.ArgumentParser:
     k.add_argument("--repeats", type=int, default=2)
     k.add_argument("--warmup", type=int, default=3)
     k.add_argument("--json", default="docs/bench/ckpt.json")
+    lb = sub.add_parser("linkbw", help="state transfer vs the raw link on one gloo pair, per model preset (two processes)")
+    lb.add_argument("--models", default="small,base", help="model presets, comma-separated (tiny, small, base, large)")
+    lb.add_argument("--repeats", type=int, default=5)
+    lb.add_argument("--json", default="docs/bench/linkbw.json")
     cr = sub.add_parser("ctlrestart", help="kill -9 of the controller at random steps: downtime and its parts, exactness")
     cr.add_argument("--kills", type=int, default=10)
     cr.add_argument("--steps", type=int, default=400)

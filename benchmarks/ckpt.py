@@ -30,6 +30,7 @@ import torch
 from benchmarks.common import commit, say
 from tmslurm.comm.stage_comm import SoloStageComm
 from tmslurm.config import MODEL_PRESETS, TrainConfig
+from tmslurm.topology import split_layers
 from tmslurm.train import checkpoint
 from tmslurm.train.async_checkpoint import AsyncCheckpointer
 from tmslurm.train.model import ReferenceTask
@@ -40,9 +41,16 @@ MODES = ("off", "sync", "async")
 
 
 def build_runner(model: str) -> StageRunner:
+    return build_stage_runner(model, stage=0, stages=1)
+
+
+def build_stage_runner(model: str, stage: int, stages: int) -> StageRunner:
+    """The runner of one pipeline stage of ``model`` (dp = tp = 1), as a rank builds it."""
     cfg = MODEL_PRESETS[model]
     task = ReferenceTask(cfg, TrainConfig())
-    return StageRunner(task, StageSpec(0, 1, "only", range(cfg.n_layer)), 0, 1, TrainConfig().micro_batches, torch.device("cpu"))
+    role = "only" if stages == 1 else "first" if stage == 0 else "last" if stage == stages - 1 else "middle"
+    spec = StageSpec(stage, stages, role, split_layers(cfg.n_layer, stages)[stage])
+    return StageRunner(task, spec, 0, 1, TrainConfig().micro_batches, torch.device("cpu"))
 
 
 def run_mode(mode: str, model: str, steps: int, every: int, out: Path) -> list[tuple[int, bool, float]]:

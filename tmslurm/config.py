@@ -22,7 +22,7 @@ CLUSTER_FAULTS = ("node_down", "power_off", "partition")  # driven through Slurm
 BACKENDS = ("gloo", "nccl")
 DEVICES = ("cpu", "cuda")
 CLUSTERS = ("local", "slurm")
-MODEL_SIZES = ("tiny", "small")
+MODEL_SIZES = ("tiny", "small", "base", "large")
 RESTART_MODES = ("tmslurm", "injob_restart", "requeue_restart")
 SLURM_CHECKPOINT_EVERY = 50
 """Default train.checkpoint_every of a cluster=slurm run that does not set it."""
@@ -46,7 +46,7 @@ class ParallelConfig:
 @dataclass(kw_only=True)
 class ModelConfig:
     size: str = "tiny"
-    """Preset name this config came from (tiny | small)."""
+    """Preset name this config came from (tiny | small | base | large)."""
     n_layer: int = 4
     """Transformer blocks, split over the pipeline stages."""
     d_model: int = 32
@@ -239,6 +239,9 @@ class RunConfig:
 MODEL_PRESETS = {
     "tiny": ModelConfig(size="tiny", n_layer=4, d_model=32, n_head=2, seq_len=32),
     "small": ModelConfig(size="small", n_layer=6, d_model=128, n_head=4, seq_len=64),
+    # sized by state per rank (parameters + AdamW moments, 12 bytes a parameter) at DP2 x PP2:
+    "base": ModelConfig(size="base", n_layer=12, d_model=768, n_head=12, seq_len=64),     # ~0.5 GB per rank
+    "large": ModelConfig(size="large", n_layer=18, d_model=1024, n_head=16, seq_len=64),  # ~1.4 GB per rank
 }
 
 

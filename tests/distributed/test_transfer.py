@@ -1,4 +1,5 @@
-"""State transfer over a real gloo pair: bit-identical state, tensors sent from their own memory."""
+"""State transfer over a real gloo pair: bit-identical state in flat buckets (boundaries inside tensors,
+buckets spanning several), received into the receiver's own tensors when given."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import torch.distributed as dist
 pytestmark = pytest.mark.dist
 
 
-def _state(extra: int = 0):
-    torch.manual_seed(0)
+def _state(extra: int = 0, seed: int = 0):
+    torch.manual_seed(seed)
     m = torch.nn.Sequential(torch.nn.Linear(5, 3), torch.nn.LayerNorm(3))
     o = torch.optim.AdamW(m.parameters())
     m(torch.randn(2, 5)).sum().backward()
@@ -24,8 +25,11 @@ def _state(extra: int = 0):
     return {"state": {"model": m.state_dict(), "optim": o.state_dict(), "more": more}, "step": 7}
 
 
-def _peer(rank: int, port: int, q, extra: int) -> None:
+def _peer(rank: int, port: int, q, extra: int, bucket: int, into: bool) -> None:
+    from tmslurm.comm import transfer
     from tmslurm.comm.transfer import recv_state, send_state
+
+    transfer.BUCKET_BYTES = bucket
 
     store = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False)
     pg = dist.ProcessGroupGloo(dist.PrefixStore("xfer", store), rank, 2, datetime.timedelta(seconds=30))
@@ -33,7 +37,16 @@ def _peer(rank: int, port: int, q, extra: int) -> None:
     if rank == 0:
         q.put(("sent", send_state(pg, 1, st, 30)))
         return
-    got, n = recv_state(pg, 0, 30)
+    mine = _state(extra, seed=1) if into else None  # same structure, other values
+    got, n = recv_state(pg, 0, 30, into=mine)
+    if into:  # every tensor landed in the receiver's own memory
+        own = [t.data_ptr() for t in mine["state"]["model"].values()]
+        own += [t.data_ptr() for s in mine["state"]["optim"]["state"].values() for t in s.values()]
+        landed = [t.data_ptr() for t in got["state"]["model"].values()]
+        landed += [t.data_ptr() for s in got["state"]["optim"]["state"].values() for t in s.values()]
+        if landed != own:
+            q.put(("recv", "not received in place", n))
+            return
     same = all(torch.equal(got["state"]["model"][k], v) for k, v in st["state"]["model"].items())
     for i, s in st["state"]["optim"]["state"].items():
         for k, v in s.items():
@@ -44,12 +57,16 @@ def _peer(rank: int, port: int, q, extra: int) -> None:
     q.put(("recv", same, n))
 
 
-@pytest.mark.parametrize("extra", [0, 150])
-def test_state_arrives_bit_identical(extra):
+@pytest.mark.parametrize("extra,bucket,into", [
+    (0, 32 << 20, False),  # the whole state in one bucket: staged
+    (150, 7, False),       # 7-byte buckets: boundaries inside every tensor, 0-dim ones included
+    (150, 64, True),       # buckets spanning several tensors, received into the receiver's own tensors
+])
+def test_state_arrives_bit_identical(extra, bucket, into):
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=_peer, args=(r, store.port, q, extra), daemon=True) for r in range(2)]
+    procs = [ctx.Process(target=_peer, args=(r, store.port, q, extra, bucket, into), daemon=True) for r in range(2)]
     for p in procs:
         p.start()
     out = dict((item[0], item[1:]) for item in (q.get(timeout=60), q.get(timeout=60)))

@@ -171,3 +171,34 @@ def test_trusted_run_checks_owner_and_modes(tmp_path):
     (run / "token").symlink_to(run / "controller.json")
     assert "plain file" in trusted_run(run, with_token=True)
     assert "cannot inspect" in trusted_run(tmp_path / "nope", with_token=False)
+
+
+@pytest.mark.parametrize("sizes,bucket,small,expected", [
+    ([], 4, 2, []),
+    ([0, 0], 4, 2, []),
+    ([3], 4, 4, [[(0, 0, 3)]]),
+    ([4], 4, 2, [[(0, 0, 4)]]),
+    ([10], 4, 2, [[(0, 0, 4)], [(0, 4, 4)], [(0, 8, 2)]]),                      # a large tensor alone, cut inside
+    ([1, 1, 0, 3], 4, 4, [[(0, 0, 1), (1, 0, 1), (3, 0, 2)], [(3, 2, 1)]]),       # small ones packed, cut inside one
+    ([1, 5, 1], 4, 2, [[(0, 0, 1)], [(1, 0, 4)], [(1, 4, 1)], [(2, 0, 1)]]),      # a large one between small ones
+    ([5, 5], 4, 8, [[(0, 0, 4)], [(0, 4, 1), (1, 0, 3)], [(1, 3, 2)]]),           # all small: one flat stream
+])
+def test_plan_buckets_covers_every_byte_once_in_order(sizes, bucket, small, expected):
+    from tmslurm.comm.transfer import plan_buckets
+
+    plan = plan_buckets(sizes, bucket, small)
+    assert plan == expected
+    assert all(sum(n for _, _, n in b) <= bucket for b in plan)
+    flat = [(i, off + k) for b in plan for i, off, n in b for k in range(n)]
+    assert flat == [(i, k) for i, size in enumerate(sizes) for k in range(size)]
+    assert all(len(b) == 1 for b in plan if any(sizes[i] >= small for i, _, _ in b))  # a large tensor is never staged
+
+
+def test_own_tensors_leaves_out_shared_storage_and_what_needs_grad():
+    import torch
+
+    from tmslurm.comm.transfer import own_tensors
+
+    w = torch.zeros(4)
+    found = own_tensors({"a": w, "b": w[:2], "c": torch.ones(2), "d": [torch.ones(1, requires_grad=True)], "e": torch.ones(4, 2).t()})
+    assert list(found) == [("c",)]

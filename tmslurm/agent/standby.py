@@ -153,7 +153,7 @@ class Standby:
         t1 = time.monotonic()
         try:
             state, nbytes = recv_state(handles.pop(xfer).pg, 0, self.cfg.runtime.collective_timeout_s,
-                                       lambda: self._cancelled(epoch))
+                                       lambda: self._cancelled(epoch), into={"state": runner.state()})
         except CommError as exc:
             self.link.send(JoinFailed(epoch=epoch, rank=rank, error=str(exc)[:300]))
             return None

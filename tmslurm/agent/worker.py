@@ -362,7 +362,7 @@ class Worker:
             out.mkdir(exist_ok=True)
             torch.save(self.runner.module.state_dict(), out / f"{self.layout.shard_name(self.rank)}.pt")
         self.link.send(Done(rank=self.rank, stage=self.coord.stage, shard=self.layout.shard(self.rank), digest=digest,
-                            state_digest=self.runner.state_digest(), step=self.step))
+                            state_digest=self.runner.state_digest(), step=self.step, state_bytes=self.runner.state_bytes()))
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:

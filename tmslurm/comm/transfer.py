@@ -1,18 +1,23 @@
-"""Direct state transfer between two processes over a two-member process group.
+"""Direct state transfer between two processes over a two-member process group, in flat buckets.
 
 Contract: :func:`send_state` sends a small header (the structure of the state dict, with each
 tensor replaced by its shape and dtype, as tagged JSON: never pickle, so a peer or anyone who reaches
 the rendezvous store cannot make the receiver run code; dict keys keep their int/str type and tuples
-stay tuples) and then every tensor
-*directly from its own memory* — no serialised copy of the state is made on the sender, so a stayer
-that serves as the state source keeps no extra copy (zero memory overhead). :func:`recv_state`
-allocates each tensor from the header and receives into it. Up to :data:`WINDOW` tensor messages
-are in flight at once on each side (posted together, then waited for), so the transfer is not one
-round trip per tensor. The receiver's tensors are bit-identical
-to the sender's. The group is gloo (host memory); CUDA tensors are staged through the host.
-Failures (peer died, timeout, cancelled switch) raise CommError; so does a header that is not valid
-tagged JSON of the accepted types (str/int/float/bool/None, lists, tuples, dicts, tensors of the
-dtypes in ``DTYPES``), or a state holding another type on the sender.
+stay tuples), then the bytes of every tensor, in order, in buckets of at most :data:`BUCKET_BYTES`
+(:func:`plan_buckets`). A large tensor travels alone, cut into bucket-sized pieces, each sent *from
+the tensor's own memory* (a byte view, no copy); small tensors (biases, norms, step counts) are
+packed together, and only such a packed bucket is staged in a buffer. So a stayer that serves as the state source
+keeps no serialised copy of its state (zero memory overhead, up to :data:`WINDOW` staged buckets).
+Up to :data:`WINDOW` buckets are in flight on each side (posted together, then waited for).
+
+:func:`recv_state` rebuilds the structure from the header. Given ``into`` (the receiver's own state
+of the same structure, e.g. its runner's ``state()``), every tensor whose shape and dtype match
+receives *into that tensor's memory*; the others are allocated. Each bucket lands straight in its
+tensor when it lies in one, else in a staging buffer that is then scattered. The receiver's tensors
+are bit-identical to the sender's. The group is gloo (host memory); CUDA tensors are staged through
+the host. Failures (peer died, timeout, cancelled switch) raise CommError; so does a header that is
+not valid tagged JSON of the accepted types (str/int/float/bool/None, lists, tuples, dicts, tensors
+of the dtypes in ``DTYPES``), or a state holding another type on the sender.
 """
 
 from __future__ import annotations
@@ -31,10 +36,12 @@ DTYPES = {name: getattr(torch, name) for name in ("float32", "float64", "float16
 MAX_HEADER = 64 << 20
 
 
-WINDOW = 64
-"""Tensor messages in flight at once: posted together, then waited for. One at a time, each tensor
-cost a round trip between the two processes (a 400 KB state of 30-odd tensors took ~90 ms on
-loopback with training running next to it; docs/benchmarks.md section 2)."""
+BUCKET_BYTES = 32 << 20
+"""Bytes per message. Per-tensor messages (the first version) reached 0.6 GB/s where one large send
+on the same pair ran at 3-5 GB/s: the cost was per message, not per byte."""
+
+WINDOW = 4
+"""Buckets in flight at once on each side: posted together, then waited for."""
 
 
 class _Batch:
@@ -76,20 +83,22 @@ def _scalar(obj: Any) -> Any:
     raise CommError(f"state transfer cannot send a {type(obj).__name__} (only tensors, numbers, strings, lists, dicts)")
 
 
-def _join(obj: Any, tensors: list[torch.Tensor | None], depth: int = 0) -> Any:
-    """Rebuild the structure from tagged JSON; placeholders become entries of ``tensors``."""
+def _join(obj: Any, tensors: list[torch.Tensor | None], own: dict[tuple, torch.Tensor], path: tuple = (),
+          depth: int = 0) -> Any:
+    """Rebuild the structure from tagged JSON; placeholders become entries of ``tensors``: the
+    receiver's own tensor at the same ``path`` in ``own`` when it fits, else a new one."""
     if depth > 64:
         raise CommError("state transfer header nests too deep")
     if isinstance(obj, list):
-        return [_join(v, tensors, depth + 1) for v in obj]
+        return [_join(v, tensors, own, (*path, i), depth + 1) for i, v in enumerate(obj)]
     if not isinstance(obj, dict):
         return _scalar(obj)
     if set(obj) == {"d"} and isinstance(obj["d"], list):
-        return {_key(kv): _join(kv[1], tensors, depth + 1) for kv in obj["d"]}
+        return {_key(kv): _join(kv[1], tensors, own, (*path, kv[0]), depth + 1) for kv in obj["d"]}
     if set(obj) == {"u"} and isinstance(obj["u"], list):
-        return tuple(_join(v, tensors, depth + 1) for v in obj["u"])
+        return tuple(_join(v, tensors, own, (*path, i), depth + 1) for i, v in enumerate(obj["u"]))
     if set(obj) == {"t", "shape", "dtype"}:
-        return _placeholder(obj, tensors)
+        return _placeholder(obj, tensors, own.pop(path, None))
     raise CommError(f"state transfer header has an unknown node {sorted(obj)[:5]}")
 
 
@@ -99,15 +108,45 @@ def _key(kv: Any) -> Any:
     return kv[0]
 
 
-def _placeholder(obj: dict[str, Any], tensors: list[torch.Tensor | None]) -> torch.Tensor:
+def _placeholder(obj: dict[str, Any], tensors: list[torch.Tensor | None], mine: torch.Tensor | None) -> torch.Tensor:
     i, shape, dtype = obj["t"], obj["shape"], obj["dtype"]
     ok = (isinstance(i, int) and 0 <= i < len(tensors) and tensors[i] is None and dtype in DTYPES and isinstance(shape, list)
           and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape))
     if not ok:
         raise CommError(f"state transfer header has a bad tensor entry {obj!r:.200}")
-    t = torch.empty(shape, dtype=DTYPES[dtype])
+    fits = mine is not None and list(mine.shape) == shape and mine.dtype == DTYPES[dtype]
+    t = mine if fits else torch.empty(shape, dtype=DTYPES[dtype])
     tensors[i] = t
     return t
+
+
+def own_tensors(obj: Any, path: tuple = ()) -> dict[tuple, torch.Tensor]:
+    """The receiver's tensors that may be received into, by their path in ``obj``: contiguous host
+    tensors, each storage at most once (a tensor that shares its storage with another is left out,
+    so no two received tensors can land in the same memory)."""
+    found: dict[tuple, torch.Tensor] = {}
+    seen: dict[int, tuple | None] = {}
+
+    def walk(o: Any, p: tuple) -> None:
+        if isinstance(o, torch.Tensor):
+            ptr = o.untyped_storage().data_ptr()
+            if ptr in seen:
+                found.pop(seen[ptr], None)
+                seen[ptr] = None
+            elif o.device.type == "cpu" and o.is_contiguous() and not o.requires_grad:
+                seen[ptr] = p
+                found[p] = o
+            else:
+                seen[ptr] = None
+        elif isinstance(o, dict):
+            for k, v in o.items():
+                walk(v, (*p, k))
+        elif isinstance(o, (list, tuple)):
+            for i, v in enumerate(o):
+                walk(v, (*p, i))
+
+    walk(obj, path)
+    return found
 
 
 def send_state(pg: Any, peer: int, state: dict[str, Any], timeout_s: float) -> int:
@@ -118,39 +157,110 @@ def send_state(pg: Any, peer: int, state: dict[str, Any], timeout_s: float) -> i
     header = torch.frombuffer(bytearray(json.dumps(skeleton, separators=(",", ":")).encode()), dtype=torch.uint8)
     _wait(pg.send([torch.tensor([header.numel()], dtype=torch.int64)], peer, SIZE_TAG), timeout_s, "size")
     _wait(pg.send([header], peer, HEADER_TAG), timeout_s, "header")
-    total = 0
-    for first in range(0, len(tensors), WINDOW):
-        works = []
-        for i, t in enumerate(tensors[first:first + WINDOW], first):
-            src = t.detach()
-            src = src if src.device.type == "cpu" and src.is_contiguous() else src.contiguous().cpu()
-            if src.dim() == 0:
-                src = src.reshape(1)
-            works.append(pg.send([src], peer, TENSOR_TAG + i))
-            total += src.numel() * src.element_size()
-        _wait(_Batch(works), timeout_s, f"tensors {first}..{first + len(works) - 1}")
-    return total
+    views = [_bytes_of(_host(t)) for t in tensors]
+    buckets = plan_buckets([v.numel() for v in views], BUCKET_BYTES)
+    for first in range(0, len(buckets), WINDOW):
+        works = [pg.send([_gather(views, bucket)], peer, TENSOR_TAG + i)
+                 for i, bucket in enumerate(buckets[first:first + WINDOW], first)]
+        _wait(_Batch(works), timeout_s, f"buckets {first}..{first + len(works) - 1}")
+    return sum(v.numel() for v in views)
 
 
-def recv_state(pg: Any, peer: int, timeout_s: float, should_stop: Callable[[], bool] | None = None) -> tuple[dict[str, Any], int]:
+def recv_state(pg: Any, peer: int, timeout_s: float, should_stop: Callable[[], bool] | None = None,
+               into: Any = None) -> tuple[dict[str, Any], int]:
+    """Receive a state from ``peer``: (the state, tensor bytes). ``into``: the receiver's own state
+    of the same structure, whose matching tensors are received into (see the module contract)."""
     size = torch.zeros(1, dtype=torch.int64)
     _wait(pg.recv([size], peer, SIZE_TAG), timeout_s, "size", should_stop)
     if not 0 < int(size.item()) <= MAX_HEADER:
         raise CommError(f"state transfer header size {int(size.item())} is out of range")
     header = torch.empty(int(size.item()), dtype=torch.uint8)
     _wait(pg.recv([header], peer, HEADER_TAG), timeout_s, "header", should_stop)
-    state, tensors = _parse_header(header.numpy().tobytes())
-    total = 0
-    for first in range(0, len(tensors), WINDOW):
-        works = []
-        for i, t in enumerate(tensors[first:first + WINDOW], first):
-            works.append(pg.recv([t.reshape(1) if t.dim() == 0 else t], peer, TENSOR_TAG + i))
-            total += t.numel() * t.element_size()
-        _wait(_Batch(works), timeout_s, f"tensors {first}..{first + len(works) - 1}", should_stop)
-    return state, total
+    state, tensors = _parse_header(header.numpy().tobytes(), own_tensors(into) if into is not None else {})
+    views = [_bytes_of(t) for t in tensors]
+    buckets = plan_buckets([v.numel() for v in views], BUCKET_BYTES)
+    for first in range(0, len(buckets), WINDOW):
+        window = buckets[first:first + WINDOW]
+        targets = [_target(views, bucket) for bucket in window]
+        works = [pg.recv([target], peer, TENSOR_TAG + i) for i, target in enumerate(targets, first)]
+        _wait(_Batch(works), timeout_s, f"buckets {first}..{first + len(works) - 1}", should_stop)
+        for bucket, target in zip(window, targets):
+            _scatter(views, bucket, target)
+    return state, sum(v.numel() for v in views)
 
 
-def _parse_header(data: bytes) -> tuple[Any, list[torch.Tensor]]:
+Segment = tuple[int, int, int]
+"""(tensor index, byte offset in that tensor, byte count)."""
+
+
+def plan_buckets(sizes: list[int], bucket_bytes: int, small_bytes: int | None = None) -> list[list[Segment]]:
+    """Cut tensors of ``sizes`` bytes into buckets of at most ``bucket_bytes``, in order: a tensor of
+    at least ``small_bytes`` (default: a quarter bucket) travels alone, cut into bucket-sized pieces
+    (each a view of its memory, never staged); smaller ones are packed together. Each bucket is the
+    list of tensor byte ranges it covers; empty tensors take no bucket."""
+    if bucket_bytes < 1:
+        raise ValueError("bucket_bytes must be positive")
+    small = max(1, bucket_bytes // 4) if small_bytes is None else small_bytes
+    buckets: list[list[Segment]] = []
+    packed: list[Segment] = []
+    room = bucket_bytes
+    for i, size in enumerate(sizes):
+        if size >= small:
+            if packed:
+                buckets.append(packed)
+                packed, room = [], bucket_bytes
+            buckets.extend([(i, off, min(bucket_bytes, size - off))] for off in range(0, size, bucket_bytes))
+            continue
+        offset = 0
+        while offset < size:
+            n = min(room, size - offset)
+            packed.append((i, offset, n))
+            offset += n
+            room -= n
+            if room == 0:
+                buckets.append(packed)
+                packed, room = [], bucket_bytes
+    if packed:
+        buckets.append(packed)
+    return buckets
+
+
+def _host(t: torch.Tensor) -> torch.Tensor:
+    src = t.detach()
+    return src if src.device.type == "cpu" and src.is_contiguous() else src.contiguous().cpu()
+
+
+def _bytes_of(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's memory as a flat uint8 view (no copy; ``t`` must be contiguous on the host)."""
+    return t.reshape(-1).view(torch.uint8)
+
+
+def _gather(views: list[torch.Tensor], bucket: list[Segment]) -> torch.Tensor:
+    """What the sender posts for ``bucket``: a view when it lies inside one tensor, else a staged copy."""
+    if len(bucket) == 1:
+        i, off, n = bucket[0]
+        return views[i][off:off + n]
+    return torch.cat([views[i][off:off + n] for i, off, n in bucket])
+
+
+def _target(views: list[torch.Tensor], bucket: list[Segment]) -> torch.Tensor:
+    """Where the receiver receives ``bucket``: straight into its tensor, or into a staging buffer."""
+    if len(bucket) == 1:
+        i, off, n = bucket[0]
+        return views[i][off:off + n]
+    return torch.empty(sum(n for _, _, n in bucket), dtype=torch.uint8)
+
+
+def _scatter(views: list[torch.Tensor], bucket: list[Segment], staged: torch.Tensor) -> None:
+    if len(bucket) == 1:
+        return
+    at = 0
+    for i, off, n in bucket:
+        views[i][off:off + n].copy_(staged[at:at + n])
+        at += n
+
+
+def _parse_header(data: bytes, own: dict[tuple, torch.Tensor] | None = None) -> tuple[Any, list[torch.Tensor]]:
     try:
         skeleton = json.loads(data)
     except (ValueError, RecursionError):
@@ -158,7 +268,7 @@ def _parse_header(data: bytes) -> tuple[Any, list[torch.Tensor]]:
     if not (isinstance(skeleton, dict) and set(skeleton) == {"n", "s"} and isinstance(skeleton["n"], int) and 0 <= skeleton["n"] < 1 << 20):
         raise CommError("state transfer header has a bad envelope")
     tensors: list[torch.Tensor | None] = [None] * skeleton["n"]
-    state = _join(skeleton["s"], tensors)
+    state = _join(skeleton["s"], tensors, dict(own or {}))
     if any(t is None for t in tensors):
         raise CommError("state transfer header announces tensors it does not place")
     return state, tensors  # type: ignore[return-value]

@@ -54,7 +54,8 @@ class Summary:
             "run_id": self.ctx.rundir.name, "layout": {"dp": layout.dp, "pp": layout.pp, "tp": layout.tp},
             "steps": st.step, "resumed_from_step": st.start_step, **hashes, "replica_mismatch_steps": st.replica_mismatch,
             "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
-            "median_step_s": median, "step_log": st.step_log, "events": self.ctx.events.finalize(median),
+            "median_step_s": median, "state_bytes": {r: m.state_bytes for r, m in sorted(st.done.items())},
+            "step_log": st.step_log, "events": self.ctx.events.finalize(median),
             "standbys": [{"id": a.aid, "node": a.node, "roles": a.roles} for a in st.standbys()],
             "restart_mode": self.ctx.cfg.runtime.restart_mode, "failed": st.failed_reason, **self.ctx.hooks.status(),
         }

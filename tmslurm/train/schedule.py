@@ -109,6 +109,10 @@ class StageRunner:
         """Parameters and optimizer state (moments, step counts): two different states never match."""
         return state_digest(self.state())
 
+    def state_bytes(self) -> int:
+        """Bytes of parameters and optimizer state (what a state transfer moves)."""
+        return tensor_bytes(self.state())
+
 
 def params_digest(module: torch.nn.Module) -> str:
     return named_digest(module.state_dict())
@@ -121,6 +125,17 @@ def named_digest(named: dict[str, torch.Tensor]) -> str:
         h.update(name.encode())
         h.update(p.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
+
+
+def tensor_bytes(state: Any) -> int:
+    """Bytes of every tensor in a nested state (dicts, lists, tuples)."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(tensor_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(tensor_bytes(v) for v in state)
+    return 0
 
 
 def state_digest(state: Any) -> str:

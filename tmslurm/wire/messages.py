@@ -280,6 +280,8 @@ class Done(Msg):
     digest: Digest
     state_digest: Digest
     step: Count
+    state_bytes: Annotated[int, Field(ge=0, le=2**50)] = 0
+    """Bytes of parameters and optimizer state the rank holds."""
 
     @property
     def shard_index(self) -> int:
