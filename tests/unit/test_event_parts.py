@@ -43,3 +43,17 @@ def test_a_completed_event_records_its_other_part(tmp_path):
     log.on_commit(5, 100.6, 0.1)
     assert rec["status"] == "done" and rec["gap_s"] == pytest.approx(0.6)
     assert rec["first_step_s"] == pytest.approx(0.2) and rec["other_s"] == pytest.approx(0.6 - 0.4)
+    assert rec["pause_s"] == pytest.approx(0.6 - 0.2)  # the gap beyond the first step's own time
+
+
+@pytest.mark.parametrize("rec,expected", [
+    ({"gap_s": 5.0, "first_step_s": 4.5}, 0.5),      # a slow step cannot hide the move's cost
+    ({"gap_s": 1.0, "first_step_s": 1.2}, 0.0),      # never negative
+    ({"gap_s": 12.0, "first_step_s": None}, None),   # a restart: no first step of its own
+    ({"first_step_s": 0.2}, None),                   # no gap (the event before the first commit)
+])
+def test_pause_is_the_gap_beyond_the_first_step(rec, expected):
+    from tmslurm.controller.events import pause_s
+
+    assert pause_s(rec) == (pytest.approx(expected) if expected is not None else None)
+    assert ("pause=" in describe({"kind": "planned", **rec, "pause_s": pause_s(rec)})) is (expected is not None)

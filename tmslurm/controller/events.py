@@ -3,8 +3,8 @@
 Contract: the controller opens a record when it acts on an event (:meth:`EventLog.begin`), fills in
 the parts as the switch progresses, and the record completes at the commit of the first step after
 the switch (:meth:`EventLog.on_commit`). Then ``gap_s`` = (completion of that step) − (completion of
-the last step before the event) and ``downtime_s`` = ``gap_s`` − median step time (see
-docs/benchmarks.md); ``other_s`` is the part of the gap its measured pause parts do not explain
+the last step before the event), ``downtime_s`` = ``gap_s`` − median step time and ``pause_s`` =
+``gap_s`` − the first step's own time (see docs/benchmarks.md); ``other_s`` is the part of the gap its measured pause parts do not explain
 (:func:`pause_parts`), so the parts always add up to the gap;
 :meth:`finalize` recomputes ``downtime_s`` with the whole run's median. Each completed event is
 journalled and logged as one line with its parts.
@@ -113,6 +113,7 @@ class EventLog:
                     rec["gap_s"] = t - rec["last_commit_t"]
                     rec["downtime_s"] = max(0.0, rec["gap_s"] - median)
                     rec["other_s"] = other_s(rec)
+                    rec["pause_s"] = pause_s(rec)
                 rec["status"] = "done"
                 self.journal.write("event", **rec)
                 log.info("EVENT %s", describe(rec))
@@ -125,12 +126,23 @@ class EventLog:
         return [r for r in self.items if r["status"] != "cancelled"]
 
 
+def pause_s(rec: dict[str, Any]) -> float | None:
+    """What the move cost beyond the one step it must run anyway: ``gap_s`` − ``first_step_s``
+    (steps' noise cannot hide it, where it swallows a slow transfer in ``downtime_s``); None for an
+    event without a first step of its own (a restart redoes steps instead)."""
+    gap, first = rec.get("gap_s"), rec.get("first_step_s")
+    if not isinstance(gap, (int, float)) or not isinstance(first, (int, float)):
+        return None
+    return max(0.0, gap - first)
+
+
 def describe(rec: dict[str, Any]) -> str:
     """One line: the event, its downtime, then its gap as the sum of its pause parts and ``other``."""
     num = lambda k: rec.get(k) if isinstance(rec.get(k), (int, float)) else None  # noqa: E731
     down = num("downtime_s")
     head = (f"{rec['kind']} ranks={rec.get('ranks')} node={rec.get('node') or '-'} standby={rec.get('standby') or '-'} "
-            f"downtime={'?' if down is None else f'{down:.3f}s'}")
+            f"downtime={'?' if down is None else f'{down:.3f}s'}"
+            + (f" pause={num('pause_s'):.3f}s" if num("pause_s") is not None else ""))
     terms = [f"{p[:-2]} {num(p):.3f}" for p in pause_parts(rec) if num(p) is not None]
     if num("other_s") is not None:
         terms.append(f"other {num('other_s'):.3f}")
