@@ -106,6 +106,10 @@ class StandbyConfig:
     max_classes: int = 8
     """Most shape classes (first, last, each distinct middle size) a standby keeps a warm runner for;
     a join into a class beyond the cap builds its runner in the pause (joiner_warm: false)."""
+    shared_arena: bool = True
+    """Back every warm class's parameters and optimizer moments with one host buffer sized to the
+    largest class (tmslurm.train.arena), so a standby holds the state storage of one rank, not one
+    per class. false: each class keeps its own (only to measure what the arena saves)."""
     start_when_warm: bool = False
     """Hold the commit of the first step until every standby is warm for every role (at most
     runtime.connect_timeout_s), so faults early in short runs always find a warm standby."""

@@ -202,3 +202,15 @@ def test_own_tensors_leaves_out_shared_storage_and_what_needs_grad():
     w = torch.zeros(4)
     found = own_tensors({"a": w, "b": w[:2], "c": torch.ones(2), "d": [torch.ones(1, requires_grad=True)], "e": torch.ones(4, 2).t()})
     assert list(found) == [("c",)]
+
+
+def test_own_tensors_keeps_disjoint_views_of_one_buffer():
+    import torch
+
+    from tmslurm.comm.transfer import own_tensors
+
+    arena = torch.zeros(64)
+    state = {"w": arena[0:16], "m": arena[16:48].view(4, 8), "tail": arena[40:64], "empty": arena[8:8], "x": torch.ones(3)}
+    found = own_tensors(state)
+    # m [16, 48) and tail [40, 64) share bytes: both left out; w, the empty view and x qualify
+    assert sorted(found) == [("empty",), ("w",), ("x",)]

@@ -9,7 +9,10 @@ Contract:
   (activations, gradients, DP and TP reductions) is replayed from the recording rank (dp 0, tp 0)
   of that stage made of its first step, sends are skipped, and the sandbox talks to nobody. It
   reports ``ready`` per class with its warm-up time and RSS; classes beyond the cap are reported
-  with ``warm: false``.
+  with ``warm: false``. With ``standby.shared_arena`` (default) each warm class's parameters and
+  optimizer moments are re-bound to one host buffer sized to the largest class
+  (:class:`~tmslurm.train.arena.Arena`): the classes alias each other's storage, which is harmless
+  because a join loads every parameter and moment, so a standby holds the state of one rank.
 - Join: told to take slot r at epoch e, it retargets the warm runner of r's class to r's stage, DP
   rank and TP position (same shapes, so the module and its compiled graphs serve as they are), builds
   all of r's groups at generation e plus a two-member transfer group to its state source (phase 1),
@@ -37,7 +40,8 @@ from tmslurm.logs import LOG_CONTEXT
 from tmslurm.wire.messages import Activate, Cancel, Finish, Join, Joined, JoinFailed, Prepared, Ready, Welcome
 from tmslurm.agent.faults import FaultPlan
 from tmslurm.agent.link import Link
-from tmslurm.agent.worker import Worker, build_runner, layout_of, make_fabric, stage_spec
+from tmslurm.agent.worker import Worker, build_runner, layout_of, make_fabric, peak_rss_mb, stage_spec
+from tmslurm.train.arena import Arena, release_free_memory
 from tmslurm.train.schedule import StageRunner
 
 log = logging.getLogger(__name__)
@@ -64,6 +68,7 @@ class Standby:
         self.layout = layout_of(self.cfg)
         self.ident = ident
         self.warm: dict[str, StageRunner] = {}
+        self.arena = Arena()
         self.stash: list[Any] = []
         self.joining = False
         link.rejoin_state = lambda: {"rank": None, "epoch": 0, "in_plan": self.joining}
@@ -106,12 +111,17 @@ class Standby:
         for _ in range(self.cfg.standby.warmup_iters):
             runner.compute(0, sandbox)
             runner.apply()
+        sent = sandbox.sent
+        del sandbox  # the recording (a step's boundary values and reduced gradient) is not needed any more
+        if self.cfg.standby.shared_arena and runner.device.type == "cpu":
+            self.arena.bind(runner)
+        release_free_memory()
         self.warm[role] = runner
         rss = rss_mb()
         stages = list(self.layout.stages_of_class(role))
-        self.link.send(Ready(role=role, stages=stages, warmup_s=time.monotonic() - t0, rss_mb=rss, role_rss_mb=rss - base_rss,
-                             sandbox_sends_skipped=sandbox.sent))
-        log.info("role %s warm in %.2fs (RSS %.0f MiB)", role, time.monotonic() - t0, rss)
+        self.link.send(Ready(role=role, stages=stages, warmup_s=time.monotonic() - t0, rss_mb=rss, peak_rss_mb=peak_rss_mb(),
+                             arena_mb=self.arena.nbytes / 2**20, role_rss_mb=rss - base_rss, sandbox_sends_skipped=sent))
+        log.info("role %s warm in %.2fs (RSS %.0f MiB, arena %.0f MiB)", role, time.monotonic() - t0, rss, self.arena.nbytes / 2**20)
         return True
 
     def _runner_for(self, rank: int) -> tuple[StageRunner, str | None]:

@@ -122,22 +122,20 @@ def _placeholder(obj: dict[str, Any], tensors: list[torch.Tensor | None], mine: 
 
 def own_tensors(obj: Any, path: tuple = ()) -> dict[tuple, torch.Tensor]:
     """The receiver's tensors that may be received into, by their path in ``obj``: contiguous host
-    tensors, each storage at most once (a tensor that shares its storage with another is left out,
-    so no two received tensors can land in the same memory)."""
+    tensors whose memory overlaps no other tensor of ``obj`` (distinct views of one buffer, such as a
+    standby's arena, qualify; two tensors sharing bytes are both left out, so no two received tensors
+    can land in the same memory)."""
     found: dict[tuple, torch.Tensor] = {}
-    seen: dict[int, tuple | None] = {}
+    spans: list[tuple[int, int, tuple | None]] = []
 
     def walk(o: Any, p: tuple) -> None:
         if isinstance(o, torch.Tensor):
-            ptr = o.untyped_storage().data_ptr()
-            if ptr in seen:
-                found.pop(seen[ptr], None)
-                seen[ptr] = None
-            elif o.device.type == "cpu" and o.is_contiguous() and not o.requires_grad:
-                seen[ptr] = p
+            usable = o.device.type == "cpu" and o.is_contiguous() and not o.requires_grad
+            start, size = o.data_ptr(), o.numel() * o.element_size()
+            if size:  # an empty tensor holds no byte another could share
+                spans.append((start, start + size, p if usable else None))
+            if usable:
                 found[p] = o
-            else:
-                seen[ptr] = None
         elif isinstance(o, dict):
             for k, v in o.items():
                 walk(v, (*p, k))
@@ -146,6 +144,14 @@ def own_tensors(obj: Any, path: tuple = ()) -> dict[tuple, torch.Tensor]:
                 walk(v, (*p, i))
 
     walk(obj, path)
+    spans.sort(key=lambda s: s[0])
+    reach, last = -1, None
+    for start, end, p in spans:
+        if start < reach:  # overlaps the span that reaches furthest so far: neither may be received into
+            found.pop(p, None)
+            found.pop(last, None)
+        if end > reach:
+            reach, last = end, p
     return found
 
 

@@ -146,6 +146,10 @@ class Commits:
         if st.step % 10 == 0 or st.step == self.ctx.cfg.train.steps - 1:
             log.info("step %d loss %.4f step time %.3fs", st.step, entry["loss"] or float("nan"), entry["dt"])
 
+    def largest_rank_rss(self) -> float | None:
+        """The largest peak RSS any rank has reported (MiB), None before the first commit."""
+        return max(self.rss_logged.values(), default=None)
+
     def _rss_changes(self, votes: list[tuple[int, Any]]) -> dict[int, float]:
         """Each rank's peak RSS where it differs from the last one logged for that rank: a peak is a
         high-water mark that settles after warm-up, so a step entry stays O(1) in steady state

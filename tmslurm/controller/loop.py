@@ -244,7 +244,8 @@ class Controller:
 
     def _on_ready(self, agent: Agent, msg: m.Ready) -> None:
         agent.roles[msg.role] = msg.model_dump(exclude={"type"})
-        self.ctx.journal.write("standby_ready", agent=agent.aid, node=agent.node, **agent.roles[msg.role])
+        self.ctx.journal.write("standby_ready", agent=agent.aid, node=agent.node, **agent.roles[msg.role],
+                               largest_rank_peak_rss_mb=self.commits.largest_rank_rss())
         self.commits.maybe_commit()
         self.state.retry_notices = True
 

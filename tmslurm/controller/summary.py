@@ -42,6 +42,11 @@ class Summary:
                 "steps": self.ctx.cfg.train.steps, "step_time_s": last.get("dt"), "loss": last.get("loss"),
                 "ranks": ranks, "standbys": standbys, "events": self.ctx.events.items, **self.ctx.hooks.status()}
 
+    def memory(self) -> dict[str, float | None]:
+        """The largest standby's resident set once warm against the largest rank's peak (MiB)."""
+        warm = [max(r["rss_mb"] for r in a.roles.values()) for a in self.state.agents.values() if a.roles]
+        return {"standby_rss_mb": max(warm, default=None), "largest_rank_peak_rss_mb": self.commits.largest_rank_rss()}
+
     def write(self) -> dict[str, Any]:
         st, layout = self.state, self.ctx.layout
         hashes = final_hashes({r: (m.shard_index, m.digest, m.state_digest) for r, m in st.done.items()}, layout.shards)
@@ -57,6 +62,7 @@ class Summary:
             "median_step_s": median, "state_bytes": {r: m.state_bytes for r, m in sorted(st.done.items())},
             "step_log": st.step_log, "events": self.ctx.events.finalize(median),
             "standbys": [{"id": a.aid, "node": a.node, "roles": a.roles} for a in st.standbys()],
+            "memory": self.memory(),
             "restart_mode": self.ctx.cfg.runtime.restart_mode, "failed": st.failed_reason, **self.ctx.hooks.status(),
         }
         self.ctx.rundir.summary.write_text(json.dumps(summary, indent=1, default=str))

@@ -298,6 +298,11 @@ class Ready(Msg):
     stages: list[Count] = []
     warmup_s: Seconds
     rss_mb: MiB
+    """The standby's resident set after this class is warm (with the arena, storage for one class)."""
+    peak_rss_mb: MiB = 0.0
+    """Its high-water mark so far (warm-up builds a class before it is bound to the arena)."""
+    arena_mb: MiB = 0.0
+    """The shared arena's size (0 without one)."""
     role_rss_mb: Annotated[float, Field(ge=-1e9, le=1e9, allow_inf_nan=False)]
     sandbox_sends_skipped: Count
 

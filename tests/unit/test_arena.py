@@ -1,0 +1,107 @@
+"""The standby arena: warm runners of every shape class share one buffer, survive re-binding with
+their compiled graphs, and a runner loaded from an arena trains bit-identically to its source."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from tmslurm.agent.worker import build_runner, layout_of
+from tmslurm.config import compose_config
+from tmslurm.train.arena import Arena, _layout_bytes, _slots
+
+
+def _cfg(compile_: bool):
+    return compose_config(["parallel.dp=1", "parallel.pp=4", "model=tiny", "model.n_layer=6", f"model.compile={str(compile_).lower()}",
+                           "train.micro_batches=2"])
+
+
+def _step(runner, step: int) -> None:
+    """One local step of a first-stage runner (forward, a scalar loss, backward, optimizer)."""
+    x = runner.task.batch(step, 0)[0]
+    runner.module(x).float().pow(2).mean().backward()
+    runner.apply()
+
+
+def _inside(t: torch.Tensor, arena: Arena) -> bool:
+    start = arena.buffer.data_ptr()
+    return start <= t.data_ptr() and t.data_ptr() + t.numel() * t.element_size() <= start + arena.nbytes
+
+
+def _received(mine, theirs):
+    """``theirs`` copied into ``mine``'s tensors: what recv_state(into=...) gives a joining standby."""
+    if isinstance(theirs, torch.Tensor):
+        if theirs.dim() == 0:
+            return theirs.clone()
+        mine.copy_(theirs)
+        return mine
+    if isinstance(theirs, dict):
+        return {k: _received(mine[k], v) for k, v in theirs.items()}
+    if isinstance(theirs, list):
+        return [_received(a, b) for a, b in zip(mine, theirs)]
+    return theirs
+
+
+def _warm(cfg, stage: int):
+    runner = build_runner(cfg, 0, stage=stage)
+    if runner.spec.is_first:
+        _step(runner, 0)
+    return runner
+
+
+def test_every_class_lives_in_one_buffer_sized_to_the_largest():
+    cfg = _cfg(False)
+    layout = layout_of(cfg)
+    stages = [layout.representative_stage(c.name) for c in layout.shape_classes]
+    runners = [build_runner(cfg, 0, stage=s) for s in stages]
+    for r in runners:  # moments exist once the optimizer stepped
+        for p in r.params:
+            p.grad = torch.zeros_like(p)
+        r.apply()
+    arena = Arena()
+    sizes = [arena.bind(r) for r in runners]
+    assert len(set(sizes)) > 1, "the classes should differ in size for this test to mean anything"
+    assert arena.nbytes == max(sizes)
+    for r in runners:
+        tensors = [t for _, t in _slots(r)]
+        assert tensors and all(_inside(t, arena) for t in tensors)
+        assert _layout_bytes(iter(tensors)) <= arena.nbytes
+
+
+@pytest.mark.parametrize("compile_", [False, True])
+def test_rebound_runner_keeps_its_graphs_and_trains_exactly(compile_):
+    torch._dynamo.reset()
+    counters.clear()
+    cfg = _cfg(compile_)
+    layout = layout_of(cfg)
+    last = layout.representative_stage(layout.shape_classes[-1].name)
+    source, warm = _warm(cfg, 0), _warm(cfg, 0)
+    other = build_runner(cfg, 0, stage=last)  # another class, bound first: the buffer grows when 'warm' binds
+    for p in other.params:
+        p.grad = torch.zeros_like(p)
+    other.apply()
+    arena = Arena()
+    arena.bind(other)
+    arena.bind(warm)
+    graphs = counters["stats"]["unique_graphs"]
+    for step in range(1, 3):
+        _step(source, step)
+    warm.load_state(_received(warm.state(), source.state()))  # what a join does; the moments stay arena views
+    assert all(_inside(t, arena) for _, t in _slots(warm))
+    for step in range(3, 6):
+        _step(source, step)
+        _step(warm, step)
+    assert warm.state_digest() == source.state_digest()
+    assert counters["stats"]["unique_graphs"] == graphs, "re-binding the arena recompiled a graph"
+    if compile_:
+        assert graphs >= 1
+
+
+def test_a_runner_without_parameters_is_refused():
+    class Empty:
+        params: list = []
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+
+    with pytest.raises(ValueError, match="no host parameters"):
+        Arena().bind(Empty())

@@ -1,0 +1,108 @@
+"""One flat host buffer that holds the parameters and optimizer moments of a standby's warm runners.
+
+Contract: a universal standby keeps one warm :class:`~tmslurm.train.schedule.StageRunner` per shape
+class (module, optimizer and compiled graphs), but only one class is ever joined, and a join replaces
+every parameter and moment (``load_state``). So the classes need not hold storage of their own:
+:meth:`Arena.bind` re-binds a runner's parameters (``p.data``) and its optimizer's tensor state
+(AdamW's ``exp_avg``, ``exp_avg_sq``; 0-dim step counts stay where they are) to non-overlapping,
+64-byte-aligned views of one buffer, copying their values. Every bound runner's views start at offset
+0 of the same buffer, so the runners alias each other: what one writes, the others see. That is
+allowed because a warm runner's values mean nothing until its class is joined and its state loaded.
+The buffer is sized to the largest bound class: binding a larger runner allocates a bigger buffer and
+re-binds the runners bound before (their values are not kept). The standby then holds the storage of
+one class, not one per class.
+
+Compiled graphs survive a re-bind: shapes, strides and dtypes are unchanged (dynamo guards on those,
+not on addresses), which ``tests/unit/test_arena.py`` checks by counting graphs. Gradients are not
+bound (they are dropped between steps). Tensors on a device other than the host are not bound (the
+arena is host memory; on CUDA the runner keeps its own storage). :meth:`bind` raises ValueError on a
+runner with no parameters; it never loses a value a caller could read afterwards except by the
+aliasing described above.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+from typing import Any, Iterator
+
+import torch
+
+log = logging.getLogger(__name__)
+
+ALIGN = 64
+
+
+class Arena:
+    def __init__(self) -> None:
+        self.buffer = torch.empty(0, dtype=torch.uint8)
+        self.bound: list[Any] = []
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.numel()
+
+    def bind(self, runner: Any) -> int:
+        """Re-bind ``runner``'s host parameters and moments into the arena; returns the bytes they take."""
+        slots = list(_slots(runner))
+        if not slots:
+            raise ValueError("a runner with no host parameters cannot be bound to an arena")
+        need = _layout_bytes(t for _, t in slots)
+        if need > self.nbytes:
+            self.buffer = torch.empty(need, dtype=torch.uint8)
+            for earlier in self.bound:
+                _rebind(list(_slots(earlier)), self.buffer, copy=False)
+        _rebind(slots, self.buffer, copy=True)
+        self.bound.append(runner)
+        release_free_memory()
+        return need
+
+
+Slot = tuple[Any, torch.Tensor]
+"""(where the tensor lives: a Parameter, or an (optimizer state dict, key) pair, the tensor)."""
+
+
+def _slots(runner: Any) -> Iterator[Slot]:
+    for p in runner.params:
+        if p.device.type == "cpu":
+            yield p, p.data
+    for p in runner.params:
+        state = runner.optimizer.state.get(p, {})
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.device.type == "cpu":
+                yield (state, key), value
+
+
+def _layout_bytes(tensors: Iterator[torch.Tensor]) -> int:
+    return sum(_aligned(t.numel() * t.element_size()) for t in tensors)
+
+
+def _aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _rebind(slots: list[Slot], buffer: torch.Tensor, copy: bool) -> None:
+    offset = 0
+    for where, t in slots:
+        n = t.numel() * t.element_size()
+        view = buffer[offset:offset + n].view(t.dtype).view(t.shape)
+        if copy:
+            view.copy_(t)
+        if isinstance(where, torch.nn.Parameter):
+            where.data = view
+        else:
+            state, key = where
+            state[key] = view
+        offset += _aligned(n)
+
+
+def release_free_memory() -> None:
+    """Give freed heap memory back to the system (glibc ``malloc_trim``), so RSS shows what is held."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    try:
+        ctypes.CDLL(name).malloc_trim(0)
+    except (OSError, AttributeError):
+        log.debug("malloc_trim is not available here")
