@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from tmslurm.errors import ConfigError
 
-FAULT_KINDS = ("drain", "kill", "stop", "hang", "node_down", "power_off", "partition")
+FAULT_KINDS = ("drain", "kill", "stop", "hang", "node_down", "power_off", "partition", "corrupt_shadow")
 CLUSTER_FAULTS = ("node_down", "power_off", "partition")  # driven through Slurm / the failure lab
 BACKENDS = ("gloo", "nccl")
 DEVICES = ("cpu", "cuda")
@@ -140,6 +140,14 @@ class SlurmConfig:
 
 @dataclass(kw_only=True)
 class RuntimeConfig:
+    shadow: bool = True
+    """Planned switches move no state in their pause: each standby takes its leaver's state in the
+    background, then applies the leaver's reduced gradient at every committed step (comm/shadow.py)."""
+    shadow_min_notice_s: float = 10.0
+    """A notice whose deadline is nearer than this switches at once, the state in the pause."""
+    shadow_catchup_timeout_s: float = 120.0
+    """Longest wait for shadows to catch up before the switch goes ahead anyway (what is left of the
+    leaver's state then travels in the pause)."""
     backend: str = "gloo"
     """torch.distributed backend of the training groups: gloo | nccl."""
     device: str = "cpu"
@@ -215,7 +223,10 @@ class FaultConfig:
     - ``power_off``: the failure lab powers the rank's node off, silent: no FIN, no RST
       (cluster=slurm with ``slurm.lab_command``);
     - ``partition``: the failure lab cuts the rank's node off the network, its processes live on
-      (cluster=slurm with ``slurm.lab_command``)."""
+      (cluster=slurm with ``slurm.lab_command``);
+    - ``corrupt_shadow``: a test of the shadow's check: the standby that shadows the rank in a
+      planned switch flips one bit of its copy before the switch, which must fall back to a full
+      transfer (``step`` is not used)."""
     rank: int = 0
     """Training rank hit by the fault (its node for drain and node_down)."""
     when: str = "midstep"

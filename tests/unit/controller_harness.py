@@ -87,10 +87,11 @@ class Harness:
     """dp x pp workers on nodes n<rank>, ``standbys`` warm standbys on nodes s<i>, all connected."""
 
     def __init__(self, tmp_path, dp: int = 2, pp: int = 2, standbys: int = 1, *overrides: str,
-                 cluster: Callable[[Any], tuple[Any, Any]] | None = None) -> None:
-        """``cluster(cfg)`` builds another (spawner, hooks) pair than the fakes."""
+                 cluster: Callable[[Any], tuple[Any, Any]] | None = None, shadow: bool = False) -> None:
+        """``cluster(cfg)`` builds another (spawner, hooks) pair than the fakes. ``shadow``: planned
+        switches use live shadows (off by default here: most tests drive the switch itself)."""
         cfg = copy.deepcopy(_config((f"parallel.dp={dp}", f"parallel.pp={pp}", f"standby.count={standbys}",
-                                     "train.steps=50", *overrides)))
+                                     "train.steps=50", f"runtime.shadow={str(shadow).lower()}", *overrides)))
         self.spawner, self.cluster = cluster(cfg) if cluster is not None else (FakeSpawner(), FakeCluster())
         self.ctl = Controller(cfg, tmp_path, self.spawner, self.cluster, ADDRESS)
         self.state = self.ctl.state

@@ -33,11 +33,12 @@ from pathlib import Path
 from typing import Any
 
 from tmslurm.comm.stage_comm import SandboxStageComm, recording_path
+from tmslurm.comm.shadow import follow
 from tmslurm.comm.transfer import recv_state
 from tmslurm.config import from_dict
 from tmslurm.errors import CommError, TmslurmError
 from tmslurm.logs import LOG_CONTEXT
-from tmslurm.wire.messages import Activate, Cancel, Finish, Join, Joined, JoinFailed, Prepared, Ready, Welcome
+from tmslurm.wire.messages import Activate, Cancel, Finish, Join, Joined, JoinFailed, Prepared, Ready, ShadowReady, Welcome
 from tmslurm.agent.faults import FaultPlan
 from tmslurm.agent.link import Link
 from tmslurm.agent.worker import Worker, build_runner, layout_of, make_fabric, peak_rss_mb, stage_spec
@@ -71,6 +72,8 @@ class Standby:
         self.arena = Arena()
         self.stash: list[Any] = []
         self.joining = False
+        self.cancel_seen = False
+        """The join in progress saw its ``cancel`` (a failure it then meets is no join failure)."""
         link.rejoin_state = lambda: {"rank": None, "epoch": 0, "in_plan": self.joining}
 
     def run(self) -> None:
@@ -139,6 +142,7 @@ class Standby:
     def _join(self, msg: Join) -> Worker | None:
         rank, epoch = msg.rank, msg.epoch
         self.joining = True  # until it returns: a Worker then answers for the link, or the join failed
+        self.cancel_seen = False
         LOG_CONTEXT["who"] = f"standby{self.ident}->rank{rank}"
         runner, cold_reason = self._runner_for(rank)
         fabric = make_fabric(self.cfg, rank, self.link, self.address)
@@ -158,8 +162,10 @@ class Standby:
         phase1_s = time.monotonic() - t0
         if not msg.activate:
             self.link.send(Prepared(epoch=epoch, rank=rank, joiner=self.ident, phase1_s=phase1_s))
-            if not self._await_activate(epoch):
-                return None
+        if msg.shadow:
+            return self._follow(msg, runner, fabric, handles, phase1_s, cold_reason)
+        if not msg.activate and not self._await_activate(epoch):
+            return None
         t1 = time.monotonic()
         try:
             state, nbytes = recv_state(handles.pop(xfer).pg, 0, self.cfg.runtime.collective_timeout_s,
@@ -168,14 +174,45 @@ class Standby:
             self.link.send(JoinFailed(epoch=epoch, rank=rank, error=str(exc)[:300]))
             return None
         runner.load_state(state["state"])
+        joined = Joined(epoch=epoch, rank=rank, joiner=self.ident, step=int(state["step"]), transfer_s=time.monotonic() - t1,
+                        phase1_s=phase1_s, bytes=nbytes, rss_mb=0.0, joiner_warm=cold_reason is None, warm_reason=cold_reason)
+        return self._become(joined, runner, fabric, handles)
+
+    def _follow(self, msg: Join, runner: StageRunner, fabric: Any, handles: dict[str, Any], phase1_s: float,
+                cold_reason: str | None) -> Worker | None:
+        """Follow the leaver as a live shadow until the switch (comm/shadow.py), then take its slot."""
+        epoch, rank = msg.epoch, msg.rank
+        ready = lambda step, s: self.link.send(ShadowReady(epoch=epoch, rank=rank, step=step, catchup_s=s))  # noqa: E731
+        try:
+            got = follow(handles.pop(msg.xfer).pg, runner, self.cfg.runtime.collective_timeout_s,
+                         lambda: self._cancelled(epoch), ready, corrupt=self.faults_corrupt_shadow(rank))
+        except CommError as exc:
+            if not self.cancel_seen:
+                self.link.send(JoinFailed(epoch=epoch, rank=rank, error=str(exc)[:300]))
+            return None
+        if not self._await_activate(epoch):
+            return None
+        if got.shadowed and not got.matched:
+            log.error("shadow of rank %d DIFFERED from the leaver at step %d: received the whole state instead", rank, got.step)
+        joined = Joined(epoch=epoch, rank=rank, joiner=self.ident, step=got.step, transfer_s=got.switch_s, phase1_s=phase1_s,
+                        bytes=got.switch_bytes, rss_mb=0.0, joiner_warm=cold_reason is None, warm_reason=cold_reason,
+                        shadowed=got.shadowed, shadow_matched=got.matched if got.shadowed else None,
+                        shadow_steps=got.steps, shadow_catchup_s=got.catchup_s)
+        return self._become(joined, runner, fabric, handles)
+
+    def _become(self, joined: Joined, runner: StageRunner, fabric: Any, handles: dict[str, Any]) -> Worker:
+        """Install the new groups and continue as the worker of the joined slot."""
         fabric.install(handles)
         self.warm = {}  # the other classes' runners are not needed any more
-        step = int(state["step"])
-        self.link.send(Joined(epoch=epoch, rank=rank, joiner=self.ident, step=step, transfer_s=time.monotonic() - t1,
-                              phase1_s=phase1_s, bytes=nbytes, rss_mb=rss_mb(), joiner_warm=cold_reason is None,
-                              warm_reason=cold_reason))
-        log.info("now rank %d at step %d (state %d bytes in %.3fs)", rank, step, nbytes, time.monotonic() - t1)
-        return Worker(self.run_dir, self.link, self.cfg, rank, runner, fabric, epoch, step, FaultPlan.none(), self.address)
+        self.link.send(joined.model_copy(update={"rss_mb": rss_mb()}))
+        log.info("now rank %d at step %d (%d state bytes in the pause, %.3fs%s)", joined.rank, joined.step, joined.bytes,
+                 joined.transfer_s, ", shadowed" if joined.shadowed else "")
+        return Worker(self.run_dir, self.link, self.cfg, joined.rank, runner, fabric, joined.epoch, joined.step,
+                      FaultPlan.none(), self.address)
+
+    def faults_corrupt_shadow(self, rank: int) -> bool:
+        """The test fault ``corrupt_shadow`` at ``rank``: flip one bit of the shadow before the switch."""
+        return any(f.kind == "corrupt_shadow" and f.rank == rank for f in self.cfg.faults)
 
     def _next(self) -> Any:
         return self.stash.pop(0) if self.stash else self.link.get()
@@ -186,6 +223,7 @@ class Standby:
             msg = self.link.get()
             if isinstance(msg, Cancel) and msg.epoch == epoch:
                 log.info("join of epoch %d cancelled; back in the pool", epoch)
+                self.cancel_seen = True
                 return True
             if isinstance(msg, Finish):
                 os._exit(0)

@@ -42,6 +42,7 @@ from tmslurm.wire.messages import (Abort, Aborted, Cancel, CommErrorReport, Deci
 from tmslurm.rundir import RunDir
 from tmslurm.agent.faults import FaultPlan
 from tmslurm.agent.link import Link
+from tmslurm.agent.shadowing import HandOver, LeaverShadow
 from tmslurm.topology import Layout, split_layers
 from tmslurm.train import checkpoint
 from tmslurm.train.async_checkpoint import AsyncCheckpointer
@@ -118,6 +119,8 @@ class Worker:
         self.layout = layout_of(cfg)
         self.coord = self.layout.coord(rank)
         self.prepared: dict[int, BackgroundBuild] = {}
+        self.shadow: LeaverShadow | None = None
+        """This rank leaves in a planned switch with a live shadow (agent/shadowing.py)."""
         self.seen_abort = epoch
         self.final = False
         """The controller's decision said this step is the run's last."""
@@ -181,6 +184,8 @@ class Worker:
                 self._recover()
                 continue
             if decision is not None:
+                if self.shadow is not None:
+                    self.shadow.before_apply(self._poll_inbox)
                 self.runner.apply()
                 self._after_commit(decision)
             else:
@@ -221,6 +226,8 @@ class Worker:
 
     def _after_commit(self, decision: Decision) -> None:
         self.step += 1
+        if self.shadow is not None:
+            self.shadow.after_commit(self.step, self.runner)
         self._checkpoint(decision)
         self.final = decision.final
         if decision.switch is not None:
@@ -252,18 +259,25 @@ class Worker:
         handles = build.join(self.cfg.runtime.connect_timeout_s)
         leaving = [m for m in switch.moves if m.rank == self.rank]
         if leaving:
-            self._leave(handles[f"xfer/r{self.rank}"], t0)
+            self._leave(handles[f"xfer/r{self.rank}"], t0, epoch)
         self.fabric.install(handles)
         self.link.send(Switched(epoch=epoch, rank=self.rank, phase2_s=time.monotonic() - t0))
         self.epoch = epoch
         self.report_groups()
 
-    def _leave(self, xfer: GroupHandle, t0: float) -> None:
+    def _leave(self, xfer: GroupHandle, t0: float, epoch: int) -> None:
         t1 = time.monotonic()
-        nbytes = send_state(xfer.pg, 1, {"state": self.runner.state(), "step": self.step}, self.cfg.runtime.collective_timeout_s)
-        self.link.send(Left(rank=self.rank, step=self.step, transfer_s=time.monotonic() - t1, phase2_s=t1 - t0,
-                            bytes=nbytes))
-        log.info("handed rank %d over at step %d (%d bytes); exiting", self.rank, self.step, nbytes)
+        shadow = self.shadow if self.shadow is not None and self.shadow.epoch == epoch else None
+        if shadow is not None:  # the standby runs the shadow protocol, started or not
+            h = shadow.hand_over(xfer.pg, self.step, self.runner)
+        else:
+            state = {"state": self.runner.state(), "step": self.step}
+            h = HandOver(False, False, send_state(xfer.pg, 1, state, self.cfg.runtime.collective_timeout_s), 0, 0.0)
+        self.link.send(Left(rank=self.rank, step=self.step, transfer_s=time.monotonic() - t1, phase2_s=t1 - t0, bytes=h.bytes,
+                            shadowed=h.shadowed, shadow_matched=h.matched if h.shadowed else None, shadow_steps=h.steps,
+                            shadow_wait_s=h.wait_s))
+        log.info("handed rank %d over at step %d (%d bytes%s); exiting", self.rank, self.step, h.bytes,
+                 ", shadowed" if h.shadowed else "")
         self.saver.wait()
         time.sleep(0.2)  # let the controller read our last message before the socket closes
         os._exit(0)
@@ -279,6 +293,9 @@ class Worker:
         elif isinstance(msg, Cancel):
             if self.prepared.pop(msg.epoch, None) is not None:
                 log.info("switch of epoch %s cancelled", msg.epoch)
+            if self.shadow is not None and self.shadow.epoch == msg.epoch:
+                self.shadow.cancel()
+                self.shadow = None
         elif isinstance(msg, Abort):
             self.seen_abort = max(self.seen_abort, msg.epoch)
         elif isinstance(msg, Finish):
@@ -298,6 +315,9 @@ class Worker:
                                     error=None if build.error is None else str(build.error)[:300]))
 
         self.prepared[epoch] = self.fabric.build_in_background(gens, pairs, done)
+        xfer = f"xfer/r{self.rank}"
+        if msg.shadow and xfer in pairs:
+            self.shadow = LeaverShadow(epoch, self.prepared[epoch], xfer, self.cfg.runtime.collective_timeout_s)
 
     # ---- unexpected failure -------------------------------------------------------------------
     def _recover(self) -> None:

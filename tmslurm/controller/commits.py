@@ -97,8 +97,7 @@ class Commits:
     def commit(self) -> None:
         st, now = self.state, time.time()
         plan = st.plan
-        attach = (isinstance(plan, PlannedSwitch) and plan.ready and not plan.applied
-                  and st.step + 1 < self.ctx.cfg.train.steps)
+        attach = isinstance(plan, PlannedSwitch) and plan.may_switch(now) and st.step + 1 < self.ctx.cfg.train.steps
         switch = self._apply(plan, now) if attach else None
         checkpoint = st.checkpoint_then is not None and st.checkpoint_then.checkpoint_step is None
         final = st.stop_requested and not attach

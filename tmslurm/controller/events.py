@@ -19,7 +19,8 @@ from typing import Any
 from tmslurm.controller.journal import Journal
 
 log = logging.getLogger(__name__)
-PARTS = ("detect_s", "pick_s", "phase1_s", "phase2_s", "transfer_s", "first_step_s")
+PARTS = ("detect_s", "pick_s", "phase1_s", "phase2_s", "transfer_s", "verify_s", "first_step_s")
+"""``verify_s``: a shadowed switch comparing the leaver's and the shadow's fingerprints (no state moves)."""
 RESTART_PARTS = ("detect_s", "stop_s", "reschedule_s", "startup_s", "group_setup_s", "ckpt_load_s", "redo_s")
 CONTROLLER_PARTS = ("before_death_s", "restart_s", "adopt_s")
 """A controller restart: last commit -> death, death -> new controller up, up -> adopted; then first_step_s."""
@@ -86,6 +87,9 @@ class EventLog:
         rec["pick_s"] = max(0.0, t.get("pick", t.get("detect", 0.0)) - t.get("detect", 0.0))
         for part in ("phase1_s", "phase2_s", "transfer_s"):
             rec[part] = plan.parts.get(part)
+        for part in ("verify_s", "shadow_catchup_s"):
+            if part in plan.parts:
+                rec[part] = plan.parts[part]
         rec["switched_t"] = t.get("switched", time.time())
         rec["target_step"] = plan.target_step
         rec["status"] = "switched"

@@ -107,7 +107,7 @@ class Controller:
         self.monitors = NodeMonitors(self.ctx, self.members, self.recoveries)
         self.handlers: dict[type, Callable[[Agent, Any], None]] = {
             m.Vote: self.commits.on_vote, m.Progress: self.commits.on_progress, m.Groups: self.commits.on_groups,
-            m.Prepared: self.switches.on_prepared, m.Switched: self.switches.on_switched, m.Left: self.switches.on_left,
+            m.Prepared: self.switches.on_prepared, m.ShadowReady: self.switches.on_shadow_ready, m.Switched: self.switches.on_switched, m.Left: self.switches.on_left,
             m.Joined: self.switches.on_joined, m.JoinFailed: self.switches.on_join_failed,
             m.Aborted: self.recoveries.on_aborted, m.Recovered: self.recoveries.on_recovered,
             m.CommErrorReport: self.recoveries.on_comm_error, m.FaultFired: self.recoveries.on_fault,

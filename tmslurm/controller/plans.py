@@ -80,6 +80,17 @@ class PlannedSwitch(_Plan):
     deferred: dict[int | str, Prepare | Join] = field(default_factory=dict)
     """switch_mode=full: the phase-1 messages (by rank, or joiner's agent id), sent only with the commit that applies the switch."""
     bytes: int = 0
+    shadow: bool = False
+    """Each joiner follows its leaver as a live shadow until the switch (no state moves in the pause)."""
+    shadow_pending: set[str] = field(default_factory=set)
+    """Joiners that have not yet reported ``shadow_ready``."""
+    shadow_until: float = 0.0
+    """Wall time after which the switch goes ahead without waiting for every shadow to catch up
+    (the rest of the leaver's state then travels in the pause, still in order)."""
+
+    def may_switch(self, now: float) -> bool:
+        """Ready for the commit that applies it: phase 1 done and, with shadows, caught up (or out of time)."""
+        return self.ready and not self.applied and (not self.shadow or not self.shadow_pending or now >= self.shadow_until)
 
 
 @dataclass

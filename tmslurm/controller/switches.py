@@ -28,7 +28,7 @@ from tmslurm.controller.recoveries import Recoveries
 from tmslurm.controller.restarts import Restarts
 from tmslurm.controller.state import Agent
 from tmslurm.notices import Notice
-from tmslurm.wire.messages import JoinFailed, Joined, Left, Prepared, Switched
+from tmslurm.wire.messages import JoinFailed, Joined, Left, Prepared, ShadowReady, Switched
 from tmslurm.controller import switchplan as sw
 
 log = logging.getLogger(__name__)
@@ -63,9 +63,10 @@ class Switches:
         plan = PlannedSwitch(self.state.new_epoch(), moves, sw.multi(layout, groups), notice.reason,
                              source=notice.source, node=notice.node)
         plan.times.update(notice=notice.time, detect=t0, pick=time.time())
+        self._decide_shadow(plan, notice, t0, full)
         for m in moves:
             self.state.agents[m.joiner].busy = True
-        msgs = sw.planned_messages(layout, plan)
+        msgs = sw.planned_messages(layout, plan, shadow=plan.shadow)
         self.state.plan = plan
         if full:  # no phase 1: everything is built inside the pause, after the next commit
             plan.deferred = msgs
@@ -76,6 +77,29 @@ class Switches:
                 self.ctx.send_to(key, msg)
         self.ctx.events.begin(plan, self.state.agents, self.state.slots)
         log.info("planned switch epoch %d: ranks %s -> %s (rebuilding %s)", plan.epoch, ranks, [m.joiner for m in moves], plan.groups)
+
+    def _decide_shadow(self, plan: PlannedSwitch, notice: Notice, now: float, full: bool) -> None:
+        """Shadow unless switched off, in switch_mode=full, or the notice's deadline leaves no time to catch up."""
+        rt = self.ctx.cfg.runtime
+        left = None if notice.deadline is None else notice.deadline - now
+        plan.shadow = rt.shadow and not full and (left is None or left >= rt.shadow_min_notice_s)
+        if not plan.shadow:
+            if rt.shadow and not full:
+                log.info("notice leaves %.1fs (< runtime.shadow_min_notice_s=%.1f): switching without a shadow", left,
+                         rt.shadow_min_notice_s)
+            return
+        plan.shadow_pending = plan.joiners()
+        budget = rt.shadow_catchup_timeout_s if left is None else min(rt.shadow_catchup_timeout_s, left - rt.shadow_min_notice_s / 2)
+        plan.shadow_until = now + budget
+
+    def on_shadow_ready(self, agent: Agent, msg: ShadowReady) -> None:
+        plan = self.state.plan
+        if not isinstance(plan, PlannedSwitch) or msg.epoch != plan.epoch or agent.aid not in plan.shadow_pending:
+            return
+        plan.shadow_pending.discard(agent.aid)
+        plan.part("shadow_catchup_s", msg.catchup_s)
+        self.ctx.journal.write("shadow_ready", agent=agent.aid, rank=msg.rank, epoch=msg.epoch, step=msg.step,
+                               catchup_s=msg.catchup_s)
 
     def on_prepared(self, agent: Agent, msg: Prepared) -> None:
         plan = self.state.plan
@@ -107,7 +131,15 @@ class Switches:
         if plan is not None:
             plan.waiting.discard(f"r{msg.rank}")
             plan.part("phase2_s", msg.phase2_s)
-        self.ctx.journal.write("left", agent=agent.aid, rank=msg.rank, node=agent.node, transfer_s=msg.transfer_s)
+        self.ctx.journal.write("left", agent=agent.aid, rank=msg.rank, node=agent.node, transfer_s=msg.transfer_s,
+                               bytes=msg.bytes, shadowed=msg.shadowed, shadow_matched=msg.shadow_matched)
+        if plan is not None and plan.event is not None and msg.shadowed:
+            rec = plan.event
+            rec["shadow_steps"] = max(rec.get("shadow_steps", 0), msg.shadow_steps)
+            rec["shadow_follow_s_per_step"] = msg.shadow_wait_s / msg.shadow_steps if msg.shadow_steps else None
+        if msg.shadow_matched is False:
+            log.error("rank %d: its shadow DIFFERED at the switch; the whole state was sent instead (a bug)", msg.rank)
+            self.ctx.journal.write("shadow_mismatch", rank=msg.rank, agent=agent.aid, step=msg.step, bytes=msg.bytes)
         self.plans.maybe_finish()
 
     def on_joined(self, agent: Agent, msg: Joined) -> None:
@@ -123,11 +155,18 @@ class Switches:
         agent.busy = False
         self.state.slots[msg.rank] = agent.aid
         plan.waiting.discard(agent.aid)
-        plan.part("transfer_s", msg.transfer_s)
+        if msg.shadowed and msg.shadow_matched:  # no state moved: the pause compared fingerprints
+            plan.part("transfer_s", 0.0)
+            plan.part("verify_s", msg.transfer_s)
+        else:
+            plan.part("transfer_s", msg.transfer_s)
         plan.bytes += msg.bytes
         rec = plan.event
         if rec is not None:  # warm only if every joiner of the plan was
             rec["joiner_warm"] = rec.get("joiner_warm", True) and msg.joiner_warm
+            rec["shadowed"] = rec.get("shadowed", True) and msg.shadowed
+            if msg.shadowed:
+                rec["shadow_matched"] = rec.get("shadow_matched", True) and bool(msg.shadow_matched)
             if msg.warm_reason:
                 rec.setdefault("warm_reasons", []).append(f"rank {msg.rank}: {msg.warm_reason}")
         self.ctx.journal.write("joined", agent=agent.aid, rank=msg.rank, node=agent.node, epoch=plan.epoch,

@@ -86,8 +86,9 @@ def _greedy(layout: Layout, ranks: list[int], candidates: dict[str, set[str]], p
     return moves
 
 
-def planned_messages(layout: Layout, plan: Plan) -> dict[int | str, Prepare | Join]:
-    """``prepare`` for stayers (keyed by rank) and leavers, ``join`` for joiners (keyed by standby id)."""
+def planned_messages(layout: Layout, plan: Plan, shadow: bool = False) -> dict[int | str, Prepare | Join]:
+    """``prepare`` for stayers (keyed by rank) and leavers, ``join`` for joiners (keyed by standby id);
+    with ``shadow`` the leavers feed and the joiners follow a live shadow."""
     leaving = set(plan.ranks)
     groups: dict[int, dict[str, int]] = {}
     pairs: dict[int, dict[str, list[int]]] = {}
@@ -97,10 +98,11 @@ def planned_messages(layout: Layout, plan: Plan) -> dict[int | str, Prepare | Jo
                 groups.setdefault(member, {})[name] = plan.epoch
     for m in plan.moves:
         pairs.setdefault(m.rank, {})[m.xfer] = [plan.epoch, 0]
-    out: dict[int | str, Prepare | Join] = {r: Prepare(epoch=plan.epoch, groups=groups.get(r, {}), pairs=pairs.get(r, {}))
+    out: dict[int | str, Prepare | Join] = {r: Prepare(epoch=plan.epoch, groups=groups.get(r, {}), pairs=pairs.get(r, {}),
+                                                       shadow=shadow and r in pairs)
                                       for r in [*groups, *(r for r in pairs if r not in groups)]}
     for m in plan.moves:
-        out[m.joiner] = join_message(layout, plan, m, activate=False)
+        out[m.joiner] = join_message(layout, plan, m, activate=False).model_copy(update={"shadow": shadow})
     return out
 
 

@@ -36,6 +36,8 @@ class StageRunner:
         self.module = task.build_stage(spec, device)
         self.optimizer = task.build_optimizer(self.module)
         self.params = [p for p in self.module.parameters() if p.requires_grad]
+        self.reduced: torch.Tensor | None = None
+        """The last step's reduced flat gradient (``.grad`` are views of it): what a shadow follows."""
 
     def compute(self, step: int, comm: StageComm, midstep: Callable[[], None] | None = None) -> float | None:
         """Forward + backward + reduction of one step; returns the step loss on the last stage.
@@ -77,6 +79,7 @@ class StageRunner:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         flat = _flatten_dense_tensors(grads)
         flat = comm.allreduce(flat)
+        self.reduced = flat
         for p, g in zip(self.params, _unflatten_dense_tensors(flat, grads)):
             p.grad = g
 

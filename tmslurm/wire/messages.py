@@ -229,6 +229,25 @@ class Left(Msg):
     transfer_s: Seconds
     phase2_s: Seconds
     bytes: Annotated[int, Field(ge=0, le=2**50)]
+    """State bytes sent in the pause (0 for a shadow that matched)."""
+    shadowed: bool = False
+    """A live shadow followed this rank (comm/shadow.py)."""
+    shadow_matched: bool | None = None
+    """The fingerprints at the switch were equal (None without a shadow)."""
+    shadow_steps: Count = 0
+    """Committed steps the shadow followed."""
+    shadow_wait_s: Seconds = 0.0
+    """Total time this rank waited for its shadow sends before optimizer steps."""
+
+
+class ShadowReady(Msg):
+    """A standby holds the leaver's state (``START`` received): from now on it follows step by step."""
+
+    type: Literal["shadow_ready"] = "shadow_ready"
+    epoch: Count
+    rank: Count
+    step: Count
+    catchup_s: Seconds
 
 
 class OpStatus(Msg):
@@ -320,6 +339,12 @@ class Joined(Msg):
     joiner_warm: bool = True
     """The runner was warm (no module build or compile in the pause)."""
     warm_reason: Text | None = None
+    shadowed: bool = False
+    """It followed the leaver as a live shadow; ``bytes`` is then what moved in the pause."""
+    shadow_matched: bool | None = None
+    shadow_steps: Count = 0
+    shadow_catchup_s: Seconds | None = None
+    """Receiving and loading the leaver's state in the background (not in the pause)."""
 
 
 class JoinFailed(Msg):
@@ -346,7 +371,7 @@ class Stopped(Msg):
     stopped_s: Seconds
 
 
-AgentMessage = Annotated[Union[Heartbeat, Started, Groups, Vote, Progress, Prepared, Switched, Left, Aborted, Recovered,
+AgentMessage = Annotated[Union[Heartbeat, Started, Groups, Vote, Progress, Prepared, Switched, Left, ShadowReady, Aborted, Recovered,
                                CommErrorReport, FaultFired, Done, Ready, Joined, JoinFailed, Exited, Stopped],
                          Field(discriminator="type")]
 
@@ -424,6 +449,8 @@ class Prepare(Msg):
     epoch: Count
     groups: dict[Name, Count]
     pairs: dict[Name, Pair]
+    shadow: bool = False
+    """A leaver (its ``xfer`` pair is listed) feeds a live shadow (comm/shadow.py)."""
 
 
 class Join(Msg):
@@ -433,6 +460,8 @@ class Join(Msg):
     groups: dict[Name, Count]
     xfer: Name
     activate: bool
+    shadow: bool = False
+    """Follow the leaver as a live shadow until the switch."""
 
 
 class Activate(Msg):

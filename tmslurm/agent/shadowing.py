@@ -1,0 +1,84 @@
+"""The leaving rank's side of live shadowing for one planned switch (the wire is comm/shadow.py).
+
+Contract: a :class:`LeaverShadow` is made when a ``prepare`` names this rank as a leaver with
+``shadow: true``. At the first commit after its transfer group is built (phase 1, in the
+background) it sends its state after that step (``START``), then the reduced gradient of every later
+committed step (``GRAD``), all on a background thread: :meth:`before_apply` waits for those sends
+before the optimizer changes what a ``START`` reads, and that wait is the per-step cost of
+following. At the switch :meth:`hand_over` compares fingerprints (``END``; a mismatch sends the whole
+state) or, when the shadow never started, sends the whole state (``FULL``). :meth:`cancel` stops
+it (the switch was cancelled). Send failures raise CommError from :meth:`before_apply` and
+:meth:`hand_over`; the shadow is then dead and the worker treats it as a failed step.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from tmslurm.comm.fabric import BackgroundBuild
+from tmslurm.comm.shadow import ShadowSender, send_full
+from tmslurm.errors import CommError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HandOver:
+    """What the switch sent: whether a shadow was used, matched, the bytes in the pause, steps followed, wait."""
+
+    shadowed: bool
+    matched: bool
+    bytes: int
+    steps: int
+    wait_s: float
+
+
+class LeaverShadow:
+    def __init__(self, epoch: int, build: BackgroundBuild, xfer: str, timeout_s: float) -> None:
+        self.epoch = epoch
+        self.build = build
+        self.xfer = xfer
+        self.timeout_s = timeout_s
+        self.sender: ShadowSender | None = None
+        self.failed: str | None = None
+
+    def before_apply(self, poll: Callable[[], None]) -> None:
+        """Wait for the posted sends; a failed send ends the shadow (the step itself stands)."""
+        if self.sender is None or self.failed:
+            return
+        try:
+            self.sender.wait(poll)
+        except CommError as exc:
+            self.failed = str(exc)
+            self.sender.cancel()
+            log.warning("shadow of epoch %d failed: %s", self.epoch, exc)
+
+    def after_commit(self, step: int, runner: Any) -> None:
+        """``step`` steps are committed and applied: start the shadow, or send this step's gradient."""
+        if self.failed:
+            return
+        if self.sender is None:
+            if not self.build.done() or self.build.error is not None or self.xfer not in self.build.result:
+                return
+            self.sender = ShadowSender(self.build.result[self.xfer].pg, self.timeout_s)
+            self.sender.start(step, runner.state())
+            log.info("shadowing from step %d (epoch %d)", step, self.epoch)
+        elif runner.reduced is not None:
+            self.sender.grads(step - 1, runner.reduced)
+
+    def hand_over(self, pg: Any, step: int, runner: Any) -> HandOver:
+        if self.failed:
+            raise CommError(f"the shadow failed earlier: {self.failed}")
+        if self.sender is None:
+            return HandOver(False, False, send_full(pg, step, runner.state(), self.timeout_s), 0, 0.0)
+        matched, nbytes = self.sender.finish(step, runner.state())
+        if not matched:
+            log.error("shadow of epoch %d DIFFERED from this rank's state at step %d: sent the whole state (%d bytes)",
+                      self.epoch, step, nbytes)
+        return HandOver(True, matched, nbytes, self.sender.steps, self.sender.waited_s)
+
+    def cancel(self) -> None:
+        if self.sender is not None:
+            self.sender.cancel()

@@ -1,0 +1,259 @@
+"""Live shadowing: a standby follows a leaving rank step by step, so a planned switch moves no state.
+
+Contract (over the leaver/standby two-member transfer group, leaver = 0, standby = 1). Every
+message opens with a control frame (int64 ``[kind, step, n, 0]`` on :data:`CTRL_TAG`):
+
+- ``START``: the leaver's state after its committed step ``step`` follows
+  (:func:`~tmslurm.comm.transfer.send_state`), sent in the background while training goes on;
+- ``GRAD``: the reduced flat gradient of committed step ``step`` follows (``n`` elements); the
+  standby applies the same optimizer step to it, so its parameters and moments stay bit-identical
+  (the update is a deterministic function of the state and the gradient bytes);
+- ``END``: the switch step is ``step``; a fingerprint of ``n`` int64 follows (:func:`fingerprint`
+  of the leaver's state). The standby compares it with its own and answers one int64 on
+  :data:`VERDICT_TAG` (1 equal, 0 not). On 0 the leaver sends its whole state (``send_state``),
+  the standby receives it into its runner: the fallback, loud in the journal, since a mismatch is a bug;
+- ``FULL``: no shadow was started (the notice left no time, or the leaver's group was not built
+  yet): the whole state follows, as a switch without shadowing sends it.
+
+:class:`ShadowSender` runs the leaver's sends on one background thread in order; the leaver calls
+:meth:`ShadowSender.wait` before each optimizer step (a ``START`` reads the parameters the step
+changes). :func:`follow` is the standby's side; it returns at ``END`` or ``FULL``. Any failure (peer
+gone, timeout, cancelled) raises CommError on the side that sees it; the sender keeps the first
+error and raises it from :meth:`~ShadowSender.wait` and :meth:`~ShadowSender.finish`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch._utils import _unflatten_dense_tensors
+
+from tmslurm.comm.fabric import wait_p2p
+from tmslurm.comm.transfer import recv_state, send_state
+from tmslurm.errors import CommError
+
+CTRL_TAG, GRAD_TAG, PRINT_TAG, VERDICT_TAG = 10, 11, 12, 13
+START, GRAD, END, FULL = 1, 2, 3, 4
+
+
+def fingerprint(state: Any) -> torch.Tensor:
+    """Two wrapping int64 sums per tensor (all words, and every other word) over the state's tensors
+    in structure order: any one differing element changes it, and so do most permutations. Fast
+    enough for the pause (~0.05 s per GB); the run's final sha256 is the proof of exactness."""
+    sums: list[torch.Tensor] = []
+    _fold(state, sums)
+    return torch.stack(sums) if sums else torch.zeros(0, dtype=torch.int64)
+
+
+def _fold(obj: Any, out: list[torch.Tensor]) -> None:
+    if isinstance(obj, torch.Tensor):
+        words = _words(obj.detach().cpu().contiguous().reshape(-1).view(torch.uint8))
+        out.append(words.sum(dtype=torch.int64))
+        out.append(words[::2].sum(dtype=torch.int64))
+    elif isinstance(obj, dict):
+        for key in sorted(obj, key=str):
+            _fold(obj[key], out)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            _fold(value, out)
+
+
+def _words(raw: torch.Tensor) -> torch.Tensor:
+    for dtype, width in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):
+        if raw.numel() % width == 0:
+            return raw.view(dtype)
+    return raw
+
+
+def _frame(kind: int, step: int, n: int = 0) -> torch.Tensor:
+    return torch.tensor([kind, step, n, 0], dtype=torch.int64)
+
+
+def _wait(work: Any, timeout_s: float, what: str, should_stop: Callable[[], bool]) -> None:
+    try:
+        wait_p2p(work, timeout_s, 0.05, should_stop)
+    except CommError as exc:
+        raise CommError(f"shadow ({what}) {exc}") from None
+
+
+class ShadowSender:
+    """The leaver's side: sends posted in order on one thread; ``wait`` before each optimizer step."""
+
+    def __init__(self, pg: Any, timeout_s: float) -> None:
+        self.pg = pg
+        self.timeout_s = timeout_s
+        self.jobs: deque[Callable[[], Any] | None] = deque()
+        self.cond = threading.Condition()
+        self.busy = False
+        self.error: BaseException | None = None
+        self.cancelled = False
+        self.started_step: int | None = None
+        self.steps = 0
+        self.waited_s = 0.0
+        self.thread = threading.Thread(target=self._run, name="shadow-sender", daemon=True)
+        self.thread.start()
+
+    def start(self, step: int, state: dict[str, Any]) -> None:
+        """Send ``state`` (a runner's ``state()``) after committed step ``step``; it must not change
+        until :meth:`wait` returns."""
+        self.started_step = step
+        self._post(lambda: (self._ctrl(START, step), send_state(self.pg, 1, {"state": state}, self.timeout_s)))
+
+    def grads(self, step: int, flat: torch.Tensor) -> None:
+        """Send the reduced gradient of committed step ``step`` (``flat`` is not modified afterwards)."""
+        self.steps += 1
+        self._post(lambda: (self._ctrl(GRAD, step, flat.numel()), self._send(flat, GRAD_TAG, "gradient")))
+
+    def wait(self, poll: Callable[[], None] = lambda: None) -> None:
+        """Until every posted send is done; ``poll`` runs meanwhile (it may :meth:`cancel`)."""
+        t0 = time.monotonic()
+        while True:
+            with self.cond:
+                if (not self.jobs and not self.busy) or self.error is not None or self.cancelled:
+                    break
+                self.cond.wait(0.05)
+            poll()
+        self.waited_s += time.monotonic() - t0
+        if self.error is not None and not self.cancelled:
+            raise CommError(f"shadow send failed: {self.error}")
+
+    def finish(self, step: int, state: dict[str, Any]) -> tuple[bool, int]:
+        """At the switch: compare fingerprints; on a mismatch send the whole state. (equal, bytes sent)."""
+        self.wait()
+        self._stop_thread()
+        never = lambda: False  # noqa: E731
+        mine = fingerprint(state)
+        self._ctrl(END, step, mine.numel())
+        self._send(mine, PRINT_TAG, "fingerprint")
+        verdict = torch.zeros(1, dtype=torch.int64)
+        _wait(self.pg.recv([verdict], 1, VERDICT_TAG), self.timeout_s, "verdict", never)
+        if int(verdict.item()) == 1:
+            return True, 0
+        return False, send_state(self.pg, 1, {"state": state}, self.timeout_s)
+
+    def cancel(self) -> None:
+        with self.cond:
+            self.cancelled = True
+            self.jobs.clear()
+            self.cond.notify_all()
+
+    def _stop_thread(self) -> None:
+        with self.cond:
+            self.jobs.append(None)  # the thread's end
+            self.cond.notify_all()
+        self.thread.join(self.timeout_s)
+
+    def _post(self, job: Callable[[], Any]) -> None:
+        with self.cond:
+            self.jobs.append(job)
+            self.cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while not self.jobs:
+                    self.cond.wait()
+                job = self.jobs.popleft()
+                if job is None or self.cancelled:
+                    return
+                self.busy = True
+            try:
+                job()
+            except BaseException as exc:  # kept; raised from wait() on the leaver's thread
+                with self.cond:
+                    self.error = exc
+            with self.cond:
+                self.busy = False
+                self.cond.notify_all()
+                if self.error is not None:
+                    return
+
+    def _ctrl(self, kind: int, step: int, n: int = 0) -> None:
+        self._send(_frame(kind, step, n), CTRL_TAG, "control")
+
+    def _send(self, t: torch.Tensor, tag: int, what: str) -> None:
+        _wait(self.pg.send([t], 1, tag), self.timeout_s, what, lambda: self.cancelled)
+
+
+def send_full(pg: Any, step: int, state: dict[str, Any], timeout_s: float) -> int:
+    """The leaver's switch without a shadow: ``FULL`` and the whole state; returns the bytes sent."""
+    _wait(pg.send([_frame(FULL, step)], 1, CTRL_TAG), timeout_s, "control", lambda: False)
+    return send_state(pg, 1, {"state": state}, timeout_s)
+
+
+@dataclass
+class Followed:
+    """What :func:`follow` did: the switch step, whether the state was shadowed and matched, the
+    steps followed, the catch-up time (START received and loaded), and the bytes received at the switch."""
+
+    step: int
+    shadowed: bool
+    matched: bool
+    steps: int
+    catchup_s: float | None
+    switch_bytes: int
+    switch_s: float
+
+
+def follow(pg: Any, runner: Any, timeout_s: float, should_stop: Callable[[], bool],
+           caught_up: Callable[[int, float], None], corrupt: bool = False) -> Followed:
+    """The standby's side: apply what the leaver sends until ``END`` or ``FULL``. ``corrupt`` (a
+    test fault) flips one bit of the shadow's state before the fingerprints are compared."""
+    steps, catchup_s = 0, None
+    while True:
+        frame = torch.zeros(4, dtype=torch.int64)
+        _wait(pg.recv([frame], 0, CTRL_TAG), timeout_s, "control", should_stop)  # the leaver speaks every committed step
+        kind, step, n = (int(v) for v in frame[:3])
+        t0 = time.monotonic()
+        if kind == START:
+            state, _ = recv_state(pg, 0, timeout_s, should_stop, into={"state": runner.state()})
+            runner.load_state(state["state"])
+            catchup_s = time.monotonic() - t0
+            caught_up(step, catchup_s)
+        elif kind == GRAD and catchup_s is not None:
+            _apply_grad(pg, runner, n, timeout_s, should_stop)
+            steps += 1
+        elif kind == END and catchup_s is not None:
+            if corrupt:
+                _flip_one_bit(runner)
+            matched, nbytes = _compare(pg, runner, n, timeout_s, should_stop)
+            return Followed(step, True, matched, steps, catchup_s, nbytes, time.monotonic() - t0)
+        elif kind == FULL:
+            state, nbytes = recv_state(pg, 0, timeout_s, should_stop, into={"state": runner.state()})
+            runner.load_state(state["state"])
+            return Followed(step, False, False, steps, catchup_s, nbytes, time.monotonic() - t0)
+        else:
+            raise CommError(f"shadow: unexpected control frame {frame.tolist()}")
+
+
+def _apply_grad(pg: Any, runner: Any, n: int, timeout_s: float, should_stop: Callable[[], bool]) -> None:
+    params = runner.params
+    if n != sum(p.numel() for p in params):
+        raise CommError(f"shadow: gradient of {n} elements for parameters of {sum(p.numel() for p in params)}")
+    flat = torch.empty(n, dtype=params[0].dtype)
+    _wait(pg.recv([flat], 0, GRAD_TAG), timeout_s, "gradient", should_stop)
+    for p, g in zip(params, _unflatten_dense_tensors(flat, [p.data for p in params])):
+        p.grad = g
+    runner.apply()
+
+
+def _compare(pg: Any, runner: Any, n: int, timeout_s: float, should_stop: Callable[[], bool]) -> tuple[bool, int]:
+    theirs = torch.empty(n, dtype=torch.int64)
+    _wait(pg.recv([theirs], 0, PRINT_TAG), timeout_s, "fingerprint", should_stop)
+    matched = bool(torch.equal(theirs, fingerprint(runner.state())))
+    _wait(pg.send([torch.tensor([int(matched)], dtype=torch.int64)], 0, VERDICT_TAG), timeout_s, "verdict", should_stop)
+    if matched:
+        return True, 0
+    state, nbytes = recv_state(pg, 0, timeout_s, should_stop, into={"state": runner.state()})
+    runner.load_state(state["state"])
+    return False, nbytes
+
+
+def _flip_one_bit(runner: Any) -> None:
+    first = runner.params[0].data.reshape(-1)[:1].view(torch.uint8)
+    first[:1].bitwise_xor_(1)
