@@ -1,4 +1,4 @@
-"""``python -m benchmarks {downtime,scaling,overhead,memory,roles,control,ckpt,soak,linkbw,project}`` (also ``scripts/bench``)."""
+"""``python -m benchmarks {downtime,scaling,overhead,memory,roles,control,ckpt,soak,linkbw,statesize,project}`` (also ``scripts/bench``)."""
 
 from __future__ import annotations
 
@@ -82,9 +82,15 @@ def parser() -> argparse.ArgumentParser:
     k.add_argument("--warmup", type=int, default=3)
     k.add_argument("--json", default="docs/bench/ckpt.json")
     lb = sub.add_parser("linkbw", help="state transfer vs the raw link on one gloo pair, per model preset (two processes)")
-    lb.add_argument("--models", default="small,base", help="model presets, comma-separated (tiny, small, base, large)")
+    lb.add_argument("--models", default="small,base", help="model presets, comma-separated (tiny, small, medium, base, large)")
     lb.add_argument("--repeats", type=int, default=5)
     lb.add_argument("--json", default="docs/bench/linkbw.json")
+    ss = sub.add_parser("statesize", help="pause and downtime of planned (shadow or not), unexpected and in-job restart "
+                                          "moves per state size, with link bandwidth and memory (local)")
+    ss.add_argument("--models", default="small,medium,base,large", help="model presets, smallest first")
+    ss.add_argument("--repeats", type=int, default=5, help="events per cell")
+    ss.add_argument("--link-repeats", type=int, default=5)
+    ss.add_argument("--json", default="docs/bench/statesize.json")
     cr = sub.add_parser("ctlrestart", help="kill -9 of the controller at random steps: downtime and its parts, exactness")
     cr.add_argument("--kills", type=int, default=10)
     cr.add_argument("--steps", type=int, default=400)
@@ -113,7 +119,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--dir", default="docs/bench")
     sub.add_parser("project", help="wasted GPU-hours per week at scale, tmslurm's downtime modelled part by part; "
                                    "options are benchmarks.sim.projection's")
-    for sp in (d, s, o, m, r, c, k, so, cr, sb):
+    for sp in (d, s, o, m, r, c, k, so, cr, sb, ss):
         sp.add_argument("--out", default=f"runs/bench-{stamp}")
     return ap
 

@@ -255,6 +255,7 @@ MODEL_PRESETS = {
     "tiny": ModelConfig(size="tiny", n_layer=4, d_model=32, n_head=2, seq_len=32),
     "small": ModelConfig(size="small", n_layer=6, d_model=128, n_head=4, seq_len=64),
     # sized by state per rank (parameters + AdamW moments, 12 bytes a parameter) at DP2 x PP2:
+    "medium": ModelConfig(size="medium", n_layer=8, d_model=320, n_head=8, seq_len=64),  # ~60 MB per rank
     "base": ModelConfig(size="base", n_layer=12, d_model=768, n_head=12, seq_len=64),     # ~0.5 GB per rank
     "large": ModelConfig(size="large", n_layer=18, d_model=1024, n_head=16, seq_len=64),  # ~1.4 GB per rank
 }

@@ -41,14 +41,26 @@ def _run(launch, baseline, *extra, layout=("parallel.dp=2", "parallel.pp=2")):
     return s
 
 
-@pytest.mark.parametrize("rank", [0, 1], ids=["first-stage", "last-stage"])
-def test_planned_migration_is_exact(launch, baseline, rank):
-    s = _run(launch, baseline, "standby.count=1", f"faults=[{{step:12,kind:drain,rank:{rank}}}]")
+@pytest.mark.parametrize("rank,extra,shadow", [
+    (0, (), "matched"),
+    (1, (), "matched"),
+    (1, ("runtime.shadow=false",), None),                    # the state travels in the pause
+    (0, ("faults=[{step:12,kind:drain,rank:0},{step:0,kind:corrupt_shadow,rank:0}]",), "mismatch"),
+], ids=["first-stage-shadowed", "last-stage-shadowed", "last-stage-state-in-pause", "forced-shadow-mismatch-falls-back"])
+def test_planned_migration_is_exact(launch, baseline, rank, extra, shadow):
+    faults = () if any(e.startswith("faults=") for e in extra) else (f"faults=[{{step:12,kind:drain,rank:{rank}}}]",)
+    s = _run(launch, baseline, "standby.count=1", *faults, *extra)
     (ev,) = events_of(s, "planned")
     assert ev["ranks"] == [rank] and ev["standby"]
     for part in ("phase1_s", "phase2_s", "transfer_s", "first_step_s", "downtime_s"):
         assert isinstance(ev[part], float), part
     assert not events_of(s, "restart")
+    assert ev["shadowed"] is (shadow is not None)
+    if shadow == "matched":  # no state moved in the pause: only fingerprints were compared
+        assert ev["shadow_matched"] is True and ev["transfer_s"] == 0.0 and isinstance(ev["verify_s"], float)
+        assert isinstance(ev["shadow_catchup_s"], float) and ev["shadow_steps"] >= 1
+    elif shadow == "mismatch":  # loud, and repaired by a full transfer: the run above is still exact
+        assert ev["shadow_matched"] is False and ev["transfer_s"] > 0.0
 
 
 def test_planned_middle_stage_with_pp3(launch, baseline):

@@ -2,7 +2,8 @@
 
 A standby warms one runner per shape class (first, middle, last for 8 layers over 8 stages) and a join
 into any stage loads that stage's state into the warm runner of its class: no module build and no
-compile in the pause (``joiner_warm: true``), and each join's downtime stays within 1.5x of the
+compile in the pause (``joiner_warm: true``); every drain is shadowed (no state in the pause); the
+standby's RSS stays within 1.25x of the largest rank's; and each join's downtime stays within 1.5x of the
 first-stage join's (plus 0.1 s of slack for two shared cores). The run ends bit-identical to the
 uninterrupted one.
 """
@@ -31,6 +32,9 @@ def test_pp8_compiled_drain_of_every_stage_joins_warm(launch, baseline):
     evs = events_of(s, "planned")
     assert [ev["ranks"] for ev in evs] == [[r] for r in range(PP)], evs
     assert all(ev["joiner_warm"] is True for ev in evs), [(ev["ranks"], ev.get("warm_reasons")) for ev in evs]
+    assert all(ev["shadowed"] is True and ev["shadow_matched"] is True and ev["transfer_s"] == 0.0 for ev in evs), evs
+    mem = s["memory"]  # warm for 3 compiled classes, yet holding about one rank's memory (the arena)
+    assert mem["standby_rss_mb"] <= 1.25 * mem["largest_rank_peak_rss_mb"], mem
     first = evs[0]["downtime_s"]
     for ev in evs[1:]:
         assert ev["downtime_s"] <= max(1.5 * first, first + 0.1), (ev["ranks"], ev["downtime_s"], first)

@@ -143,6 +143,7 @@ def test_drain_migrates_releases_the_node_and_refills_the_pool(slurm, tmp_path, 
     s = run.summary()
     ev = [e for e in s["events"] if e["kind"] == "planned"]
     assert len(ev) == 1 and ev[0]["ranks"] == [1] and ev[0]["node"] == node
+    assert ev[0]["shadowed"] is True and ev[0]["shadow_matched"] is True and ev[0]["transfer_s"] == 0.0, ev  # a live shadow
     assert s["main_job_id"] == run.job_id and len(s["spare_job_ids"]) >= 3
     assert exact(s, ref), s
     sacct = slurm.run("sacct", "-j", run.job_id, "-X", "-n", "-P", "-o", "JobID,State").stdout

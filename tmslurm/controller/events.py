@@ -83,6 +83,7 @@ class EventLog:
         t = plan.times
         rec["ranks"] = plan.ranks
         rec["standby"] = ",".join(m.joiner for m in plan.moves)
+        rec["sources"] = [m.source for m in plan.moves if m.source is not None]  # who sent the state after a failure
         rec["detect_s"] = max(0.0, t.get("detect", 0.0) - (t.get("failure") or t.get("notice") or t.get("detect", 0.0)))
         rec["pick_s"] = max(0.0, t.get("pick", t.get("detect", 0.0)) - t.get("detect", 0.0))
         for part in ("phase1_s", "phase2_s", "transfer_s"):
