@@ -19,7 +19,6 @@ Contract:
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import logging
 import threading
@@ -146,9 +145,9 @@ class Fabric:
         pairs = pairs or {}
         built = {}
         for name in sorted(set(generations) | set(pairs)):
-            if name in pairs:  # state transfer goes through host memory: always gloo
+            if name in pairs:  # state transfer: on the training backend (NCCL: device to device)
                 gen, index = pairs[name]
-                pg = make_pg(store, name, gen, index, 2, dataclasses.replace(self.s, backend="gloo"))
+                pg = make_pg(store, name, gen, index, 2, self.s)
                 built[name] = GroupHandle(name, gen, (0, 1), index, pg)
                 continue
             spec = self.layout.groups[name]

@@ -20,6 +20,9 @@ message opens with a control frame (int64 ``[kind, step, n, 0]`` on :data:`CTRL_
 changes). :func:`follow` is the standby's side; it returns at ``END`` or ``FULL``. Any failure (peer
 gone, timeout, cancelled) raises CommError on the side that sees it; the sender keeps the first
 error and raises it from :meth:`~ShadowSender.wait` and :meth:`~ShadowSender.finish`.
+
+Every frame, gradient and fingerprint lives on the group's wire device
+(:func:`~tmslurm.comm.transfer.wire_device`): host memory over gloo, the CUDA device over NCCL.
 """
 
 from __future__ import annotations
@@ -34,33 +37,33 @@ import torch
 from torch._utils import _unflatten_dense_tensors
 
 from tmslurm.comm.fabric import wait_p2p
-from tmslurm.comm.transfer import recv_state, send_state
+from tmslurm.comm.transfer import recv_state, send_state, wire_device
 from tmslurm.errors import CommError
 
 CTRL_TAG, GRAD_TAG, PRINT_TAG, VERDICT_TAG = 10, 11, 12, 13
 START, GRAD, END, FULL = 1, 2, 3, 4
 
 
-def fingerprint(state: Any) -> torch.Tensor:
+def fingerprint(state: Any, device: torch.device = torch.device("cpu")) -> torch.Tensor:
     """Two wrapping int64 sums per tensor (all words, and every other word) over the state's tensors
     in structure order: any one differing element changes it, and so do most permutations. Fast
     enough for the pause (~0.05 s per GB); the run's final sha256 is the proof of exactness."""
     sums: list[torch.Tensor] = []
-    _fold(state, sums)
-    return torch.stack(sums) if sums else torch.zeros(0, dtype=torch.int64)
+    _fold(state, sums, device)
+    return torch.stack(sums) if sums else torch.zeros(0, dtype=torch.int64, device=device)
 
 
-def _fold(obj: Any, out: list[torch.Tensor]) -> None:
-    if isinstance(obj, torch.Tensor):
-        words = _words(obj.detach().cpu().contiguous().reshape(-1).view(torch.uint8))
-        out.append(words.sum(dtype=torch.int64))
-        out.append(words[::2].sum(dtype=torch.int64))
+def _fold(obj: Any, out: list[torch.Tensor], device: torch.device) -> None:
+    if isinstance(obj, torch.Tensor):  # summed where the tensor lives; only the sums move
+        words = _words(obj.detach().contiguous().reshape(-1).view(torch.uint8))
+        out.append(words.sum(dtype=torch.int64).to(device))
+        out.append(words[::2].sum(dtype=torch.int64).to(device))
     elif isinstance(obj, dict):
         for key in sorted(obj, key=str):
-            _fold(obj[key], out)
+            _fold(obj[key], out, device)
     elif isinstance(obj, (list, tuple)):
         for value in obj:
-            _fold(value, out)
+            _fold(value, out, device)
 
 
 def _words(raw: torch.Tensor) -> torch.Tensor:
@@ -70,8 +73,8 @@ def _words(raw: torch.Tensor) -> torch.Tensor:
     return raw
 
 
-def _frame(kind: int, step: int, n: int = 0) -> torch.Tensor:
-    return torch.tensor([kind, step, n, 0], dtype=torch.int64)
+def _frame(kind: int, step: int, n: int = 0, device: torch.device = torch.device("cpu")) -> torch.Tensor:
+    return torch.tensor([kind, step, n, 0], dtype=torch.int64, device=device)
 
 
 def _wait(work: Any, timeout_s: float, what: str, should_stop: Callable[[], bool]) -> None:
@@ -86,6 +89,7 @@ class ShadowSender:
 
     def __init__(self, pg: Any, timeout_s: float) -> None:
         self.pg = pg
+        self.device = wire_device(pg)
         self.timeout_s = timeout_s
         self.jobs: deque[Callable[[], Any] | None] = deque()
         self.cond = threading.Condition()
@@ -107,7 +111,7 @@ class ShadowSender:
     def grads(self, step: int, flat: torch.Tensor) -> None:
         """Send the reduced gradient of committed step ``step`` (``flat`` is not modified afterwards)."""
         self.steps += 1
-        self._post(lambda: (self._ctrl(GRAD, step, flat.numel()), self._send(flat, GRAD_TAG, "gradient")))
+        self._post(lambda: (self._ctrl(GRAD, step, flat.numel()), self._send(flat.to(self.device), GRAD_TAG, "gradient")))
 
     def wait(self, poll: Callable[[], None] = lambda: None) -> None:
         """Until every posted send is done; ``poll`` runs meanwhile (it may :meth:`cancel`)."""
@@ -127,10 +131,10 @@ class ShadowSender:
         self.wait()
         self._stop_thread()
         never = lambda: False  # noqa: E731
-        mine = fingerprint(state)
+        mine = fingerprint(state, self.device)
         self._ctrl(END, step, mine.numel())
         self._send(mine, PRINT_TAG, "fingerprint")
-        verdict = torch.zeros(1, dtype=torch.int64)
+        verdict = torch.zeros(1, dtype=torch.int64, device=self.device)
         _wait(self.pg.recv([verdict], 1, VERDICT_TAG), self.timeout_s, "verdict", never)
         if int(verdict.item()) == 1:
             return True, 0
@@ -174,7 +178,7 @@ class ShadowSender:
                     return
 
     def _ctrl(self, kind: int, step: int, n: int = 0) -> None:
-        self._send(_frame(kind, step, n), CTRL_TAG, "control")
+        self._send(_frame(kind, step, n, self.device), CTRL_TAG, "control")
 
     def _send(self, t: torch.Tensor, tag: int, what: str) -> None:
         _wait(self.pg.send([t], 1, tag), self.timeout_s, what, lambda: self.cancelled)
@@ -182,7 +186,7 @@ class ShadowSender:
 
 def send_full(pg: Any, step: int, state: dict[str, Any], timeout_s: float) -> int:
     """The leaver's switch without a shadow: ``FULL`` and the whole state; returns the bytes sent."""
-    _wait(pg.send([_frame(FULL, step)], 1, CTRL_TAG), timeout_s, "control", lambda: False)
+    _wait(pg.send([_frame(FULL, step, 0, wire_device(pg))], 1, CTRL_TAG), timeout_s, "control", lambda: False)
     return send_state(pg, 1, {"state": state}, timeout_s)
 
 
@@ -206,7 +210,7 @@ def follow(pg: Any, runner: Any, timeout_s: float, should_stop: Callable[[], boo
     test fault) flips one bit of the shadow's state before the fingerprints are compared."""
     steps, catchup_s = 0, None
     while True:
-        frame = torch.zeros(4, dtype=torch.int64)
+        frame = torch.zeros(4, dtype=torch.int64, device=wire_device(pg))
         _wait(pg.recv([frame], 0, CTRL_TAG), timeout_s, "control", should_stop)  # the leaver speaks every committed step
         kind, step, n = (int(v) for v in frame[:3])
         t0 = time.monotonic()
@@ -235,18 +239,21 @@ def _apply_grad(pg: Any, runner: Any, n: int, timeout_s: float, should_stop: Cal
     params = runner.params
     if n != sum(p.numel() for p in params):
         raise CommError(f"shadow: gradient of {n} elements for parameters of {sum(p.numel() for p in params)}")
-    flat = torch.empty(n, dtype=params[0].dtype)
+    flat = torch.empty(n, dtype=params[0].dtype, device=wire_device(pg))
     _wait(pg.recv([flat], 0, GRAD_TAG), timeout_s, "gradient", should_stop)
+    flat = flat.to(params[0].device)
     for p, g in zip(params, _unflatten_dense_tensors(flat, [p.data for p in params])):
         p.grad = g
     runner.apply()
 
 
 def _compare(pg: Any, runner: Any, n: int, timeout_s: float, should_stop: Callable[[], bool]) -> tuple[bool, int]:
-    theirs = torch.empty(n, dtype=torch.int64)
+    dev = wire_device(pg)
+    theirs = torch.empty(n, dtype=torch.int64, device=dev)
     _wait(pg.recv([theirs], 0, PRINT_TAG), timeout_s, "fingerprint", should_stop)
-    matched = bool(torch.equal(theirs, fingerprint(runner.state())))
-    _wait(pg.send([torch.tensor([int(matched)], dtype=torch.int64)], 0, VERDICT_TAG), timeout_s, "verdict", should_stop)
+    matched = bool(torch.equal(theirs, fingerprint(runner.state(), dev)))
+    _wait(pg.send([torch.tensor([int(matched)], dtype=torch.int64, device=dev)], 0, VERDICT_TAG), timeout_s, "verdict",
+          should_stop)
     if matched:
         return True, 0
     state, nbytes = recv_state(pg, 0, timeout_s, should_stop, into={"state": runner.state()})

@@ -14,8 +14,10 @@ Up to :data:`WINDOW` buckets are in flight on each side (posted together, then w
 of the same structure, e.g. its runner's ``state()``), every tensor whose shape and dtype match
 receives *into that tensor's memory*; the others are allocated. Each bucket lands straight in its
 tensor when it lies in one, else in a staging buffer that is then scattered. The receiver's tensors
-are bit-identical to the sender's. The group is gloo (host memory); CUDA tensors are staged through
-the host. Failures (peer died, timeout, cancelled switch) raise CommError; so does a header that is
+are bit-identical to the sender's. Over a gloo group CUDA tensors are staged through
+the host memory of a gloo group. Over an NCCL group (``runtime.backend=nccl``) the header, the
+buckets and every allocated or staged tensor live on the current CUDA device instead: state moves
+device to device over NCCL point-to-point, never through host memory (:func:`wire_device`). Failures (peer died, timeout, cancelled switch) raise CommError; so does a header that is
 not valid tagged JSON of the accepted types (str/int/float/bool/None, lists, tuples, dicts, tensors
 of the dtypes in ``DTYPES``), or a state holding another type on the sender.
 """
@@ -26,6 +28,7 @@ import json
 from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
 
 from tmslurm.comm.fabric import wait_p2p
 from tmslurm.errors import CommError
@@ -83,22 +86,22 @@ def _scalar(obj: Any) -> Any:
     raise CommError(f"state transfer cannot send a {type(obj).__name__} (only tensors, numbers, strings, lists, dicts)")
 
 
-def _join(obj: Any, tensors: list[torch.Tensor | None], own: dict[tuple, torch.Tensor], path: tuple = (),
-          depth: int = 0) -> Any:
+def _join(obj: Any, tensors: list[torch.Tensor | None], own: dict[tuple, torch.Tensor], dev: torch.device,
+          path: tuple = (), depth: int = 0) -> Any:
     """Rebuild the structure from tagged JSON; placeholders become entries of ``tensors``: the
     receiver's own tensor at the same ``path`` in ``own`` when it fits, else a new one."""
     if depth > 64:
         raise CommError("state transfer header nests too deep")
     if isinstance(obj, list):
-        return [_join(v, tensors, own, (*path, i), depth + 1) for i, v in enumerate(obj)]
+        return [_join(v, tensors, own, dev, (*path, i), depth + 1) for i, v in enumerate(obj)]
     if not isinstance(obj, dict):
         return _scalar(obj)
     if set(obj) == {"d"} and isinstance(obj["d"], list):
-        return {_key(kv): _join(kv[1], tensors, own, (*path, kv[0]), depth + 1) for kv in obj["d"]}
+        return {_key(kv): _join(kv[1], tensors, own, dev, (*path, kv[0]), depth + 1) for kv in obj["d"]}
     if set(obj) == {"u"} and isinstance(obj["u"], list):
-        return tuple(_join(v, tensors, own, (*path, i), depth + 1) for i, v in enumerate(obj["u"]))
+        return tuple(_join(v, tensors, own, dev, (*path, i), depth + 1) for i, v in enumerate(obj["u"]))
     if set(obj) == {"t", "shape", "dtype"}:
-        return _placeholder(obj, tensors, own.pop(path, None))
+        return _placeholder(obj, tensors, own.pop(path, None), dev)
     raise CommError(f"state transfer header has an unknown node {sorted(obj)[:5]}")
 
 
@@ -108,21 +111,30 @@ def _key(kv: Any) -> Any:
     return kv[0]
 
 
-def _placeholder(obj: dict[str, Any], tensors: list[torch.Tensor | None], mine: torch.Tensor | None) -> torch.Tensor:
+def _placeholder(obj: dict[str, Any], tensors: list[torch.Tensor | None], mine: torch.Tensor | None,
+                 dev: torch.device) -> torch.Tensor:
     i, shape, dtype = obj["t"], obj["shape"], obj["dtype"]
     ok = (isinstance(i, int) and 0 <= i < len(tensors) and tensors[i] is None and dtype in DTYPES and isinstance(shape, list)
           and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape))
     if not ok:
         raise CommError(f"state transfer header has a bad tensor entry {obj!r:.200}")
     fits = mine is not None and list(mine.shape) == shape and mine.dtype == DTYPES[dtype]
-    t = mine if fits else torch.empty(shape, dtype=DTYPES[dtype])
+    t = mine if fits else torch.empty(shape, dtype=DTYPES[dtype], device=dev)
     tensors[i] = t
     return t
 
 
-def own_tensors(obj: Any, path: tuple = ()) -> dict[tuple, torch.Tensor]:
-    """The receiver's tensors that may be received into, by their path in ``obj``: contiguous host
-    tensors whose memory overlaps no other tensor of ``obj`` (distinct views of one buffer, such as a
+def wire_device(pg: Any) -> torch.device:
+    """Where a group's messages live: the current CUDA device for an NCCL group, else the host."""
+    nccl = getattr(dist, "ProcessGroupNCCL", None)
+    if nccl is not None and isinstance(pg, nccl):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def own_tensors(obj: Any, path: tuple = (), device: torch.device = torch.device("cpu")) -> dict[tuple, torch.Tensor]:
+    """The receiver's tensors that may be received into, by their path in ``obj``: contiguous tensors
+    on ``device`` (the wire's) whose memory overlaps no other tensor of ``obj`` (distinct views of one buffer, such as a
     standby's arena, qualify; two tensors sharing bytes are both left out, so no two received tensors
     can land in the same memory)."""
     found: dict[tuple, torch.Tensor] = {}
@@ -130,7 +142,7 @@ def own_tensors(obj: Any, path: tuple = ()) -> dict[tuple, torch.Tensor]:
 
     def walk(o: Any, p: tuple) -> None:
         if isinstance(o, torch.Tensor):
-            usable = o.device.type == "cpu" and o.is_contiguous() and not o.requires_grad
+            usable = o.device == device and o.is_contiguous() and not o.requires_grad
             start, size = o.data_ptr(), o.numel() * o.element_size()
             if size:  # an empty tensor holds no byte another could share
                 spans.append((start, start + size, p if usable else None))
@@ -160,10 +172,11 @@ def send_state(pg: Any, peer: int, state: dict[str, Any], timeout_s: float) -> i
     tensors: list[torch.Tensor] = []
     skeleton = {"n": 0, "s": _split(state, tensors)}
     skeleton["n"] = len(tensors)
-    header = torch.frombuffer(bytearray(json.dumps(skeleton, separators=(",", ":")).encode()), dtype=torch.uint8)
-    _wait(pg.send([torch.tensor([header.numel()], dtype=torch.int64)], peer, SIZE_TAG), timeout_s, "size")
+    dev = wire_device(pg)
+    header = torch.frombuffer(bytearray(json.dumps(skeleton, separators=(",", ":")).encode()), dtype=torch.uint8).to(dev)
+    _wait(pg.send([torch.tensor([header.numel()], dtype=torch.int64, device=dev)], peer, SIZE_TAG), timeout_s, "size")
     _wait(pg.send([header], peer, HEADER_TAG), timeout_s, "header")
-    views = [_bytes_of(_host(t)) for t in tensors]
+    views = [_bytes_of(_on(t, dev)) for t in tensors]
     buckets = plan_buckets([v.numel() for v in views], BUCKET_BYTES)
     for first in range(0, len(buckets), WINDOW):
         works = [pg.send([_gather(views, bucket)], peer, TENSOR_TAG + i)
@@ -176,18 +189,20 @@ def recv_state(pg: Any, peer: int, timeout_s: float, should_stop: Callable[[], b
                into: Any = None) -> tuple[dict[str, Any], int]:
     """Receive a state from ``peer``: (the state, tensor bytes). ``into``: the receiver's own state
     of the same structure, whose matching tensors are received into (see the module contract)."""
-    size = torch.zeros(1, dtype=torch.int64)
+    dev = wire_device(pg)
+    size = torch.zeros(1, dtype=torch.int64, device=dev)
     _wait(pg.recv([size], peer, SIZE_TAG), timeout_s, "size", should_stop)
     if not 0 < int(size.item()) <= MAX_HEADER:
         raise CommError(f"state transfer header size {int(size.item())} is out of range")
-    header = torch.empty(int(size.item()), dtype=torch.uint8)
+    header = torch.empty(int(size.item()), dtype=torch.uint8, device=dev)
     _wait(pg.recv([header], peer, HEADER_TAG), timeout_s, "header", should_stop)
-    state, tensors = _parse_header(header.numpy().tobytes(), own_tensors(into) if into is not None else {})
+    own = own_tensors(into, device=dev) if into is not None else {}
+    state, tensors = _parse_header(header.to("cpu").numpy().tobytes(), own, dev)
     views = [_bytes_of(t) for t in tensors]
     buckets = plan_buckets([v.numel() for v in views], BUCKET_BYTES)
     for first in range(0, len(buckets), WINDOW):
         window = buckets[first:first + WINDOW]
-        targets = [_target(views, bucket) for bucket in window]
+        targets = [_target(views, bucket, dev) for bucket in window]
         works = [pg.recv([target], peer, TENSOR_TAG + i) for i, target in enumerate(targets, first)]
         _wait(_Batch(works), timeout_s, f"buckets {first}..{first + len(works) - 1}", should_stop)
         for bucket, target in zip(window, targets):
@@ -231,9 +246,10 @@ def plan_buckets(sizes: list[int], bucket_bytes: int, small_bytes: int | None = 
     return buckets
 
 
-def _host(t: torch.Tensor) -> torch.Tensor:
+def _on(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """``t`` as it goes on the wire: itself when it is contiguous on the wire's device, else a copy there."""
     src = t.detach()
-    return src if src.device.type == "cpu" and src.is_contiguous() else src.contiguous().cpu()
+    return src if src.device == dev and src.is_contiguous() else src.contiguous().to(dev)
 
 
 def _bytes_of(t: torch.Tensor) -> torch.Tensor:
@@ -249,12 +265,12 @@ def _gather(views: list[torch.Tensor], bucket: list[Segment]) -> torch.Tensor:
     return torch.cat([views[i][off:off + n] for i, off, n in bucket])
 
 
-def _target(views: list[torch.Tensor], bucket: list[Segment]) -> torch.Tensor:
+def _target(views: list[torch.Tensor], bucket: list[Segment], dev: torch.device) -> torch.Tensor:
     """Where the receiver receives ``bucket``: straight into its tensor, or into a staging buffer."""
     if len(bucket) == 1:
         i, off, n = bucket[0]
         return views[i][off:off + n]
-    return torch.empty(sum(n for _, _, n in bucket), dtype=torch.uint8)
+    return torch.empty(sum(n for _, _, n in bucket), dtype=torch.uint8, device=dev)
 
 
 def _scatter(views: list[torch.Tensor], bucket: list[Segment], staged: torch.Tensor) -> None:
@@ -266,7 +282,8 @@ def _scatter(views: list[torch.Tensor], bucket: list[Segment], staged: torch.Ten
         at += n
 
 
-def _parse_header(data: bytes, own: dict[tuple, torch.Tensor] | None = None) -> tuple[Any, list[torch.Tensor]]:
+def _parse_header(data: bytes, own: dict[tuple, torch.Tensor] | None = None,
+                  dev: torch.device = torch.device("cpu")) -> tuple[Any, list[torch.Tensor]]:
     try:
         skeleton = json.loads(data)
     except (ValueError, RecursionError):
@@ -274,7 +291,7 @@ def _parse_header(data: bytes, own: dict[tuple, torch.Tensor] | None = None) -> 
     if not (isinstance(skeleton, dict) and set(skeleton) == {"n", "s"} and isinstance(skeleton["n"], int) and 0 <= skeleton["n"] < 1 << 20):
         raise CommError("state transfer header has a bad envelope")
     tensors: list[torch.Tensor | None] = [None] * skeleton["n"]
-    state = _join(skeleton["s"], tensors, dict(own or {}))
+    state = _join(skeleton["s"], tensors, dict(own or {}), dev)
     if any(t is None for t in tensors):
         raise CommError("state transfer header announces tensors it does not place")
     return state, tensors  # type: ignore[return-value]
