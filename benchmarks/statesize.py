@@ -30,7 +30,7 @@ from benchmarks import linkbw
 from benchmarks.common import LocalJob, commit, recorded_command, run_local, say, write_json
 from tmslurm.errors import TmslurmError
 
-BASE = ["parallel.dp=2", "parallel.pp=2", "train.micro_batches=2", "runtime.connect_timeout_s=600",
+BASE = ["parallel.dp=2", "parallel.pp=2", "train.micro_batches=2", "train.micro_batch_size=1", "runtime.connect_timeout_s=600",
         "runtime.collective_timeout_s=600", "runtime.switch_timeout_s=600"]
 
 
@@ -194,7 +194,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     ratio = (largest["injob_restart_planned_downtime_p50_s"] / largest["planned_shadow_pause_p50_s"]
              if largest["planned_shadow_pause_p50_s"] else None)
     result = {"command": recorded_command("statesize"), "commit": commit(), "date": datetime.date.today().isoformat(),
-              "setup": {"layout": "DP2 x PP2, one rank per local node, eager, train.micro_batches=2",
+              "setup": {"layout": "DP2 x PP2, one rank per local node, eager, 2 micro-batches of 1 sequence",
                         "host": "local processes on one 2-core machine, loopback"},
               "rows": rows, "ratio_planned_largest": round(ratio, 1) if ratio else None,
               "ratio_note": "in-job restart planned downtime p50 / tmslurm planned pause p50 with a live shadow, largest size"}

@@ -10,14 +10,14 @@ from tmslurm.controller.journal import Journal
 CASES = {
     "planned (phase 1 in the background)": ({"kind": "planned", "detect_s": 0.0, "pick_s": 0.01, "phase1_s": 0.5,
                                              "phase2_s": 0.02, "transfer_s": 0.03, "first_step_s": 0.1},
-                                            ("detect_s", "pick_s", "phase2_s", "transfer_s", "verify_s", "first_step_s")),
+                                            ("detect_s", "pick_s", "phase2_s", "apply_s", "transfer_s", "verify_s", "first_step_s")),
     "planned with a live shadow (no state in the pause)": ({"kind": "planned", "detect_s": 0.0, "pick_s": 0.01, "phase1_s": 0.5,
                                                             "phase2_s": 0.02, "transfer_s": 0.0, "verify_s": 0.004,
                                                             "shadow_catchup_s": 2.5, "first_step_s": 0.1},
-                                                           ("detect_s", "pick_s", "phase2_s", "transfer_s", "verify_s", "first_step_s")),
+                                                           ("detect_s", "pick_s", "phase2_s", "apply_s", "transfer_s", "verify_s", "first_step_s")),
     "unexpected": ({"kind": "unexpected", "detect_s": 0.8, "pick_s": 0.0, "phase1_s": 0.05, "phase2_s": 0.0,
                     "transfer_s": 0.02, "first_step_s": 0.1}, ("detect_s", "pick_s", "phase1_s", "phase2_s",
-                                                                 "transfer_s", "verify_s", "first_step_s")),
+                                                                 "apply_s", "transfer_s", "verify_s", "first_step_s")),
     "in-job restart (set-up and load inside start-up)": ({"kind": "injob_restart", "from_checkpoint_step": 0,
                                                           "detect_s": 0.0, "stop_s": 0.1, "startup_s": 5.0,
                                                           "group_setup_s": 0.4, "ckpt_load_s": 0.2, "redo_s": 5.0},
@@ -53,6 +53,7 @@ def test_a_completed_event_records_its_other_part(tmp_path):
 @pytest.mark.parametrize("rec,expected", [
     ({"gap_s": 5.0, "first_step_s": 4.5}, 0.5),      # a slow step cannot hide the move's cost
     ({"gap_s": 1.0, "first_step_s": 1.2}, 0.0),      # never negative
+    ({"gap_s": 5.0, "first_step_s": 4.0, "apply_s": 0.8}, 0.2),  # the switch step's own optimizer update is no cost of the move
     ({"gap_s": 12.0, "first_step_s": None}, None),   # a restart: no first step of its own
     ({"first_step_s": 0.2}, None),                   # no gap (the event before the first commit)
 ])

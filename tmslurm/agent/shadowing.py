@@ -2,10 +2,11 @@
 
 Contract: a :class:`LeaverShadow` is made when a ``prepare`` names this rank as a leaver with
 ``shadow: true``. At the first commit after its transfer group is built (phase 1, in the
-background) it sends its state after that step (``START``), then the reduced gradient of every later
-committed step (``GRAD``), all on a background thread: :meth:`before_apply` waits for those sends
-before the optimizer changes what a ``START`` reads, and that wait is the per-step cost of
-following. At the switch :meth:`hand_over` compares fingerprints (``END``; a mismatch sends the whole
+background) it sends its state after that step (``START``, :meth:`after_commit`), then the reduced
+gradient of every later committed step (``GRAD``, posted by :meth:`before_apply` as soon as the
+decision arrives, so the standby's update runs alongside the leaver's), all on a background
+thread. :meth:`before_apply` waits for a pending ``START`` before the optimizer changes what it
+reads; that wait is the per-step cost of following. At the switch :meth:`hand_over` compares fingerprints (``END``; a mismatch sends the whole
 state) or, when the shadow never started, sends the whole state (``FULL``). :meth:`cancel` stops
 it (the switch was cancelled). Send failures raise CommError from :meth:`before_apply` and
 :meth:`hand_over`; the shadow is then dead and the worker treats it as a failed step.
@@ -44,29 +45,29 @@ class LeaverShadow:
         self.sender: ShadowSender | None = None
         self.failed: str | None = None
 
-    def before_apply(self, poll: Callable[[], None]) -> None:
-        """Wait for the posted sends; a failed send ends the shadow (the step itself stands)."""
+    def before_apply(self, step: int, runner: Any, poll: Callable[[], None]) -> None:
+        """Step ``step`` commits: post its gradient and wait for a pending ``START``; a failed send
+        ends the shadow (the step itself stands)."""
         if self.sender is None or self.failed:
             return
         try:
-            self.sender.wait(poll)
+            if runner.reduced is not None:
+                self.sender.grads(step, runner.reduced)
+            self.sender.wait(poll, state_only=True)
         except CommError as exc:
             self.failed = str(exc)
             self.sender.cancel()
             log.warning("shadow of epoch %d failed: %s", self.epoch, exc)
 
     def after_commit(self, step: int, runner: Any) -> None:
-        """``step`` steps are committed and applied: start the shadow, or send this step's gradient."""
-        if self.failed:
+        """``step`` steps are committed and applied: start the shadow once the group is built."""
+        if self.failed or self.sender is not None:
             return
-        if self.sender is None:
-            if not self.build.done() or self.build.error is not None or self.xfer not in self.build.result:
-                return
-            self.sender = ShadowSender(self.build.result[self.xfer].pg, self.timeout_s)
-            self.sender.start(step, runner.state())
-            log.info("shadowing from step %d (epoch %d)", step, self.epoch)
-        elif runner.reduced is not None:
-            self.sender.grads(step - 1, runner.reduced)
+        if not self.build.done() or self.build.error is not None or self.xfer not in self.build.result:
+            return
+        self.sender = ShadowSender(self.build.result[self.xfer].pg, self.timeout_s)
+        self.sender.start(step, runner.state())
+        log.info("shadowing from step %d (epoch %d)", step, self.epoch)
 
     def hand_over(self, pg: Any, step: int, runner: Any) -> HandOver:
         if self.failed:

@@ -197,7 +197,7 @@ class Standby:
         joined = Joined(epoch=epoch, rank=rank, joiner=self.ident, step=got.step, transfer_s=got.switch_s, phase1_s=phase1_s,
                         bytes=got.switch_bytes, rss_mb=0.0, joiner_warm=cold_reason is None, warm_reason=cold_reason,
                         shadowed=got.shadowed, shadow_matched=got.matched if got.shadowed else None,
-                        shadow_steps=got.steps, shadow_catchup_s=got.catchup_s)
+                        shadow_steps=got.steps, shadow_catchup_s=got.catchup_s, apply_s=got.apply_s)
         return self._become(joined, runner, fabric, handles)
 
     def _become(self, joined: Joined, runner: StageRunner, fabric: Any, handles: dict[str, Any]) -> Worker:

@@ -119,6 +119,8 @@ class Worker:
         self.layout = layout_of(cfg)
         self.coord = self.layout.coord(rank)
         self.prepared: dict[int, BackgroundBuild] = {}
+        self.apply_s = 0.0
+        """The last optimizer update's seconds (a leaver reports it: every step's gap holds one)."""
         self.shadow: LeaverShadow | None = None
         """This rank leaves in a planned switch with a live shadow (agent/shadowing.py)."""
         self.seen_abort = epoch
@@ -185,8 +187,10 @@ class Worker:
                 continue
             if decision is not None:
                 if self.shadow is not None:
-                    self.shadow.before_apply(self._poll_inbox)
+                    self.shadow.before_apply(self.step, self.runner, self._poll_inbox)
+                t_apply = time.perf_counter()
                 self.runner.apply()
+                self.apply_s = time.perf_counter() - t_apply
                 self._after_commit(decision)
             else:
                 self.runner.drop()
@@ -275,7 +279,7 @@ class Worker:
             h = HandOver(False, False, send_state(xfer.pg, 1, state, self.cfg.runtime.collective_timeout_s), 0, 0.0)
         self.link.send(Left(rank=self.rank, step=self.step, transfer_s=time.monotonic() - t1, phase2_s=t1 - t0, bytes=h.bytes,
                             shadowed=h.shadowed, shadow_matched=h.matched if h.shadowed else None, shadow_steps=h.steps,
-                            shadow_wait_s=h.wait_s))
+                            shadow_wait_s=h.wait_s, apply_s=self.apply_s))
         log.info("handed rank %d over at step %d (%d bytes%s); exiting", self.rank, self.step, h.bytes,
                  ", shadowed" if h.shadowed else "")
         self.saver.wait()

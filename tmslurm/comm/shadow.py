@@ -15,9 +15,10 @@ message opens with a control frame (int64 ``[kind, step, n, 0]`` on :data:`CTRL_
 - ``FULL``: no shadow was started (the notice left no time, or the leaver's group was not built
   yet): the whole state follows, as a switch without shadowing sends it.
 
-:class:`ShadowSender` runs the leaver's sends on one background thread in order; the leaver calls
-:meth:`ShadowSender.wait` before each optimizer step (a ``START`` reads the parameters the step
-changes). :func:`follow` is the standby's side; it returns at ``END`` or ``FULL``. Any failure (peer
+:class:`ShadowSender` runs the leaver's sends on one background thread in order. The leaver posts
+a step's ``GRAD`` as soon as the decision that commits the step arrives, so the standby applies it
+while the leaver applies its own, and calls ``wait(state_only=True)`` before its optimizer step (a
+``START`` reads the parameters the step changes; a ``GRAD`` reads only the reduced buffer). :func:`follow` is the standby's side; it returns at ``END`` or ``FULL``. Any failure (peer
 gone, timeout, cancelled) raises CommError on the side that sees it; the sender keeps the first
 error and raises it from :meth:`~ShadowSender.wait` and :meth:`~ShadowSender.finish`.
 
@@ -97,6 +98,8 @@ class ShadowSender:
         self.error: BaseException | None = None
         self.cancelled = False
         self.started_step: int | None = None
+        self.state_pending = 0
+        """START sends posted and not finished: they read what the next optimizer step changes."""
         self.steps = 0
         self.waited_s = 0.0
         self.thread = threading.Thread(target=self._run, name="shadow-sender", daemon=True)
@@ -106,19 +109,31 @@ class ShadowSender:
         """Send ``state`` (a runner's ``state()``) after committed step ``step``; it must not change
         until :meth:`wait` returns."""
         self.started_step = step
-        self._post(lambda: (self._ctrl(START, step), send_state(self.pg, 1, {"state": state}, self.timeout_s)))
+        with self.cond:
+            self.state_pending += 1
+        self._post(lambda: self._send_start(step, state))
 
     def grads(self, step: int, flat: torch.Tensor) -> None:
         """Send the reduced gradient of committed step ``step`` (``flat`` is not modified afterwards)."""
         self.steps += 1
         self._post(lambda: (self._ctrl(GRAD, step, flat.numel()), self._send(flat.to(self.device), GRAD_TAG, "gradient")))
 
-    def wait(self, poll: Callable[[], None] = lambda: None) -> None:
-        """Until every posted send is done; ``poll`` runs meanwhile (it may :meth:`cancel`)."""
+    def _send_start(self, step: int, state: dict[str, Any]) -> None:
+        try:
+            self._ctrl(START, step)
+            send_state(self.pg, 1, {"state": state}, self.timeout_s)
+        finally:
+            with self.cond:
+                self.state_pending -= 1
+
+    def wait(self, poll: Callable[[], None] = lambda: None, state_only: bool = False) -> None:
+        """Until every posted send is done (``state_only``: every START); ``poll`` runs meanwhile
+        (it may :meth:`cancel`)."""
         t0 = time.monotonic()
         while True:
             with self.cond:
-                if (not self.jobs and not self.busy) or self.error is not None or self.cancelled:
+                idle = self.state_pending == 0 if state_only else (not self.jobs and not self.busy)
+                if idle or self.error is not None or self.cancelled:
                     break
                 self.cond.wait(0.05)
             poll()
@@ -202,13 +217,15 @@ class Followed:
     catchup_s: float | None
     switch_bytes: int
     switch_s: float
+    apply_s: float = 0.0
+    """The optimizer update of the last gradient followed (the step the switch rode on)."""
 
 
 def follow(pg: Any, runner: Any, timeout_s: float, should_stop: Callable[[], bool],
            caught_up: Callable[[int, float], None], corrupt: bool = False) -> Followed:
     """The standby's side: apply what the leaver sends until ``END`` or ``FULL``. ``corrupt`` (a
     test fault) flips one bit of the shadow's state before the fingerprints are compared."""
-    steps, catchup_s = 0, None
+    steps, catchup_s, apply_s = 0, None, 0.0
     while True:
         frame = torch.zeros(4, dtype=torch.int64, device=wire_device(pg))
         _wait(pg.recv([frame], 0, CTRL_TAG), timeout_s, "control", should_stop)  # the leaver speaks every committed step
@@ -220,22 +237,23 @@ def follow(pg: Any, runner: Any, timeout_s: float, should_stop: Callable[[], boo
             catchup_s = time.monotonic() - t0
             caught_up(step, catchup_s)
         elif kind == GRAD and catchup_s is not None:
-            _apply_grad(pg, runner, n, timeout_s, should_stop)
+            apply_s = _apply_grad(pg, runner, n, timeout_s, should_stop)
             steps += 1
         elif kind == END and catchup_s is not None:
             if corrupt:
                 _flip_one_bit(runner)
             matched, nbytes = _compare(pg, runner, n, timeout_s, should_stop)
-            return Followed(step, True, matched, steps, catchup_s, nbytes, time.monotonic() - t0)
+            return Followed(step, True, matched, steps, catchup_s, nbytes, time.monotonic() - t0, apply_s)
         elif kind == FULL:
             state, nbytes = recv_state(pg, 0, timeout_s, should_stop, into={"state": runner.state()})
             runner.load_state(state["state"])
-            return Followed(step, False, False, steps, catchup_s, nbytes, time.monotonic() - t0)
+            return Followed(step, False, False, steps, catchup_s, nbytes, time.monotonic() - t0, apply_s)
         else:
             raise CommError(f"shadow: unexpected control frame {frame.tolist()}")
 
 
-def _apply_grad(pg: Any, runner: Any, n: int, timeout_s: float, should_stop: Callable[[], bool]) -> None:
+def _apply_grad(pg: Any, runner: Any, n: int, timeout_s: float, should_stop: Callable[[], bool]) -> float:
+    """Receive one step's reduced gradient and apply it; returns the seconds the update took."""
     params = runner.params
     if n != sum(p.numel() for p in params):
         raise CommError(f"shadow: gradient of {n} elements for parameters of {sum(p.numel() for p in params)}")
@@ -244,7 +262,9 @@ def _apply_grad(pg: Any, runner: Any, n: int, timeout_s: float, should_stop: Cal
     flat = flat.to(params[0].device)
     for p, g in zip(params, _unflatten_dense_tensors(flat, [p.data for p in params])):
         p.grad = g
+    t0 = time.monotonic()
     runner.apply()
+    return time.monotonic() - t0
 
 
 def _compare(pg: Any, runner: Any, n: int, timeout_s: float, should_stop: Callable[[], bool]) -> tuple[bool, int]:

@@ -4,7 +4,9 @@ Contract: the controller opens a record when it acts on an event (:meth:`EventLo
 the parts as the switch progresses, and the record completes at the commit of the first step after
 the switch (:meth:`EventLog.on_commit`). Then ``gap_s`` = (completion of that step) − (completion of
 the last step before the event), ``downtime_s`` = ``gap_s`` − median step time and ``pause_s`` =
-``gap_s`` − the first step's own time (see docs/benchmarks.md); ``other_s`` is the part of the gap its measured pause parts do not explain
+``gap_s`` − the step's own work that a planned switch's gap holds anyway: the first step after it
+(``first_step_s``) and the optimizer update of the step it rode on (``apply_s``, reported by the
+leaver and the joiner; see docs/benchmarks.md); ``other_s`` is the part of the gap its measured pause parts do not explain
 (:func:`pause_parts`), so the parts always add up to the gap;
 :meth:`finalize` recomputes ``downtime_s`` with the whole run's median. Each completed event is
 journalled and logged as one line with its parts.
@@ -19,7 +21,7 @@ from typing import Any
 from tmslurm.controller.journal import Journal
 
 log = logging.getLogger(__name__)
-PARTS = ("detect_s", "pick_s", "phase1_s", "phase2_s", "transfer_s", "verify_s", "first_step_s")
+PARTS = ("detect_s", "pick_s", "phase1_s", "phase2_s", "apply_s", "transfer_s", "verify_s", "first_step_s")
 """``verify_s``: a shadowed switch comparing the leaver's and the shadow's fingerprints (no state moves)."""
 RESTART_PARTS = ("detect_s", "stop_s", "reschedule_s", "startup_s", "group_setup_s", "ckpt_load_s", "redo_s")
 CONTROLLER_PARTS = ("before_death_s", "restart_s", "adopt_s")
@@ -88,7 +90,7 @@ class EventLog:
         rec["pick_s"] = max(0.0, t.get("pick", t.get("detect", 0.0)) - t.get("detect", 0.0))
         for part in ("phase1_s", "phase2_s", "transfer_s"):
             rec[part] = plan.parts.get(part)
-        for part in ("verify_s", "shadow_catchup_s"):
+        for part in ("apply_s", "verify_s", "shadow_catchup_s"):
             if part in plan.parts:
                 rec[part] = plan.parts[part]
         rec["switched_t"] = t.get("switched", time.time())
@@ -132,13 +134,15 @@ class EventLog:
 
 
 def pause_s(rec: dict[str, Any]) -> float | None:
-    """What the move cost beyond the one step it must run anyway: ``gap_s`` − ``first_step_s``
-    (steps' noise cannot hide it, where it swallows a slow transfer in ``downtime_s``); None for an
-    event without a first step of its own (a restart redoes steps instead)."""
+    """What the move cost beyond the one step it must run anyway: ``gap_s`` − ``first_step_s`` −
+    ``apply_s`` (the optimizer update of the step the switch rode on, which every step's gap holds
+    too; steps' noise cannot hide the rest, where it swallows a slow transfer in ``downtime_s``);
+    None for an event without a first step of its own (a restart redoes steps instead)."""
     gap, first = rec.get("gap_s"), rec.get("first_step_s")
     if not isinstance(gap, (int, float)) or not isinstance(first, (int, float)):
         return None
-    return max(0.0, gap - first)
+    apply = rec.get("apply_s")
+    return max(0.0, gap - first - (apply if isinstance(apply, (int, float)) else 0.0))
 
 
 def describe(rec: dict[str, Any]) -> str:

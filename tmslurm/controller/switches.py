@@ -131,6 +131,7 @@ class Switches:
         if plan is not None:
             plan.waiting.discard(f"r{msg.rank}")
             plan.part("phase2_s", msg.phase2_s)
+            plan.part("apply_s", msg.apply_s)
         self.ctx.journal.write("left", agent=agent.aid, rank=msg.rank, node=agent.node, transfer_s=msg.transfer_s,
                                bytes=msg.bytes, shadowed=msg.shadowed, shadow_matched=msg.shadow_matched)
         if plan is not None and plan.event is not None and msg.shadowed:
@@ -161,6 +162,8 @@ class Switches:
         else:
             plan.part("transfer_s", msg.transfer_s)
         plan.bytes += msg.bytes
+        if msg.shadowed:
+            plan.part("apply_s", msg.apply_s)
         rec = plan.event
         if rec is not None:  # warm only if every joiner of the plan was
             rec["joiner_warm"] = rec.get("joiner_warm", True) and msg.joiner_warm

@@ -238,6 +238,8 @@ class Left(Msg):
     """Committed steps the shadow followed."""
     shadow_wait_s: Seconds = 0.0
     """Total time this rank waited for its shadow sends before optimizer steps."""
+    apply_s: Seconds = 0.0
+    """Its optimizer update of the step the switch rode on (work every step does)."""
 
 
 class ShadowReady(Msg):
@@ -345,6 +347,8 @@ class Joined(Msg):
     shadow_steps: Count = 0
     shadow_catchup_s: Seconds | None = None
     """Receiving and loading the leaver's state in the background (not in the pause)."""
+    apply_s: Seconds = 0.0
+    """A shadow's optimizer update of the step the switch rode on (0 without a shadow)."""
 
 
 class JoinFailed(Msg):
