@@ -1,6 +1,7 @@
 """Live shadowing over a real gloo pair: a standby that starts from a snapshot and then applies the
-leaver's reduced gradients stays bit-identical over 50 steps; a forced mismatch falls back to a full
-transfer; a switch without a shadow sends the whole state."""
+leaver's reduced gradients (each sent before its step is decided, one of them aborted and dropped)
+stays bit-identical over 50 steps; a forced mismatch falls back to a full transfer; a switch without
+a shadow sends the whole state."""
 
 from __future__ import annotations
 
@@ -25,14 +26,13 @@ class _Runner:
         self.params = list(self.module.parameters())
         self.reduced: torch.Tensor | None = None
 
-    def step(self, step: int) -> None:
+    def compute(self, step: int) -> None:
         torch.manual_seed(1000 + step)
         self.module(torch.randn(8, 16)).pow(2).mean().backward()
         grads = [p.grad for p in self.params]
         self.reduced = _flatten_dense_tensors(grads)  # what StageRunner._reduce leaves
         for p, g in zip(self.params, _unflatten_dense_tensors(self.reduced, grads)):
             p.grad = g
-        self.apply()
 
     def apply(self) -> None:
         self.optimizer.step()
@@ -60,15 +60,20 @@ def _peer(rank: int, port: int, q, mode: str) -> None:
     runner = _Runner(seed=0)
     sender = ShadowSender(pg, 30) if mode != "full" else None
     for step in range(60):
+        runner.compute(step)
+        if sender is not None and step > 9:
+            sender.grads(step, runner.reduced)  # sent before the step is decided
+            if step == 20:  # aborted once: the standby drops it, and the step is redone
+                sender.decided(step, committed=False)
+                runner.optimizer.zero_grad(set_to_none=True)
+                runner.compute(step)
+                sender.grads(step, runner.reduced)
+            sender.decided(step, committed=True)
         if sender is not None:
-            sender.wait()  # a START reads the parameters this step changes
-        runner.step(step)
-        if sender is None:
-            continue
-        if step == 9:
+            sender.wait(state_only=True)  # a START reads the parameters this update changes
+        runner.apply()
+        if sender is not None and step == 9:
             sender.start(step + 1, runner.state())
-        elif step > 9:
-            sender.grads(step, runner.reduced)
     if sender is None:
         nbytes, matched = send_full(pg, 60, runner.state(), 30), False
     else:

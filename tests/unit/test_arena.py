@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from tmslurm.agent.worker import build_runner, layout_of
+from tmslurm.agent.build import build_runner, layout_of
 from tmslurm.config import compose_config
 from tmslurm.train.arena import Arena, _layout_bytes, _slots
 

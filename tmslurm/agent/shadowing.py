@@ -2,11 +2,12 @@
 
 Contract: a :class:`LeaverShadow` is made when a ``prepare`` names this rank as a leaver with
 ``shadow: true``. At the first commit after its transfer group is built (phase 1, in the
-background) it sends its state after that step (``START``, :meth:`after_commit`), then the reduced
-gradient of every later committed step (``GRAD``, posted by :meth:`before_apply` as soon as the
-decision arrives, so the standby's update runs alongside the leaver's), all on a background
-thread. :meth:`before_apply` waits for a pending ``START`` before the optimizer changes what it
-reads; that wait is the per-step cost of following. At the switch :meth:`hand_over` compares fingerprints (``END``; a mismatch sends the whole
+background) it sends its state after that step (``START``, :meth:`after_commit`). For every later
+step it sends the reduced gradient as soon as the all-reduce is done (``GRAD``,
+:meth:`after_reduce`: it travels while the votes are collected), then the decision (``COMMIT``
+in :meth:`before_apply`, so the standby's update runs alongside the leaver's, or ``DROP`` in
+:meth:`dropped`), all on a background thread. :meth:`before_apply` waits for a pending ``START``
+before the optimizer changes what it reads; that wait is the per-step cost of following. At the switch :meth:`hand_over` compares fingerprints (``END``; a mismatch sends the whole
 state) or, when the shadow never started, sends the whole state (``FULL``). :meth:`cancel` stops
 it (the switch was cancelled). Send failures raise CommError from :meth:`before_apply` and
 :meth:`hand_over`; the shadow is then dead and the worker treats it as a failed step.
@@ -44,15 +45,30 @@ class LeaverShadow:
         self.timeout_s = timeout_s
         self.sender: ShadowSender | None = None
         self.failed: str | None = None
+        self.posted: int | None = None
+        """The step whose gradient was sent and is not decided yet."""
+
+    def after_reduce(self, step: int, runner: Any) -> None:
+        """Step ``step``'s gradient is reduced (not yet decided): send it."""
+        if self.sender is not None and not self.failed and runner.reduced is not None:
+            self.sender.grads(step, runner.reduced)
+            self.posted = step
+
+    def dropped(self, step: int) -> None:
+        """Step ``step`` was aborted: the standby drops its gradient."""
+        if self.sender is not None and not self.failed and self.posted == step:
+            self.sender.decided(step, committed=False)
+            self.posted = None
 
     def before_apply(self, step: int, runner: Any, poll: Callable[[], None]) -> None:
-        """Step ``step`` commits: post its gradient and wait for a pending ``START``; a failed send
+        """Step ``step`` commits: tell the standby and wait for a pending ``START``; a failed send
         ends the shadow (the step itself stands)."""
         if self.sender is None or self.failed:
             return
         try:
-            if runner.reduced is not None:
-                self.sender.grads(step, runner.reduced)
+            if self.posted == step:
+                self.sender.decided(step, committed=True)
+                self.posted = None
             self.sender.wait(poll, state_only=True)
         except CommError as exc:
             self.failed = str(exc)

@@ -41,7 +41,8 @@ from tmslurm.logs import LOG_CONTEXT
 from tmslurm.wire.messages import Activate, Cancel, Finish, Join, Joined, JoinFailed, Prepared, Ready, ShadowReady, Welcome
 from tmslurm.agent.faults import FaultPlan
 from tmslurm.agent.link import Link
-from tmslurm.agent.worker import Worker, build_runner, layout_of, make_fabric, peak_rss_mb, stage_spec
+from tmslurm.agent.build import build_runner, layout_of, make_fabric, peak_rss_mb, stage_spec
+from tmslurm.agent.worker import Worker
 from tmslurm.train.arena import Arena, release_free_memory
 from tmslurm.train.schedule import StageRunner
 

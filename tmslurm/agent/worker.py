@@ -23,15 +23,13 @@ from __future__ import annotations
 
 import logging
 import os
-import resource
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from tmslurm.comm.fabric import BackgroundBuild, Fabric, FabricSettings, GroupHandle, local_address_towards
+from tmslurm.comm.fabric import BackgroundBuild, Fabric, GroupHandle
 from tmslurm.comm.stage_comm import FabricStageComm, RecordingStageComm, recording_path
 from tmslurm.comm.transfer import send_state
 from tmslurm.config import RunConfig, from_dict
@@ -40,67 +38,15 @@ from tmslurm.logs import LOG_CONTEXT
 from tmslurm.wire.messages import (Abort, Aborted, Cancel, CommErrorReport, Decision, Done, Finish, Groups, Left, Prepare,
                                    Prepared, Progress, Recover, Recovered, Started, Switched, SwitchSpec, Vote, Welcome)
 from tmslurm.rundir import RunDir
+from tmslurm.agent.build import build_runner, layout_of, make_fabric, peak_rss_mb
 from tmslurm.agent.faults import FaultPlan
 from tmslurm.agent.link import Link
 from tmslurm.agent.shadowing import HandOver, LeaverShadow
-from tmslurm.topology import Layout, split_layers
 from tmslurm.train import checkpoint
 from tmslurm.train.async_checkpoint import AsyncCheckpointer
 from tmslurm.train.schedule import StageRunner
-from tmslurm.train.task import StageSpec, load_task
-from tmslurm.train.tp import TPGroup
 
 log = logging.getLogger(__name__)
-
-
-def peak_rss_mb() -> float:
-    """Peak resident set size of this process in MiB."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-def layout_of(cfg: RunConfig) -> Layout:
-    return Layout.from_config(cfg)
-
-
-def stage_spec(cfg: RunConfig, stage: int, tp_rank: int) -> StageSpec:
-    """The StageSpec of (stage, tp position), with a fresh TP handle for the module to hold."""
-    layout = layout_of(cfg)
-    return StageSpec(stage, layout.pp, layout.role_of_stage(stage), split_layers(cfg.model.n_layer, layout.pp)[stage],
-                     tp_rank=tp_rank, tp_size=layout.tp, tp_group=TPGroup(tp_rank, layout.tp))
-
-
-def device_of(cfg: RunConfig) -> torch.device:
-    if cfg.runtime.device == "cuda":
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % max(torch.cuda.device_count(), 1))
-    return torch.device("cpu")
-
-
-def build_runner(cfg: RunConfig, rank: int, stage: int | None = None) -> StageRunner:
-    """The StageRunner of ``rank`` (or of ``stage`` for a standby's warm-up, as dp rank 0, tp rank 0)."""
-    torch.set_num_threads(cfg.train.threads)
-    layout = layout_of(cfg)
-    c = layout.coord(rank) if stage is None else None
-    spec = stage_spec(cfg, c.stage, c.tp) if c is not None else stage_spec(cfg, stage, 0)
-    task = load_task(cfg)
-    return StageRunner(task, spec, c.dp if c is not None else 0, layout.dp, cfg.train.micro_batches, device_of(cfg))
-
-
-def make_fabric(cfg: RunConfig, rank: int, link: Link, addr: dict[str, Any]) -> Fabric:
-    rt = cfg.runtime
-
-    def store() -> Any:
-        return dist.TCPStore(addr["host"], int(addr["store_port"]), is_master=False,
-                             timeout=_td(rt.connect_timeout_s), wait_for_workers=False)
-
-    settings = FabricSettings(rt.backend, rt.collective_timeout_s, rt.wait_slice_s, rt.connect_timeout_s,
-                              bind_addr=local_address_towards(addr["host"]))
-    return Fabric(rank, layout_of(cfg), store, settings, link.abort_event)
-
-
-def _td(seconds: float) -> Any:
-    import datetime
-
-    return datetime.timedelta(seconds=seconds)
 
 
 class Worker:
@@ -179,7 +125,7 @@ class Worker:
             try:
                 decision = self._attempt()
             except (CommError, CommAborted) as exc:
-                self.runner.drop()
+                self._drop()
                 if not isinstance(exc, CommAborted):
                     log.warning("step %d failed: %s", self.step, exc)
                     self.link.send(CommErrorReport(rank=self.rank, step=self.step, epoch=self.epoch, error=str(exc)[:1000]))
@@ -193,9 +139,14 @@ class Worker:
                 self.apply_s = time.perf_counter() - t_apply
                 self._after_commit(decision)
             else:
-                self.runner.drop()
+                self._drop()
                 self._recover()
         self._finish()
+
+    def _drop(self) -> None:
+        self.runner.drop()
+        if self.shadow is not None:
+            self.shadow.dropped(self.step)
 
     def _attempt(self) -> Decision | None:
         """Compute step s and vote; the commit decision, or None when the step was aborted."""
@@ -203,6 +154,8 @@ class Worker:
         self.fabric.begin_step()
         comm = RecordingStageComm(self.comm, recording_path(self.run_dir, self.layout.shape_class(self.rank).name)) if self.recording else self.comm
         loss = self.runner.compute(self.step, comm, midstep=self.faults.midstep(self.step))
+        if self.shadow is not None:
+            self.shadow.after_reduce(self.step, self.runner)
         if self.recording:
             comm.save()
             self.recording = False
@@ -280,8 +233,7 @@ class Worker:
         self.link.send(Left(rank=self.rank, step=self.step, transfer_s=time.monotonic() - t1, phase2_s=t1 - t0, bytes=h.bytes,
                             shadowed=h.shadowed, shadow_matched=h.matched if h.shadowed else None, shadow_steps=h.steps,
                             shadow_wait_s=h.wait_s, apply_s=self.apply_s))
-        log.info("handed rank %d over at step %d (%d bytes%s); exiting", self.rank, self.step, h.bytes,
-                 ", shadowed" if h.shadowed else "")
+        log.info("handed rank %d over at step %d (%d bytes, shadowed: %s); exiting", self.rank, self.step, h.bytes, h.shadowed)
         self.saver.wait()
         time.sleep(0.2)  # let the controller read our last message before the socket closes
         os._exit(0)

@@ -1,0 +1,75 @@
+"""How an agent builds what it trains with: its stage runner, its group fabric, its device.
+
+Contract: :func:`build_runner` builds the :class:`~tmslurm.train.schedule.StageRunner` of a rank (or,
+for a standby's warm-up, of a stage as data-parallel rank 0, TP position 0) from the run config:
+the Task's module and optimizer on the configured device, with ``train.threads`` intra-op threads.
+:func:`make_fabric` makes the rank's :class:`~tmslurm.comm.fabric.Fabric` over the controller's
+TCPStore. Both raise what the Task or torch raise (ConfigError for a Task that cannot be imported);
+a worker or standby that cannot build its runner fails like any crash.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import resource
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tmslurm.agent.link import Link
+from tmslurm.comm.fabric import Fabric, FabricSettings, local_address_towards
+from tmslurm.config import RunConfig
+from tmslurm.topology import Layout, split_layers
+from tmslurm.train.schedule import StageRunner
+from tmslurm.train.task import StageSpec, load_task
+from tmslurm.train.tp import TPGroup
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process in MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def layout_of(cfg: RunConfig) -> Layout:
+    return Layout.from_config(cfg)
+
+
+def stage_spec(cfg: RunConfig, stage: int, tp_rank: int) -> StageSpec:
+    """The StageSpec of (stage, tp position), with a fresh TP handle for the module to hold."""
+    layout = layout_of(cfg)
+    return StageSpec(stage, layout.pp, layout.role_of_stage(stage), split_layers(cfg.model.n_layer, layout.pp)[stage],
+                     tp_rank=tp_rank, tp_size=layout.tp, tp_group=TPGroup(tp_rank, layout.tp))
+
+
+def device_of(cfg: RunConfig) -> torch.device:
+    if cfg.runtime.device == "cuda":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % max(torch.cuda.device_count(), 1))
+    return torch.device("cpu")
+
+
+def build_runner(cfg: RunConfig, rank: int, stage: int | None = None) -> StageRunner:
+    """The StageRunner of ``rank`` (or of ``stage`` for a standby's warm-up, as dp rank 0, tp rank 0)."""
+    torch.set_num_threads(cfg.train.threads)
+    layout = layout_of(cfg)
+    c = layout.coord(rank) if stage is None else None
+    spec = stage_spec(cfg, c.stage, c.tp) if c is not None else stage_spec(cfg, stage, 0)
+    task = load_task(cfg)
+    return StageRunner(task, spec, c.dp if c is not None else 0, layout.dp, cfg.train.micro_batches, device_of(cfg))
+
+
+def make_fabric(cfg: RunConfig, rank: int, link: Link, addr: dict[str, Any]) -> Fabric:
+    rt = cfg.runtime
+
+    def store() -> Any:
+        return dist.TCPStore(addr["host"], int(addr["store_port"]), is_master=False,
+                             timeout=_td(rt.connect_timeout_s), wait_for_workers=False)
+
+    settings = FabricSettings(rt.backend, rt.collective_timeout_s, rt.wait_slice_s, rt.connect_timeout_s,
+                              bind_addr=local_address_towards(addr["host"]))
+    return Fabric(rank, layout_of(cfg), store, settings, link.abort_event)
+
+
+def _td(seconds: float) -> Any:
+    return datetime.timedelta(seconds=seconds)
