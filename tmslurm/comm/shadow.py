@@ -237,6 +237,8 @@ def follow(pg: Any, runner: Any, timeout_s: float, should_stop: Callable[[], boo
     test fault) flips one bit of the shadow's state before the fingerprints are compared."""
     steps, catchup_s, apply_s = 0, None, 0.0
     held: tuple[int, torch.Tensor] | None = None  # a gradient whose step is not decided yet
+    mine: torch.Tensor | None = None  # the fingerprint of the state after the last update, made at once
+    dev = wire_device(pg)
     while True:
         frame = torch.zeros(4, dtype=torch.int64, device=wire_device(pg))
         _wait(pg.recv([frame], 0, CTRL_TAG), timeout_s, "control", should_stop)  # the leaver speaks every committed step
@@ -251,13 +253,15 @@ def follow(pg: Any, runner: Any, timeout_s: float, should_stop: Callable[[], boo
             held = (step, _recv_grad(pg, runner, n, timeout_s, should_stop))
         elif kind == COMMIT and held is not None and held[0] == step:
             apply_s, held = _apply(runner, held[1]), None
+            mine = fingerprint(runner.state(), dev)  # while the leaver updates: off the switch's path
             steps += 1
         elif kind == DROP and held is not None and held[0] == step:
             held = None
         elif kind == END and catchup_s is not None:
             if corrupt:
                 _flip_one_bit(runner)
-            matched, nbytes = _compare(pg, runner, n, timeout_s, should_stop)
+                mine = None
+            matched, nbytes = _compare(pg, runner, n, timeout_s, should_stop, mine)
             return Followed(step, True, matched, steps, catchup_s, nbytes, time.monotonic() - t0, apply_s)
         elif kind == FULL:
             state, nbytes = recv_state(pg, 0, timeout_s, should_stop, into={"state": runner.state()})
@@ -286,11 +290,12 @@ def _apply(runner: Any, flat: torch.Tensor) -> float:
     return time.monotonic() - t0
 
 
-def _compare(pg: Any, runner: Any, n: int, timeout_s: float, should_stop: Callable[[], bool]) -> tuple[bool, int]:
+def _compare(pg: Any, runner: Any, n: int, timeout_s: float, should_stop: Callable[[], bool],
+             mine: torch.Tensor | None) -> tuple[bool, int]:
     dev = wire_device(pg)
     theirs = torch.empty(n, dtype=torch.int64, device=dev)
     _wait(pg.recv([theirs], 0, PRINT_TAG), timeout_s, "fingerprint", should_stop)
-    matched = bool(torch.equal(theirs, fingerprint(runner.state(), dev)))
+    matched = bool(torch.equal(theirs, mine if mine is not None else fingerprint(runner.state(), dev)))
     _wait(pg.send([torch.tensor([int(matched)], dtype=torch.int64, device=dev)], 0, VERDICT_TAG), timeout_s, "verdict",
           should_stop)
     if matched:
