@@ -12,7 +12,8 @@ Contract:
   (stayer) or ``left`` then close (leaver); ``abort`` -> ``aborted`` with per-group op counts;
   ``recover`` -> ``recovered`` (a state source hands its step over first); ``final`` -> ``done``;
   ``finish`` -> close. A standby reports ``ready`` per shape class; ``join`` (planned: ``prepared``,
-  then ``activate``; recovery: at once) receives the state and reports ``joined``, then is the
+  and ``shadow_ready`` at once when asked to shadow, since it holds no state; then ``activate``;
+  recovery: at once) receives the state and reports ``joined``, then is the
   worker of that rank.
 - What is *not* simulated: group builds and state transfers take no time (``phase1_s``,
   ``build_s``, ``transfer_s`` are 0) and a recovery's "collective" is a barrier in the load
@@ -28,8 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tmslurm.wire.messages import (Abort, Aborted, Activate, Cancel, Decision, Done, Finish, Groups, Hello, Joined, Join,
-                              Left, Msg, OpStatus, Prepare, Prepared, Ready, Recover, Recovered, Started, Switched,
-                              Vote, Welcome)
+                              Left, Msg, OpStatus, Prepare, Prepared, Ready, Recover, Recovered, ShadowReady, Started,
+                              Switched, Vote, Welcome)
 from tmslurm.topology import Layout
 
 log = logging.getLogger(__name__)
@@ -189,7 +190,10 @@ class SimAgent:
             self.joining, self.phase = msg, Phase.JOINING
             if msg.activate:
                 return Reply(take=msg.xfer)
-            return Reply(send=[Prepared(type="prepared", epoch=msg.epoch, rank=msg.rank, joiner=self.ident, phase1_s=0.0)])
+            prepared = Prepared(type="prepared", epoch=msg.epoch, rank=msg.rank, joiner=self.ident, phase1_s=0.0)
+            if msg.shadow:  # a simulated shadow holds no state: caught up at once
+                return Reply(send=[prepared, ShadowReady(epoch=msg.epoch, rank=msg.rank, step=0, catchup_s=0.0)])
+            return Reply(send=[prepared])
         join = self.joining
         if join is None:
             return Reply()
