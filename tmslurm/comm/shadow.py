@@ -92,7 +92,8 @@ def _wait(work: Any, timeout_s: float, what: str, should_stop: Callable[[], bool
 
 
 class ShadowSender:
-    """The leaver's side: sends posted in order on one thread; ``wait`` before each optimizer step."""
+    """The leaver's side: sends posted in order on one thread; ``wait(state_only=True)`` before each
+    optimizer step."""
 
     def __init__(self, pg: Any, timeout_s: float) -> None:
         self.pg = pg
@@ -103,7 +104,6 @@ class ShadowSender:
         self.busy = False
         self.error: BaseException | None = None
         self.cancelled = False
-        self.started_step: int | None = None
         self.state_pending = 0
         """START sends posted and not finished: they read what the next optimizer step changes."""
         self.steps = 0
@@ -114,7 +114,6 @@ class ShadowSender:
     def start(self, step: int, state: dict[str, Any]) -> None:
         """Send ``state`` (a runner's ``state()``) after committed step ``step``; it must not change
         until :meth:`wait` returns."""
-        self.started_step = step
         with self.cond:
             self.state_pending += 1
         self._post(lambda: self._send_start(step, state))
