@@ -30,10 +30,10 @@ def _fabric(rank: int, port: int, abort: threading.Event, timeout: float = 20.0)
     return f
 
 
-def _peer(rank: int, port: int, mode: str, q, go) -> None:
+def _peer(rank: int, port: int, mode: str, ready, q, go) -> None:
     abort = threading.Event()
     f = _fabric(rank, port, abort)
-    q.put(("ready", rank))
+    ready.put(rank)
     go.wait(60)  # every rank has built every group before anyone dies
     t = torch.ones(8)
     if rank == 1:  # rank 1 (stage 1, replica 0) dies or hangs
@@ -64,28 +64,28 @@ def _peer(rank: int, port: int, mode: str, q, go) -> None:
 def _start(mode: str):
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     ctx = mp.get_context("spawn")
-    q, go = ctx.Queue(), ctx.Event()
-    procs = [ctx.Process(target=_peer, args=(r, store.port, mode, q, go), daemon=True) for r in range(4)]
+    # Two queues: a queue's writers share one lock, and rank 1 is SIGSTOPped or SIGKILLed. Had
+    # it written to the results queue, its feeder thread could still hold that lock when it
+    # stops, and every later report would block. Rank 1 writes only its ready message.
+    ready, q, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_peer, args=(r, store.port, mode, ready, q, go), daemon=True) for r in range(4)]
     for p in procs:
         p.start()
-    return store, procs, (q, go)
+    return store, procs, (ready, q, go)
 
 
 def _results(qg, n: int, timeout: float = 60) -> list[tuple]:
-    q, go = qg
-    out, ready = [], 0
+    ready, q, go = qg
     deadline = time.monotonic() + timeout
+    ranks = {ready.get(timeout=timeout) for _ in range(4)}
+    assert ranks == {0, 1, 2, 3}, ranks
+    go.set()
+    out = []
     while len(out) < n and time.monotonic() < deadline:
         try:
-            item = q.get(timeout=1)
+            out.append(q.get(timeout=1))
         except Exception:
             continue
-        if item[0] == "ready":
-            ready += 1
-            if ready == 4:
-                go.set()
-        else:
-            out.append(item)
     return out
 
 
