@@ -84,6 +84,9 @@ def parser() -> argparse.ArgumentParser:
     lb = sub.add_parser("linkbw", help="state transfer vs the raw link on one gloo pair, per model preset (two processes)")
     lb.add_argument("--models", default="small,base", help="model presets, comma-separated (tiny, small, medium, base, large)")
     lb.add_argument("--repeats", type=int, default=5)
+    lb.add_argument("--lab-nodes", default="", help="two failure-lab nodes, e.g. node1,node2 (scripts/local-slurm up): "
+                                                     "measure between them instead of on loopback")
+    lb.add_argument("--port", type=int, default=29631, help="the store's port on the first lab node (--lab-nodes)")
     lb.add_argument("--json", default="docs/bench/linkbw.json")
     ss = sub.add_parser("statesize", help="pause and downtime of planned (shadow or not), unexpected and in-job restart "
                                           "moves per state size, with link bandwidth and memory (local)")
