@@ -15,7 +15,8 @@ parameters + AdamW moments per rank at DP2 x PP2), local processes (``cluster=lo
 Per event it reads ``pause_s`` (gap - the first step's own time) and ``downtime_s`` (gap - median
 step) from summary.json; per row p50s, the samples, the standby's and the largest rank's RSS, and
 the floor (state bytes / measured link bandwidth). Writes ``--json`` (docs/bench/statesize.json)
-and, with matplotlib, a plot next to it. A run that fails raises TmslurmError naming its log.
+after each size (marked ``partial`` until the last) and, with matplotlib, a plot next to it. A run
+that fails raises TmslurmError naming its log.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def drains(out: Path, model: str, shadow: bool, repeats: int) -> dict[str, Any]:
             job.wait_journal(lambda e, i=i: e["type"] == "standby_ready" and e["role"] == "last"
                              and e["agent"] == _nth_standby(job, i), 1800, f"standby #{i} warm")
             job.request({"type": "notice", "event": "maintenance", "rank": 1, "reason": f"bench statesize {i}"})
-            job.wait_journal(lambda e, i=i: e["type"] == "event" and _count(job, "event") > i, 1800, f"move #{i}")
+            job.wait_journal(lambda e, i=i: _planned(e) and sum(map(_planned, job.journal())) > i, 1800, f"move #{i}")
             say(f"{name}: move {i + 1}/{repeats} done")
         summary = job.finish(1800)
     except BaseException:
@@ -74,8 +75,9 @@ def _nth_standby(job: LocalJob, i: int) -> str | None:
     return seen[i] if i < len(seen) else None
 
 
-def _count(job: LocalJob, etype: str) -> int:
-    return sum(1 for e in job.journal() if e["type"] == etype)
+def _planned(e: dict[str, Any]) -> bool:
+    """A finished planned move (a start-up restart is an event too, and must not count as one)."""
+    return e["type"] == "event" and e.get("kind") == "planned"
 
 
 def kills(out: Path, model: str, repeats: int) -> dict[str, Any]:
@@ -132,7 +134,8 @@ def row(model: str, link: dict[str, Any], cells: dict[str, dict[str, Any]]) -> d
          "shadow_catchup_p50_s": _p50([e.get("shadow_catchup_s") for e in shadow]),
          "shadow_follow_s_per_step_p50": _p50([e.get("shadow_follow_s_per_step") for e in shadow]),
          "all_shadowed": all(e.get("shadowed") and e.get("shadow_matched") for e in shadow),
-         "standby_rss_mb": memory.get("standby_rss_mb"), "rank_rss_mb": memory.get("largest_rank_peak_rss_mb"),
+         "standby_rss_mb": memory.get("standby_rss_mb"), "standby_peak_rss_mb": memory.get("standby_peak_rss_mb"),
+         "rank_rss_mb": memory.get("largest_rank_peak_rss_mb"),
          "source_peak_rss_before_mb": _p50([s["before_mb"] for s in src]),
          "source_peak_rss_during_mb": _p50([s["after_mb"] for s in src]),
          "n": {k: len(c["events"]) for k, c in cells.items()},
@@ -190,6 +193,14 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                  "unexpected": kills(out, model, args.repeats), "injob_restart": restarts(out, model, args.repeats)}
         rows.append(row(model, link, cells))
         print(table(rows), flush=True)
+        write_json(Path(args.json), _result(rows, done=False))  # a later size that fails keeps these rows
+    result = _result(rows, done=True)
+    write_json(Path(args.json), result)
+    plot(rows, Path(args.json).with_suffix(".png"))
+    return result
+
+
+def _result(rows: list[dict[str, Any]], done: bool) -> dict[str, Any]:
     largest = rows[-1]
     ratio = (largest["injob_restart_planned_downtime_p50_s"] / largest["planned_shadow_pause_p50_s"]
              if largest["planned_shadow_pause_p50_s"] else None)
@@ -198,6 +209,6 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                         "host": "local processes on one 2-core machine, loopback"},
               "rows": rows, "ratio_planned_largest": round(ratio, 1) if ratio else None,
               "ratio_note": "in-job restart planned downtime p50 / tmslurm planned pause p50 with a live shadow, largest size"}
-    write_json(Path(args.json), result)
-    plot(rows, Path(args.json).with_suffix(".png"))
+    if not done:
+        result["partial"] = "written after each size; the run has not finished every --models size"
     return result

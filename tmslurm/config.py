@@ -169,7 +169,8 @@ class RuntimeConfig:
     the pause, what a naive re-initialisation does; for the scaling benchmark)."""
     hang_factor: float = 10.0
     """A rank whose vote is the only one missing for longer than hang_factor x the median step time
-    (at least runtime.hang_floor_s) is declared hung, fenced and replaced, even if it heartbeats."""
+    (at least runtime.hang_floor_s) is declared hung, fenced and replaced, even if it heartbeats.
+    Before a step time is known (the first two commits) the limit is runtime.connect_timeout_s."""
     hang_floor_s: float = 2.0
     """The least time a rank may lag behind all the others' votes before it is declared hung."""
     monitors: bool = True

@@ -3,13 +3,15 @@ their compiled graphs, and a runner loaded from an arena trains bit-identically 
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 from torch._dynamo.utils import counters
 
 from tmslurm.agent.build import build_runner, layout_of
 from tmslurm.config import compose_config
-from tmslurm.train.arena import Arena, _layout_bytes, _slots
+from tmslurm.train.arena import Arena, _layout_bytes, _slots, release_free_memory
 
 
 def _cfg(compile_: bool):
@@ -76,13 +78,15 @@ def test_rebound_runner_keeps_its_graphs_and_trains_exactly(compile_):
     cfg = _cfg(compile_)
     layout = layout_of(cfg)
     last = layout.representative_stage(layout.shape_classes[-1].name)
-    source, warm = _warm(cfg, 0), _warm(cfg, 0)
+    source = _warm(cfg, 0)
     other = build_runner(cfg, 0, stage=last)  # another class, bound first: the buffer grows when 'warm' binds
     for p in other.params:
         p.grad = torch.zeros_like(p)
     other.apply()
     arena = Arena()
     arena.bind(other)
+    arena.release()  # as a standby does while the next class warms up
+    warm = _warm(cfg, 0)
     arena.bind(warm)
     graphs = counters["stats"]["unique_graphs"]
     for step in range(1, 3):
@@ -105,3 +109,39 @@ def test_a_runner_without_parameters_is_refused():
 
     with pytest.raises(ValueError, match="no host parameters"):
         Arena().bind(Empty())
+
+
+def test_release_frees_the_memory_and_bind_gives_it_back_without_keeping_the_runners_own_tensors():
+    cfg = _cfg(False)
+    layout = layout_of(cfg)
+    first, last = (build_runner(cfg, 0, stage=layout.representative_stage(c.name)) for c in layout.shape_classes[:2])
+    for r in (first, last):
+        for p in r.params:
+            p.grad = torch.ones_like(p)
+        r.apply()
+    arena = Arena()
+    arena.bind(first)
+    size = arena.nbytes
+    arena.release()
+    assert arena.released and arena.buffer.untyped_storage().nbytes() == 0 and arena.nbytes == size
+    shapes = [tuple(t.shape) for _, t in _slots(first)]
+    assert shapes == [tuple(t.shape) for _, t in _slots(first)]  # views keep their metadata while released
+    values = [t.clone() for _, t in _slots(last)]
+    own = [weakref.ref(v) for st in last.optimizer.state.values() for v in st.values() if v.dim() > 0]
+    arena.bind(last)
+    assert not arena.released
+    assert all(ref() is None for ref in own), "bind kept the runner's own moment tensors alive"
+    assert all(torch.equal(a, t) for a, (_, t) in zip(values, _slots(last)))
+    assert all(_inside(t, arena) for r in (first, last) for _, t in _slots(r))
+
+
+def test_a_joined_standby_can_reset_its_peak_rss():
+    from tmslurm.agent.build import peak_rss_mb, reset_peak_rss
+
+    big = torch.ones(64 * 2**20, dtype=torch.uint8)  # 64 MiB, touched
+    del big
+    release_free_memory()
+    before = peak_rss_mb()
+    assert reset_peak_rss()
+    after = peak_rss_mb()
+    assert after <= before - 32, (before, after)

@@ -1,5 +1,6 @@
 """Hang detection by progress: a rank that heartbeats but does not vote while all others did is
-fenced and replaced once it lags past max(hang_floor_s, hang_factor x median step); never before."""
+fenced and replaced once it lags past max(hang_floor_s, hang_factor x median step), or past
+connect_timeout_s while no step time is known (start-up); never before."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ from tmslurm.errors import ConfigError
 
 
 @pytest.mark.parametrize("voters,lag_s,median_s,hung", [
-    ((0, 1, 3), 2.5, 0.0, True),     # past the 2 s floor, no step time known yet
-    ((0, 1, 3), 1.5, 0.0, False),    # within the floor
+    ((0, 1, 3), 2.5, 0.0, False),    # no step time known yet: start-up may lag by seconds
+    ((0, 1, 3), 119.0, 0.0, False),  # ... up to runtime.connect_timeout_s (120 s)
+    ((0, 1, 3), 121.0, 0.0, True),   # past it
+    ((0, 1, 3), 1.5, 0.2, False),    # within the 2 s floor (10 x a 0.2 s median is less)
+    ((0, 1, 3), 2.5, 0.2, True),     # past the floor
     ((0, 1, 3), 5.0, 1.0, False),    # 10 x a 1 s median step is 10 s: still waiting
     ((0, 1, 3), 10.5, 1.0, True),    # past 10 x the median step
     ((0, 1), 30.0, 0.0, False),      # two ranks missing: a slow step, not one hung rank

@@ -28,8 +28,30 @@ from tmslurm.train.tp import TPGroup
 
 
 def peak_rss_mb() -> float:
-    """Peak resident set size of this process in MiB."""
+    """Peak resident set size of this process in MiB: ``VmHWM`` (which :func:`reset_peak_rss` can
+    reset), else ``getrusage``'s ``ru_maxrss`` where /proc is not available."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's peak RSS to its current RSS (``/proc/self/clear_refs``, Linux >= 4.0).
+
+    A standby that becomes a rank calls it: its peak while it warmed every shape class is reported in
+    its ``ready`` messages, and the peaks it reports as a rank are then its peaks as a rank. Returns
+    False (and the peak keeps counting from the start) where the kernel does not allow it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
 
 
 def layout_of(cfg: RunConfig) -> Layout:

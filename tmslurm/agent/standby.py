@@ -41,7 +41,7 @@ from tmslurm.logs import LOG_CONTEXT
 from tmslurm.wire.messages import Activate, Cancel, Finish, Join, Joined, JoinFailed, Prepared, Ready, ShadowReady, Welcome
 from tmslurm.agent.faults import FaultPlan
 from tmslurm.agent.link import Link
-from tmslurm.agent.build import build_runner, layout_of, make_fabric, peak_rss_mb, stage_spec
+from tmslurm.agent.build import build_runner, layout_of, make_fabric, peak_rss_mb, reset_peak_rss, stage_spec
 from tmslurm.agent.worker import Worker
 from tmslurm.train.arena import Arena, release_free_memory
 from tmslurm.train.schedule import StageRunner
@@ -109,6 +109,8 @@ class Standby:
                 raise TmslurmError(f"sandbox recording {path} did not appear in {self.cfg.runtime.connect_timeout_s:.0f}s")
             time.sleep(0.05)
         t0 = time.monotonic()
+        if self.arena.bound:  # the classes warmed so far need no storage while this one warms
+            self.arena.release()
         stage = self.layout.representative_stage(role)
         runner = build_runner(self.cfg, 0, stage=stage)
         sandbox = SandboxStageComm(path, runner.device)
@@ -205,6 +207,8 @@ class Standby:
         """Install the new groups and continue as the worker of the joined slot."""
         fabric.install(handles)
         self.warm = {}  # the other classes' runners are not needed any more
+        if not reset_peak_rss():  # from here on the peak it reports is its peak as a rank
+            log.warning("cannot reset the peak RSS (/proc/self/clear_refs): rank %d's peak includes its warm-up", joined.rank)
         self.link.send(joined.model_copy(update={"rss_mb": rss_mb()}))
         log.info("now rank %d at step %d (%d state bytes in the pause, %.3fs%s)", joined.rank, joined.step, joined.bytes,
                  joined.transfer_s, ", shadowed" if joined.shadowed else "")

@@ -3,7 +3,8 @@
 Contract (on the controller's thread): an agent silent for ``runtime.heartbeat_timeout_s`` is
 fenced (its own handle; silent agents are looked for 20 times per timeout) and handled as lost; so is a rank that heartbeats but makes no progress:
 its vote is the only one missing for longer than ``runtime.hang_factor`` x the median step time
-(at least ``runtime.hang_floor_s``) after every other rank voted (cause ``no progress``); ranks silent during an abort past the recovery's
+(at least ``runtime.hang_floor_s``; ``runtime.connect_timeout_s`` while no step time is known) after
+every other rank voted (cause ``no progress``); ranks silent during an abort past the recovery's
 deadline are declared dead and the failure is replanned; a phase 1 that does not finish within
 ``runtime.connect_timeout_s`` cancels its switch (the notice is retried); a communication error
 nobody explains within ``heartbeat_timeout_s`` aborts the step; a drained run finishes; a held
@@ -80,8 +81,16 @@ class Deadlines:
                 self.recoveries.lost(agent, "heartbeat timeout")
 
     def hang_limit_s(self) -> float:
+        """How long the last rank may lag behind every other vote. Before a step time is known (the
+        first two commits of a run or of a restart) the first steps allocate and first touch the
+        state, GBs per rank at real sizes, and the ranks' shares of that differ by seconds (a
+        ``model=large`` first stage lagged 2 s behind its peers at step 0): then the limit is
+        ``runtime.connect_timeout_s``. Heartbeats still find a silent rank in that window."""
         rt = self.ctx.cfg.runtime
-        return max(rt.hang_floor_s, rt.hang_factor * self.commits.median_step())
+        median = self.commits.median_step()
+        if median <= 0:
+            return max(rt.hang_floor_s, rt.connect_timeout_s)
+        return max(rt.hang_floor_s, rt.hang_factor * median)
 
     def _progress(self, now_m: float) -> None:
         st, world = self.state, self.ctx.layout.world

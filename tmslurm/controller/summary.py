@@ -43,9 +43,13 @@ class Summary:
                 "ranks": ranks, "standbys": standbys, "events": self.ctx.events.items, **self.ctx.hooks.status()}
 
     def memory(self) -> dict[str, float | None]:
-        """The largest standby's resident set once warm against the largest rank's peak (MiB)."""
-        warm = [max(r["rss_mb"] for r in a.roles.values()) for a in self.state.agents.values() if a.roles]
-        return {"standby_rss_mb": max(warm, default=None), "largest_rank_peak_rss_mb": self.commits.largest_rank_rss()}
+        """The largest standby's resident set once warm and its peak while warming, against the largest
+        rank's peak as a rank (MiB; a standby that joined reset its peak when it joined)."""
+        agents = [a for a in self.state.agents.values() if a.roles]
+        warm = [max(r["rss_mb"] for r in a.roles.values()) for a in agents]
+        peaks = [p for a in agents for r in a.roles.values() if isinstance(p := r.get("peak_rss_mb"), (int, float))]
+        return {"standby_rss_mb": max(warm, default=None), "standby_peak_rss_mb": max(peaks, default=None),
+                "largest_rank_peak_rss_mb": self.commits.largest_rank_rss()}
 
     def write(self) -> dict[str, Any]:
         st, layout = self.state, self.ctx.layout

@@ -10,7 +10,11 @@ every parameter and moment (``load_state``). So the classes need not hold storag
 allowed because a warm runner's values mean nothing until its class is joined and its state loaded.
 The buffer is sized to the largest bound class: binding a larger runner allocates a bigger buffer and
 re-binds the runners bound before (their values are not kept). The standby then holds the storage of
-one class, not one per class.
+one class, not one per class. While the next class warms up with storage of its own, :meth:`release`
+frees the buffer's memory (its storage is resized to 0 bytes; every bound view keeps its shape, and
+must not be read until the next :meth:`bind` gives the storage back). :meth:`bind` copies one tensor
+at a time and drops the runner's own tensor as it goes, so binding holds the buffer plus one tensor,
+not two copies of the class: a standby's peak is one class plus one warm-up step, as a rank's is.
 
 Compiled graphs survive a re-bind: shapes, strides and dtypes are unchanged (dynamo guards on those,
 not on addresses), which ``tests/unit/test_arena.py`` checks by counting graphs. Gradients are not
@@ -53,10 +57,22 @@ class Arena:
             self.buffer = torch.empty(need, dtype=torch.uint8)
             for earlier in self.bound:
                 _rebind(list(_slots(earlier)), self.buffer, copy=False)
+        elif self.released:
+            self.buffer.untyped_storage().resize_(self.nbytes)
         _rebind(slots, self.buffer, copy=True)
         self.bound.append(runner)
         release_free_memory()
         return need
+
+    @property
+    def released(self) -> bool:
+        """The buffer's memory is freed (:meth:`release`) and not yet given back by :meth:`bind`."""
+        return self.buffer.untyped_storage().nbytes() < self.nbytes
+
+    def release(self) -> None:
+        """Free the buffer's memory; the bound runners keep their views (shapes, strides, graphs)."""
+        self.buffer.untyped_storage().resize_(0)
+        release_free_memory()
 
 
 Slot = tuple[Any, torch.Tensor]
@@ -82,9 +98,14 @@ def _aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def _rebind(slots: list[Slot], buffer: torch.Tensor, copy: bool) -> None:
+def _rebind(slots: list[Slot | None], buffer: torch.Tensor, copy: bool) -> None:
+    """Point every slot at its view of ``buffer`` (copying its values with ``copy``). Each slot's entry
+    is cleared as it is done, so the caller's list does not keep the old tensors alive."""
     offset = 0
-    for where, t in slots:
+    for i, slot in enumerate(slots):
+        assert slot is not None
+        where, t = slot
+        slots[i] = None
         n = t.numel() * t.element_size()
         view = buffer[offset:offset + n].view(t.dtype).view(t.shape)
         if copy:
@@ -94,6 +115,7 @@ def _rebind(slots: list[Slot], buffer: torch.Tensor, copy: bool) -> None:
         else:
             state, key = where
             state[key] = view
+        del t, slot  # the runner's own tensor goes now, not at the end of the loop
         offset += _aligned(n)
 
 
