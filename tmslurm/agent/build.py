@@ -27,17 +27,28 @@ from tmslurm.train.task import StageSpec, load_task
 from tmslurm.train.tp import TPGroup
 
 
-def peak_rss_mb() -> float:
-    """Peak resident set size of this process in MiB: ``VmHWM`` (which :func:`reset_peak_rss` can
-    reset), else ``getrusage``'s ``ru_maxrss`` where /proc is not available."""
+def _status_mb(field: str) -> float | None:
+    """A ``Vm*`` line of /proc/self/status in MiB, None where /proc is not available."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024.0
     except OSError:
         pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    return None
+
+
+def rss_mb() -> float:
+    """Current resident set size of this process in MiB (0 where /proc is not available)."""
+    return _status_mb("VmRSS") or 0.0
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process in MiB: ``VmHWM`` (which :func:`reset_peak_rss` can
+    reset), else ``getrusage``'s ``ru_maxrss`` where /proc is not available."""
+    peak = _status_mb("VmHWM")
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def reset_peak_rss() -> bool:

@@ -41,24 +41,12 @@ from tmslurm.logs import LOG_CONTEXT
 from tmslurm.wire.messages import Activate, Cancel, Finish, Join, Joined, JoinFailed, Prepared, Ready, ShadowReady, Welcome
 from tmslurm.agent.faults import FaultPlan
 from tmslurm.agent.link import Link
-from tmslurm.agent.build import build_runner, layout_of, make_fabric, peak_rss_mb, reset_peak_rss, stage_spec
+from tmslurm.agent.build import build_runner, layout_of, make_fabric, peak_rss_mb, reset_peak_rss, rss_mb, stage_spec
 from tmslurm.agent.worker import Worker
 from tmslurm.train.arena import Arena, release_free_memory
 from tmslurm.train.schedule import StageRunner
 
 log = logging.getLogger(__name__)
-
-
-def rss_mb() -> float:
-    """Current resident set size of this process in MiB (from /proc; 0 where unavailable)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return 0.0
 
 
 class Standby:
