@@ -1,4 +1,4 @@
-"""``python -m benchmarks {downtime,scaling,overhead,memory,roles,control,ckpt,soak,linkbw,statesize,project}`` (also ``scripts/bench``)."""
+"""``python -m benchmarks {downtime,scaling,overhead,memory,roles,control,ckpt,soak,linkbw,statesize,zero,project}`` (also ``scripts/bench``)."""
 
 from __future__ import annotations
 
@@ -94,6 +94,13 @@ def parser() -> argparse.ArgumentParser:
     ss.add_argument("--repeats", type=int, default=5, help="events per cell")
     ss.add_argument("--link-repeats", type=int, default=5)
     ss.add_argument("--json", default="docs/bench/statesize.json")
+    z = sub.add_parser("zero", help="the sharded optimizer (parallel.zero=1): optimizer bytes, the buddy's cost per step, "
+                                    "drain and SIGKILL downtime against zero=0 (local)")
+    z.add_argument("--layouts", default="dp4pp1,dp2pp2", help="dp4pp1, dp2pp2, comma-separated")
+    z.add_argument("--models", default="small", help="model presets, comma-separated")
+    z.add_argument("--repeats", type=int, default=5, help="drains and kills per zero level and layout")
+    z.add_argument("--steps", type=int, default=40, help="steps of the run that times the buddy")
+    z.add_argument("--json", default="docs/bench/zero.json")
     cr = sub.add_parser("ctlrestart", help="kill -9 of the controller at random steps: downtime and its parts, exactness")
     cr.add_argument("--kills", type=int, default=10)
     cr.add_argument("--steps", type=int, default=400)
@@ -122,7 +129,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--dir", default="docs/bench")
     sub.add_parser("project", help="wasted GPU-hours per week at scale, tmslurm's downtime modelled part by part; "
                                    "options are benchmarks.sim.projection's")
-    for sp in (d, s, o, m, r, c, k, so, cr, sb, ss):
+    for sp in (d, s, o, m, r, c, k, so, cr, sb, ss, z):
         sp.add_argument("--out", default=f"runs/bench-{stamp}")
     return ap
 

@@ -41,6 +41,11 @@ class ParallelConfig:
     """Training ranks started on each node."""
     nodes: Optional[int] = None
     """Training nodes; None means dp*pp*tp / ranks_per_node."""
+    zero: int = 0
+    """Sharded optimizer (ZeRO-1): 0 keeps the whole optimizer state on every data-parallel rank; 1
+    reduce-scatters gradients, keeps and steps 1/dp of the optimizer state per rank, all-gathers the
+    parameters before each forward, and keeps an exact buddy copy of each slice on the data-parallel
+    partner (dp rank XOR 1). Needs an even parallel.dp."""
 
 
 @dataclass(kw_only=True)
@@ -310,6 +315,12 @@ def _validate_parallel(p: ParallelConfig) -> None:
         raise ConfigError(
             f"parallel.ranks_per_node={p.ranks_per_node} does not divide dp*pp*tp = {world} ranks. "
             f"Fix: pass a parallel.ranks_per_node that divides {world}.")
+    if p.zero not in (0, 1):
+        raise ConfigError(f"parallel.zero={p.zero!r} is invalid; valid values: 0, 1. Fix: pass parallel.zero=0 or 1.")
+    if p.zero and (p.dp < 2 or p.dp % 2):
+        raise ConfigError(f"parallel.zero=1 shards the optimizer over data-parallel pairs (each slice's buddy is its "
+                          f"partner), so parallel.dp must be even and >= 2; got parallel.dp={p.dp}. Fix: pass an even "
+                          f"parallel.dp, or parallel.zero=0.")
 
 
 def _validate_model(m: ModelConfig, p: ParallelConfig) -> None:

@@ -71,11 +71,13 @@ class Layout:
     tp: int = 1
     n_layer: int | None = None
     """Blocks of the model; gives the shape classes (None: one class per role)."""
+    zero: int = 0
+    """``parallel.zero``: 1 means each rank's optimizer slice has a buddy (:meth:`buddy`)."""
 
     @classmethod
     def from_config(cls, cfg: Any) -> "Layout":
         """The layout of a RunConfig (``parallel.*`` and ``model.n_layer``)."""
-        return cls(cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp, n_layer=cfg.model.n_layer)
+        return cls(cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp, n_layer=cfg.model.n_layer, zero=cfg.parallel.zero)
 
     def __post_init__(self) -> None:
         for name in ("dp", "pp", "tp"):
@@ -99,6 +101,15 @@ class Layout:
         if not (0 <= dp < self.dp and 0 <= stage < self.pp and 0 <= tp < self.tp):
             raise ConfigError(f"coordinate dp={dp} stage={stage} tp={tp} is outside the layout {self}.")
         return (dp * self.pp + stage) * self.tp + tp
+
+    def buddy(self, rank: int) -> int:
+        """The rank that holds an exact copy of ``rank``'s optimizer slice at ``parallel.zero=1``: its
+        data-parallel partner (dp rank XOR 1, same stage and TP position). Buddies are mutual pairs, so
+        one rank is the only state source a replacement needs."""
+        c = self.coord(rank)
+        if self.dp % 2:
+            raise ConfigError(f"buddies pair data-parallel ranks: parallel.dp={self.dp} must be even. Fix: pass an even parallel.dp.")
+        return self.rank(c.dp ^ 1, c.stage, c.tp)
 
     def role_of_stage(self, stage: int) -> str:
         if self.pp == 1:

@@ -151,8 +151,10 @@ def test_shape_classes_group_stages_by_role_and_size(n_layer, pp, classes):
 def test_layout_from_config_and_pp_beyond_layers():
     from types import SimpleNamespace as NS
 
-    cfg = NS(parallel=NS(dp=2, pp=2, tp=2), model=NS(n_layer=4))
+    cfg = NS(parallel=NS(dp=2, pp=2, tp=2, zero=0), model=NS(n_layer=4))
     assert Layout.from_config(cfg) == Layout(2, 2, 2, n_layer=4)
+    cfg.parallel.zero = 1
+    assert Layout.from_config(cfg) == Layout(2, 2, 2, n_layer=4, zero=1)
     with pytest.raises(ConfigError, match="parallel.pp=5"):
         Layout(1, 5, n_layer=4)
 

@@ -23,6 +23,7 @@ from tmslurm.comm.fabric import Fabric, FabricSettings, local_address_towards
 from tmslurm.config import RunConfig
 from tmslurm.topology import Layout, split_layers
 from tmslurm.train.schedule import StageRunner
+from tmslurm.train.zero import ZeroStageRunner
 from tmslurm.train.task import StageSpec, load_task
 from tmslurm.train.tp import TPGroup
 
@@ -89,7 +90,8 @@ def build_runner(cfg: RunConfig, rank: int, stage: int | None = None) -> StageRu
     c = layout.coord(rank) if stage is None else None
     spec = stage_spec(cfg, c.stage, c.tp) if c is not None else stage_spec(cfg, stage, 0)
     task = load_task(cfg)
-    return StageRunner(task, spec, c.dp if c is not None else 0, layout.dp, cfg.train.micro_batches, device_of(cfg))
+    kind = ZeroStageRunner if cfg.parallel.zero else StageRunner
+    return kind(task, spec, c.dp if c is not None else 0, layout.dp, cfg.train.micro_batches, device_of(cfg))
 
 
 def make_fabric(cfg: RunConfig, rank: int, link: Link, addr: dict[str, Any]) -> Fabric:

@@ -35,7 +35,7 @@ from tmslurm.comm.transfer import send_state
 from tmslurm.config import RunConfig, from_dict
 from tmslurm.errors import CommAborted, CommError
 from tmslurm.logs import LOG_CONTEXT
-from tmslurm.wire.messages import (Abort, Aborted, Cancel, CommErrorReport, Decision, Done, Finish, Groups, Left, Prepare,
+from tmslurm.wire.messages import (Abort, Aborted, BuddyCost, Cancel, CommErrorReport, Decision, Done, Finish, Groups, Left, Prepare,
                                    Prepared, Progress, Recover, Recovered, Started, Switched, SwitchSpec, Vote, Welcome)
 from tmslurm.rundir import RunDir
 from tmslurm.agent.build import build_runner, layout_of, make_fabric, peak_rss_mb
@@ -197,9 +197,9 @@ class Worker:
         """Periodic checkpoints in the background (train.checkpoint_async); one the controller asks for is
         complete before the step loop goes on, since it waits for it to restart or requeue."""
         every = self.cfg.train.checkpoint_every
-        if self.coord.dp != 0 or not ((every and self.step % every == 0) or decision.checkpoint):
+        if (self.coord.dp != 0 and not self.layout.zero) or not ((every and self.step % every == 0) or decision.checkpoint):
             return
-        shard = self.layout.shard_name(self.rank)
+        shard = checkpoint.shard_of(self.layout, self.rank)
         if decision.checkpoint or not self.cfg.train.checkpoint_async:
             self.saver.wait()
             checkpoint.save_stage(self.run_dir, self.step, shard, self.runner)
@@ -228,7 +228,7 @@ class Worker:
         if shadow is not None:  # the standby runs the shadow protocol, started or not
             h = shadow.hand_over(xfer.pg, self.step, self.runner)
         else:
-            state = {"state": self.runner.state(), "step": self.step}
+            state = {"state": self.runner.state_for(self.coord.dp), "step": self.step}
             h = HandOver(False, False, send_state(xfer.pg, 1, state, self.cfg.runtime.collective_timeout_s), 0, 0.0)
         self.link.send(Left(rank=self.rank, step=self.step, transfer_s=time.monotonic() - t1, phase2_s=t1 - t0, bytes=h.bytes,
                             shadowed=h.shadowed, shadow_matched=h.matched if h.shadowed else None, shadow_steps=h.steps,
@@ -320,7 +320,8 @@ class Worker:
         self.fabric.install(handles)
         t1 = time.monotonic()
         for name, h in xfers.items():
-            send_state(h.pg, 1, {"state": self.runner.state(), "step": self.step}, self.cfg.runtime.collective_timeout_s)
+            target = self.layout.coord(int(name.removeprefix("xfer/r"))).dp  # at zero=1: this rank's buddy
+            send_state(h.pg, 1, {"state": self.runner.state_for(target), "step": self.step}, self.cfg.runtime.collective_timeout_s)
             self.fabric.graveyard.append(h.pg)
         self.epoch = epoch
         self.link.clear_abort(epoch)
@@ -332,13 +333,17 @@ class Worker:
     # ---- the end ----------------------------------------------------------------------------
     def _finish(self) -> None:
         self.saver.wait()
+        self.runner.gather(self.comm)
         digest = self.runner.digest()
         if self.coord.dp == 0:
             out = RunDir(self.run_dir).final
             out.mkdir(exist_ok=True)
             torch.save(self.runner.module.state_dict(), out / f"{self.layout.shard_name(self.rank)}.pt")
         self.link.send(Done(rank=self.rank, stage=self.coord.stage, shard=self.layout.shard(self.rank), digest=digest,
-                            state_digest=self.runner.state_digest(), step=self.step, state_bytes=self.runner.state_bytes()))
+                            state_digest=self.runner.state_digest(), step=self.step, state_bytes=self.runner.state_bytes(),
+                            slice=self.coord.dp if self.layout.zero else None, ward_digest=self.runner.ward_digest(),
+                            optimizer_bytes=self.runner.optimizer_bytes(),
+                            buddy=BuddyCost.of(self.runner.buddy_times())))
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:

@@ -115,6 +115,12 @@ def make_pg(store: Any, name: str, generation: int, group_rank: int, size: int, 
     return dist.ProcessGroupGloo(prefixed, group_rank, size, opts)
 
 
+THREAD_WAITED = ("send", "recv", "reduce_scatter")
+"""Ops waited for in a helper thread (:func:`wait_p2p`): gloo closes the pair when a point-to-point wait
+times out, and a gloo reduce-scatter's ``wait(timeout)`` ignores its timeout (it blocks until the
+collective ends: measured on torch 2.13), so neither can be waited on in slices that check for an abort."""
+
+
 class Fabric:
     def __init__(self, rank: int, layout: Layout, store_factory: StoreFactory, settings: FabricSettings,
                  abort_event: threading.Event) -> None:
@@ -207,6 +213,28 @@ class Fabric:
         self._wait(name, work, "allreduce")
         return tensor
 
+    def reduce_scatter(self, name: str, flat: torch.Tensor) -> torch.Tensor:
+        """SUM-reduce ``flat`` (length divisible by the group size) over the group; returns this member's
+        chunk (group rank i gets elements [i*n/size, (i+1)*n/size))."""
+        h = self._handle(name)
+        size = len(h.members)
+        out = torch.empty(flat.numel() // size, dtype=flat.dtype, device=flat.device)
+        work = self._issue(name, "reduce_scatter", lambda: h.pg.reduce_scatter([out], [list(flat.chunk(size))]))
+        self.counts[name].coll += 1
+        self._wait(name, work, "reduce_scatter")
+        return out
+
+    def all_gather(self, name: str, flat: torch.Tensor) -> torch.Tensor:
+        """Fill ``flat`` in place: chunk i (of group-size equal chunks) from group rank i; this member's
+        own chunk must already hold its values."""
+        h = self._handle(name)
+        chunks = list(flat.chunk(len(h.members)))
+        mine = chunks[h.group_rank].clone()
+        work = self._issue(name, "all_gather", lambda: h.pg.allgather([chunks], [mine]))
+        self.counts[name].coll += 1
+        self._wait(name, work, "all_gather")
+        return flat
+
     def flush_sends(self) -> None:
         pending, self._pending_sends = self._pending_sends, []
         for name, work in pending:
@@ -228,7 +256,7 @@ class Fabric:
             raise CommError(f"{op} on group {name} failed to start: {_short(exc)}") from None
 
     def _wait(self, name: str, work: Any, op: str) -> None:
-        if op in ("send", "recv"):
+        if op in THREAD_WAITED:
             return self._wait_p2p(name, work, op)
         deadline = time.monotonic() + self.s.timeout_s
         while True:

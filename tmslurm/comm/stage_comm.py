@@ -1,8 +1,10 @@
 """Stage communicators: what the pipeline schedule calls to move activations, gradients and reductions.
 
-Contract: a :class:`StageComm` gives the schedule six operations (receive/send activations,
+Contract: a :class:`StageComm` gives the schedule its operations (receive/send activations,
 receive/send gradients, all-reduce the flat gradient over DP, all-reduce a tensor over the stage's
-tensor-parallel group) and nothing else, so the same schedule runs
+tensor-parallel group; and for the sharded optimizer, ``parallel.zero=1``: reduce-scatter the flat
+gradient over DP, all-gather the flat parameters over DP, swap a slice with the data-parallel
+buddy) and nothing else, so the same schedule runs
 
 - over the real fabric (:class:`FabricStageComm`), where failures raise CommError/CommAborted;
 - over the real fabric while *recording* the values that cross the stage boundary
@@ -44,10 +46,14 @@ class StageComm(Protocol):
     def send_grad(self, t: torch.Tensor, micro: int) -> None: ...
     def allreduce(self, flat: torch.Tensor) -> torch.Tensor: ...
     def tp_allreduce(self, t: torch.Tensor) -> torch.Tensor: ...
+    def reduce_scatter(self, flat: torch.Tensor) -> torch.Tensor: ...
+    def all_gather(self, flat: torch.Tensor) -> torch.Tensor: ...
+    def swap(self, t: torch.Tensor) -> torch.Tensor: ...
     def end_step(self) -> None: ...
 
 
 GRAD_TAG = 100000
+SWAP_TAG = 200000
 
 
 class FabricStageComm:
@@ -59,6 +65,7 @@ class FabricStageComm:
         self.prev_rank = layout.rank(c.dp, c.stage - 1, c.tp) if self.prev else None
         self.next_rank = layout.rank(c.dp, c.stage + 1, c.tp) if self.next else None
         self.dp = layout.dp_group(rank) if layout.dp > 1 else None
+        self.buddy = layout.buddy(rank) if layout.zero else None
         self.tp = layout.tp_group(rank)
         self.shape = act_shape
         self.device = device
@@ -84,6 +91,19 @@ class FabricStageComm:
         if self.tp is None:
             raise CommError("tp_allreduce called in a layout with parallel.tp=1")
         return self.f.allreduce(self.tp, t)
+
+    def reduce_scatter(self, flat: torch.Tensor) -> torch.Tensor:
+        return flat if self.dp is None else self.f.reduce_scatter(self.dp, flat)
+
+    def all_gather(self, flat: torch.Tensor) -> torch.Tensor:
+        return flat if self.dp is None else self.f.all_gather(self.dp, flat)
+
+    def swap(self, t: torch.Tensor) -> torch.Tensor:
+        """Send ``t`` to the data-parallel buddy and return the buddy's tensor of the same shape."""
+        if self.dp is None or self.buddy is None:
+            raise CommError("swap needs a data-parallel buddy (parallel.zero=1 with parallel.dp >= 2)")
+        self.f.send(self.dp, t.contiguous(), self.buddy, SWAP_TAG)
+        return self.f.recv(self.dp, torch.empty_like(t), self.buddy, SWAP_TAG)
 
     def end_step(self) -> None:
         self.f.flush_sends()
@@ -127,6 +147,21 @@ class RecordingStageComm:
         out = self.inner.tp_allreduce(t)
         self.rec[f"tp/{self.tp_calls}"] = out.detach().clone().cpu()
         self.tp_calls += 1
+        return out
+
+    def reduce_scatter(self, flat: torch.Tensor) -> torch.Tensor:
+        out = self.inner.reduce_scatter(flat)
+        self.rec["reduce_scatter"] = out.detach().clone().cpu()
+        return out
+
+    def all_gather(self, flat: torch.Tensor) -> torch.Tensor:
+        out = self.inner.all_gather(flat)
+        self.rec["all_gather"] = out.detach().clone().cpu()
+        return out
+
+    def swap(self, t: torch.Tensor) -> torch.Tensor:
+        out = self.inner.swap(t)
+        self.rec["swap"] = out.detach().clone().cpu()
         return out
 
     def end_step(self) -> None:
@@ -187,6 +222,25 @@ class SandboxStageComm:
             raise CommError(f"sandbox recording {self.path}: tp all-reduce shape {tuple(out.shape)} != {tuple(t.shape)}")
         return out
 
+    def _same_shape(self, key: str, like: torch.Tensor) -> torch.Tensor:
+        out = self._get(key)
+        if out.shape != like.shape:
+            raise CommError(f"sandbox recording {self.path}: {key} shape {tuple(out.shape)} != {tuple(like.shape)}")
+        return out
+
+    def reduce_scatter(self, flat: torch.Tensor) -> torch.Tensor:
+        out = self._get("reduce_scatter")
+        if flat.numel() % out.numel():
+            raise CommError(f"sandbox recording {self.path}: reduce-scatter chunk {out.numel()} does not divide {flat.numel()}")
+        return out
+
+    def all_gather(self, flat: torch.Tensor) -> torch.Tensor:
+        flat.copy_(self._same_shape("all_gather", flat))
+        return flat
+
+    def swap(self, t: torch.Tensor) -> torch.Tensor:
+        return self._same_shape("swap", t)
+
     def end_step(self) -> None:
         self.tp_calls = 0
 
@@ -211,6 +265,15 @@ class SoloStageComm:
 
     def tp_allreduce(self, t: torch.Tensor) -> torch.Tensor:
         return t
+
+    def reduce_scatter(self, flat: torch.Tensor) -> torch.Tensor:
+        return flat
+
+    def all_gather(self, flat: torch.Tensor) -> torch.Tensor:
+        return flat
+
+    def swap(self, t: torch.Tensor) -> torch.Tensor:
+        raise CommError("SoloStageComm has no data-parallel buddy (dp must be 1)")
 
     def end_step(self) -> None:
         return None

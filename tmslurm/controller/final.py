@@ -8,13 +8,19 @@ order; the names predate TP) and ``diverging`` (per shard whose data-parallel re
 which ranks hold which digest; its ``stage`` key is the shard index), ``replicas_equal``. A missing
 shard or a replica divergence gives ``None`` for both hashes: a run whose replicas differ never
 looks equal to another run.
+
+At ``parallel.zero=1`` each data-parallel rank reports the digest of its own optimizer slice and of
+the buddy's copy it holds; :func:`fold_slices` first turns them into one state digest per shard
+(sha256 over ``slice:digest`` in slice order, so a missing slice changes it). A rank whose buddy's
+copy of its slice differs from its own keeps a digest of its own, so the shard diverges and no
+final hash is given: the buddy copy is checked, not trusted.
 """
 
 from __future__ import annotations
 
 import hashlib
 
-from typing import Any
+from typing import Any, Callable
 
 
 
@@ -42,3 +48,19 @@ def combine_digests(stage_digests: list[str]) -> str:
     for d in stage_digests:
         h.update(d.encode())
     return h.hexdigest()
+
+
+def fold_slices(reports: dict[int, tuple[int, str, str, int | None, str | None]],
+                buddy: Callable[[int], int]) -> dict[int, tuple[int, str, str]]:
+    """``{rank: (shard, params, own slice digest, slice, ward digest)}`` -> ``{rank: (shard, params, shard state)}``."""
+    slices: dict[int, dict[int, str]] = {}
+    for shard, _, state, index, _ in reports.values():
+        slices.setdefault(shard, {})[-1 if index is None else index] = state
+    out = {}
+    for rank, (shard, params, state, _, _) in reports.items():
+        combined = combine_digests([f"{k}:{d}" for k, d in sorted(slices[shard].items())])
+        held = reports.get(buddy(rank))
+        if held is not None and held[4] != state:
+            combined = f"buddy copy differs: rank {rank} {state[:12]}, held {str(held[4])[:12]}"
+        out[rank] = (shard, params, combined)
+    return out

@@ -17,7 +17,7 @@ from typing import Any
 from tmslurm.controller.commits import Commits
 from tmslurm.controller.context import Context
 from tmslurm.controller.events import describe
-from tmslurm.controller.final import final_hashes
+from tmslurm.controller.final import final_hashes, fold_slices
 
 log = logging.getLogger(__name__)
 
@@ -53,17 +53,23 @@ class Summary:
 
     def write(self) -> dict[str, Any]:
         st, layout = self.state, self.ctx.layout
-        hashes = final_hashes({r: (m.shard_index, m.digest, m.state_digest) for r, m in st.done.items()}, layout.shards)
+        reports = {r: (m.shard_index, m.digest, m.state_digest) for r, m in st.done.items()}
+        if layout.zero:
+            reports = fold_slices({r: (m.shard_index, m.digest, m.state_digest, m.slice, m.ward_digest)
+                                   for r, m in st.done.items()}, layout.buddy)
+        hashes = final_hashes(reports, layout.shards)
         if hashes["diverging"]:
             log.error("data-parallel replicas DIVERGED at the end: %s (no final hash)", hashes["diverging"])
             self.ctx.journal.write("replicas_diverged", diverging=hashes["diverging"])
         median = self.commits.median_step()
         losses = [e["loss"] for e in st.step_log if e.get("loss") is not None]
         summary = {
-            "run_id": self.ctx.rundir.name, "layout": {"dp": layout.dp, "pp": layout.pp, "tp": layout.tp},
+            "run_id": self.ctx.rundir.name, "layout": {"dp": layout.dp, "pp": layout.pp, "tp": layout.tp, "zero": layout.zero},
             "steps": st.step, "resumed_from_step": st.start_step, **hashes, "replica_mismatch_steps": st.replica_mismatch,
             "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
             "median_step_s": median, "state_bytes": {r: m.state_bytes for r, m in sorted(st.done.items())},
+            "optimizer_bytes": {r: m.optimizer_bytes for r, m in sorted(st.done.items())},
+            "buddy_cost": {r: m.buddy.model_dump() for r, m in sorted(st.done.items()) if m.buddy is not None},
             "step_log": st.step_log, "events": self.ctx.events.finalize(median),
             "standbys": [{"id": a.aid, "node": a.node, "roles": a.roles} for a in st.standbys()],
             "memory": self.memory(),

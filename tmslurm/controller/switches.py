@@ -79,12 +79,13 @@ class Switches:
         log.info("planned switch epoch %d: ranks %s -> %s (rebuilding %s)", plan.epoch, ranks, [m.joiner for m in moves], plan.groups)
 
     def _decide_shadow(self, plan: PlannedSwitch, notice: Notice, now: float, full: bool) -> None:
-        """Shadow unless switched off, in switch_mode=full, or the notice's deadline leaves no time to catch up."""
+        """Shadow unless switched off, in switch_mode=full, at parallel.zero=1 (a live shadow follows a whole
+        replica's state, not a slice and its buddy's), or the notice's deadline leaves no time to catch up."""
         rt = self.ctx.cfg.runtime
         left = None if notice.deadline is None else notice.deadline - now
-        plan.shadow = rt.shadow and not full and (left is None or left >= rt.shadow_min_notice_s)
+        plan.shadow = rt.shadow and not full and not self.ctx.layout.zero and (left is None or left >= rt.shadow_min_notice_s)
         if not plan.shadow:
-            if rt.shadow and not full:
+            if rt.shadow and not full and not self.ctx.layout.zero:
                 log.info("notice leaves %.1fs (< runtime.shadow_min_notice_s=%.1f): switching without a shadow", left,
                          rt.shadow_min_notice_s)
             return

@@ -5,7 +5,8 @@ Contract: pure functions over the layout and the reports of the ranks; no I/O. T
 - the *affected* groups (those containing a leaving or dead rank) and the *dirty* groups (an aborted
   step left them inconsistent: a pending operation, unequal collective counts, unmatched sends and
   receives, or members on different generations); every other group is reused as is;
-- a state source for each dead rank (an alive data-parallel peer) and a warm joiner per move;
+- a state source for each dead rank (an alive data-parallel peer; at ``parallel.zero=1`` the rank's
+  buddy, which holds the only other copy of its optimizer slice) and a warm joiner per move;
 - the per-process messages of a planned switch (``prepare``/``join``) and of a recovery
   (``recover``/``join``).
 
@@ -50,7 +51,14 @@ def dirty_groups(layout: Layout, statuses: dict[int, dict[str, dict[str, int]]])
 
 
 def dp_source(layout: Layout, rank: int, dead: set[int]) -> int:
-    """An alive data-parallel peer of ``rank`` holding the same stage (its state is identical)."""
+    """An alive data-parallel peer of ``rank`` holding the same stage (its state is identical); at
+    ``parallel.zero=1`` its buddy, the only other holder of its optimizer slice."""
+    if layout.zero:
+        buddy = layout.buddy(rank)
+        if buddy in dead:
+            raise PlanError(f"rank {rank} and its buddy rank {buddy} are both lost (parallel.zero=1): the optimizer "
+                            f"slice they held exists nowhere else")
+        return buddy
     for peer in layout.groups[layout.dp_group(rank)].members:
         if peer != rank and peer not in dead:
             return peer

@@ -31,7 +31,9 @@ from torch.distributed.checkpoint.api import CheckpointException
 from tmslurm.errors import CheckpointError
 from tmslurm.rundir import RunDir
 from tmslurm.train.ckpt_index import latest_complete  # noqa: F401  (re-exported)
+from tmslurm.topology import Layout
 from tmslurm.train.schedule import StageRunner, named_digest
+from tmslurm.train.zero import ZeroStageRunner
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +42,18 @@ def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
     return RunDir(Path(run_dir)).checkpoint(step)
 
 
+def shard_of(layout: Layout, rank: int) -> str:
+    """Where ``rank`` saves: its shard (``stage<j>[-tp<t>]``), or at ``parallel.zero=1`` its optimizer
+    slice inside the shard (``stage<j>/slice<d>of<dp>``, every data-parallel rank saves one)."""
+    name = layout.shard_name(rank)
+    return f"{name}/slice{layout.coord(rank).dp}of{layout.dp}" if layout.zero else name
+
+
 def _flat_state(runner: StageRunner) -> dict[str, torch.Tensor]:
-    """Model and AdamW state as a flat dict of tensors (DCP loads in place into a same-shaped dict)."""
+    """Model and AdamW state as a flat dict of tensors (DCP loads in place into a same-shaped dict);
+    a sharded runner's own slice (:meth:`ZeroStageRunner.checkpoint_tensors`)."""
+    if isinstance(runner, ZeroStageRunner):
+        return runner.checkpoint_tensors()
     out = {f"model/{k}": v for k, v in runner.module.state_dict().items()}
     opt = runner.optimizer.state_dict()["state"]
     for i, p in enumerate(runner.params):
@@ -125,23 +137,35 @@ def state_digest(state: dict[str, torch.Tensor]) -> str:
 
 def load_stage(run_dir: str | Path, step: int, stage: int | str, runner: StageRunner) -> None:
     path = checkpoint_dir(run_dir, step) / _shard_dir(stage)
+    if isinstance(runner, ZeroStageRunner):
+        load_slices(path, runner)
+        log.info("checkpoint step=%d %s (dp rank %d's slice) loaded from %s", step, stage, runner.dp_rank, path)
+        return
+    if not (path / "meta.json").exists() and any(path.glob("slice*of*")):
+        raise CheckpointError(f"checkpoint {path} holds optimizer slices of a parallel.zero=1 run; this run has "
+                              f"parallel.zero=0. Fix: pass parallel.zero=1 to resume it.")
+    state, meta = load_dir(path, {k: torch.empty_like(v) for k, v in _flat_state(runner).items()})
+    _restore(runner, state, bool(meta.get("has_optim_state", True)))
+    log.info("checkpoint step=%d stage=%s loaded from %s", step, stage, path)
+
+
+def load_dir(path: Path, template: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Load one saved directory into ``template`` (same keys and shapes) and check its digest."""
     meta_file = path / "meta.json"
     try:
         meta = json.loads(meta_file.read_text())
     except FileNotFoundError:
-        raise CheckpointError(f"checkpoint {meta_file} is missing (no complete checkpoint at step {step})") from None
+        raise CheckpointError(f"checkpoint {meta_file} is missing (no complete checkpoint at that step)") from None
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"checkpoint {meta_file} is corrupt: {exc}") from None
-    state = {k: torch.empty_like(v) for k, v in _flat_state(runner).items()}
     try:
-        dcp.load(state, checkpoint_id=str(path), no_dist=True)
+        dcp.load(template, checkpoint_id=str(path), no_dist=True)
     except (Exception, CheckpointException) as exc:  # CheckpointException derives from BaseException
         files = ", ".join(sorted(p.name for p in path.iterdir()))
         raise CheckpointError(f"checkpoint {path} cannot be loaded ({files}): {type(exc).__name__}: {str(exc)[:300]}") from None
-    if state_digest(state) != meta.get("state_digest"):
+    if state_digest(template) != meta.get("state_digest"):
         raise CheckpointError(f"checkpoint {path}: the loaded tensors do not match the digest in {meta_file} (corrupt data file)")
-    _restore(runner, state, bool(meta.get("has_optim_state", True)))
-    log.info("checkpoint step=%d stage=%s loaded from %s", step, stage, path)
+    return template, meta
 
 
 def _restore(runner: StageRunner, state: dict[str, torch.Tensor], has_optim: bool) -> None:
@@ -151,3 +175,80 @@ def _restore(runner: StageRunner, state: dict[str, torch.Tensor], has_optim: boo
     sd: dict[str, Any] = runner.optimizer.state_dict()
     sd["state"] = {i: {k: state[f"optim/{i}/{k}"].clone() for k in _optim_keys(runner)} for i in range(len(runner.params))}
     runner.optimizer.load_state_dict(sd)
+
+
+# ---- sharded optimizer (parallel.zero=1) -------------------------------------------------------
+def load_slices(path: Path, runner: ZeroStageRunner) -> None:
+    """Load a rank's own slice and its buddy's (the ward) from a shard saved as ``slice<d>of<D>``.
+
+    With D equal to the run's dp only the two slices are read. With another D (the run resumes at
+    another data-parallel size) every saved slice is read, the flat parameters and moments are joined
+    and cut again at the new slice size: resharding is exact, since slices are plain ranges of one
+    flat buffer. Refuses a zero=0 shard and a set of slices that is incomplete or of another model.
+    """
+    saved = _saved_slices(path)
+    total = next(iter(saved.values()))[1]
+    if sorted(saved) != list(range(total)):
+        raise CheckpointError(f"checkpoint {path} has slices {sorted(saved)} of {total}: incomplete")
+    old_chunk = -(-runner.numel // total)
+    if total == runner.dp:
+        own = load_dir(saved[runner.dp_rank][0], _template(saved[runner.dp_rank][0], old_chunk))[0]
+        ward = load_dir(saved[runner.buddy_dp][0], _template(saved[runner.buddy_dp][0], old_chunk))[0]
+    else:
+        parts = [load_dir(saved[d][0], _template(saved[d][0], old_chunk))[0] for d in range(total)]
+        own, ward = (_recut(parts, runner, d) for d in (runner.dp_rank, runner.buddy_dp))
+    runner.load_state({"own": {"param": own["slice/param"], "optim": _optim_sd(runner, own)},
+                       "ward": {"optim": _optim_sd(runner, ward)}})
+
+
+def _template(path: Path, chunk: int) -> dict[str, torch.Tensor]:
+    """Empty tensors for every key the slice saved (read from DCP's metadata), checked against the
+    slice size this model gives: a slice of another model is refused."""
+    try:
+        meta = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    except (Exception, CheckpointException) as exc:
+        raise CheckpointError(f"checkpoint {path} cannot be read: {type(exc).__name__}: {str(exc)[:300]}") from None
+    out = {}
+    for key, md in meta.items():
+        size = getattr(md, "size", None)
+        if size is None or (len(size) and tuple(size) != (chunk,)):
+            raise CheckpointError(f"checkpoint {path}: {key} has shape {size}, a slice of this model has ({chunk},) "
+                                  f"(saved from another model?)")
+        out[key] = torch.empty(size, dtype=md.properties.dtype)
+    return out
+
+
+def _saved_slices(path: Path) -> dict[int, tuple[Path, int]]:
+    if (path / "meta.json").exists():
+        raise CheckpointError(f"checkpoint {path} was written at parallel.zero=0 (whole optimizer per rank); this run "
+                              f"has parallel.zero=1. Fix: pass parallel.zero=0 to resume it.")
+    saved: dict[int, tuple[Path, int]] = {}
+    for d in sorted(path.glob("slice*of*")):
+        index, _, total = d.name.removeprefix("slice").partition("of")
+        if index.isdigit() and total.isdigit():
+            saved[int(index)] = (d, int(total))
+    if not saved:
+        raise CheckpointError(f"checkpoint {path} is missing (no slice directories)")
+    if len({t for _, t in saved.values()}) > 1:
+        raise CheckpointError(f"checkpoint {path} mixes slices of several data-parallel sizes: {sorted(p.name for p, _ in saved.values())}")
+    return saved
+
+
+def _recut(parts: list[dict[str, torch.Tensor]], runner: ZeroStageRunner, dp_rank: int) -> dict[str, torch.Tensor]:
+    """Slice ``dp_rank`` of the new layout from the old layout's slices (joined, trimmed, padded)."""
+    out = {}
+    for key, first in parts[0].items():
+        if first.dim() == 0:
+            out[key] = first
+            continue
+        whole = torch.cat([p[key] for p in parts])[:runner.numel]
+        padded = torch.zeros(runner.chunk * runner.dp, dtype=whole.dtype)
+        padded[:runner.numel] = whole
+        out[key] = padded[dp_rank * runner.chunk:(dp_rank + 1) * runner.chunk].clone()
+    return out
+
+
+def _optim_sd(runner: ZeroStageRunner, flat: dict[str, torch.Tensor]) -> dict[str, Any]:
+    groups = runner.optimizer.state_dict()["param_groups"]
+    state = {k.removeprefix("slice/optim/"): v for k, v in flat.items() if k.startswith("slice/optim/")}
+    return {"state": {0: state}, "param_groups": groups}

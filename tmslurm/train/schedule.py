@@ -98,8 +98,27 @@ class StageRunner:
     def drop(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
+    def gather(self, comm: StageComm) -> None:
+        """Make every parameter current; a no-op here (the sharded runner all-gathers)."""
+
     def state(self) -> dict[str, Any]:
         return {"model": self.module.state_dict(), "optim": self.optimizer.state_dict()}
+
+    def state_for(self, dp_rank: int) -> dict[str, Any]:
+        """The state data-parallel rank ``dp_rank`` of this stage needs: the same as ours (replicas)."""
+        return self.state()
+
+    def ward_digest(self) -> str | None:
+        """The digest of a buddy's slice this rank holds (only with a sharded optimizer)."""
+        return None
+
+    def buddy_times(self) -> list[float]:
+        """Seconds the buddy copy cost per committed step (only with a sharded optimizer)."""
+        return []
+
+    def optimizer_bytes(self) -> int:
+        """Bytes of optimizer state this rank holds."""
+        return tensor_bytes(self.optimizer.state_dict()["state"])
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.module.load_state_dict(state["model"])

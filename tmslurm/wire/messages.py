@@ -292,6 +292,27 @@ class FaultFired(Msg):
     kind: Name
 
 
+Millis = Annotated[float, Field(ge=0, le=1e9)]
+
+
+class BuddyCost(Msg):
+    """Per committed step of one process: the buddy swap plus the ward's optimizer step, in ms."""
+
+    n: Count
+    mean_ms: Millis
+    p50_ms: Millis
+    p90_ms: Millis
+    max_ms: Millis
+
+    @classmethod
+    def of(cls, seconds: list[float]) -> "BuddyCost | None":
+        if not seconds:
+            return None
+        ms = sorted(x * 1e3 for x in seconds)
+        return cls(n=len(ms), mean_ms=sum(ms) / len(ms), p50_ms=ms[len(ms) // 2], p90_ms=ms[int(0.9 * (len(ms) - 1))],
+                   max_ms=ms[-1])
+
+
 class Done(Msg):
     type: Literal["done"] = "done"
     rank: Count
@@ -303,6 +324,14 @@ class Done(Msg):
     step: Count
     state_bytes: Annotated[int, Field(ge=0, le=2**50)] = 0
     """Bytes of parameters and optimizer state the rank holds."""
+    optimizer_bytes: Annotated[int, Field(ge=0, le=2**50)] = 0
+    """Bytes of optimizer state the rank holds (at parallel.zero=1: its slice and its buddy's)."""
+    slice: Count | None = None
+    """At parallel.zero=1: the data-parallel rank whose optimizer slice ``state_digest`` covers."""
+    ward_digest: Digest | None = None
+    """At parallel.zero=1: the digest of the buddy's slice as this rank holds it."""
+    buddy: BuddyCost | None = None
+    """At parallel.zero=1: what the buddy copy cost this process per committed step (swap + ward step)."""
 
     @property
     def shard_index(self) -> int:

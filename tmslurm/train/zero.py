@@ -1,0 +1,182 @@
+"""Sharded optimizer state (ZeRO-1) with an exact in-memory buddy copy of every slice.
+
+Contract (``parallel.zero=1``): :class:`ZeroStageRunner` is a :class:`~tmslurm.train.schedule.StageRunner`
+whose stage parameters are views of one flat buffer (padded to a multiple of dp). Each data-parallel
+rank r of a stage owns the slice ``[r*S, (r+1)*S)`` of that buffer, S = ceil(numel / dp): it keeps the
+optimizer state (the Task's optimizer built over that one flat slice) of its slice only, and steps
+only that slice. Per step:
+
+1. ``compute`` first all-gathers the flat parameters over the stage's DP group (every slice as its
+   owner last committed it), then runs the schedule;
+2. the flat gradient is reduce-scattered (SUM; the schedule pre-scales the loss), so rank r gets the
+   reduced gradient of slice r, and swaps it with its *buddy* (:meth:`Layout.buddy`, dp rank XOR 1);
+3. ``apply`` (after the commit decision) steps the own slice with the own optimizer and the buddy's
+   slice with a second optimizer, the *ward*, which holds the buddy's moments: same code, same
+   inputs, so the ward stays bit-identical to the buddy's own state at every committed step.
+
+The buddy's parameter slice needs no copy of its own: after step 1 every rank holds it in its flat
+buffer, and the ward's update writes it there. So a rank holds its parameters, 1/dp of the moments
+and a buddy's 1/dp: at dp=4 with AdamW, half of the optimizer bytes of ``zero=0``.
+
+State: :meth:`state` is ``{"own": {"param", "optim"}, "ward": {"optim"}}``; :meth:`state_for` gives the
+state a replacement of the buddy needs (own and ward swapped), so the only source a replacement ever
+needs is its buddy (unexpected failure) or the leaver itself (planned move). Parameters outside the
+own slice are not state: the next all-gather rewrites them.
+
+A zero=1 run is deterministic (the gloo collectives of a fixed group size reduce in a fixed order)
+but not bit-identical to zero=0: a reduce-scatter sums in another order than an all-reduce, and the
+optimizer runs over one flat tensor.
+
+Failure behaviour: a Task whose optimizer has more than one parameter group, or whose parameters
+mix dtypes, is refused with a :class:`~tmslurm.errors.ConfigError` naming ``parallel.zero``. A
+communication failure propagates from the StageComm as in :class:`StageRunner`, and nothing is
+applied.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from tmslurm.comm.stage_comm import StageComm
+from tmslurm.errors import ConfigError
+from tmslurm.train.schedule import StageRunner, state_digest, tensor_bytes
+from tmslurm.train.task import StageSpec, Task
+
+
+class _Holder(nn.Module):
+    """One flat parameter: what the Task's ``build_optimizer`` is given at zero=1."""
+
+    def __init__(self, flat: nn.Parameter) -> None:
+        super().__init__()
+        self.flat = flat
+
+
+class ZeroStageRunner(StageRunner):
+    def __init__(self, task: Task, spec: StageSpec, dp_rank: int, dp: int, micro_batches: int, device: torch.device) -> None:
+        super().__init__(task, spec, dp_rank, dp, micro_batches, device)
+        if len(self.optimizer.param_groups) != 1:
+            raise ConfigError(f"parallel.zero=1 steps one flat slice per rank, but the Task's optimizer has "
+                              f"{len(self.optimizer.param_groups)} parameter groups. Fix: pass parallel.zero=0, or give "
+                              f"the Task one parameter group.")
+        dtypes = {p.dtype for p in self.params}
+        if len(dtypes) != 1:
+            raise ConfigError(f"parallel.zero=1 needs one parameter dtype per stage; got {sorted(map(str, dtypes))}. "
+                              f"Fix: pass parallel.zero=0.")
+        self.numel = sum(p.numel() for p in self.params)
+        self.chunk = -(-self.numel // dp)
+        self.flat = torch.zeros(self.chunk * dp, dtype=dtypes.pop(), device=device)
+        offset = 0
+        with torch.no_grad():
+            for p in self.params:
+                n = p.numel()
+                self.flat[offset:offset + n].copy_(p.data.reshape(-1))
+                p.data = self.flat[offset:offset + n].view_as(p)
+                offset += n
+        self.own = nn.Parameter(self._slice(dp_rank))
+        self.ward = nn.Parameter(self._slice(dp_rank ^ 1))
+        self.optimizer = task.build_optimizer(_Holder(self.own))
+        self.ward_optimizer = task.build_optimizer(_Holder(self.ward))
+        self.swap_s = 0.0
+        """The last step's buddy swap (seconds)."""
+        self.buddy_s: list[float] = []
+        """Per committed step: what the buddy cost this rank (the swap plus the ward's optimizer step)."""
+
+    def _slice(self, dp_rank: int) -> torch.Tensor:
+        return self.flat[dp_rank * self.chunk:(dp_rank + 1) * self.chunk]
+
+    @property
+    def buddy_dp(self) -> int:
+        return self.dp_rank ^ 1
+
+    # ---- the step -----------------------------------------------------------------------------
+    def compute(self, step: int, comm: StageComm, midstep: Callable[[], None] | None = None) -> float | None:
+        with torch.no_grad():
+            comm.all_gather(self.flat)
+        return super().compute(step, comm, midstep)
+
+    def _reduce(self, comm: StageComm) -> None:
+        grads = torch.zeros_like(self.flat)
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            if p.grad is not None:
+                grads[offset:offset + n].copy_(p.grad.reshape(-1))
+            p.grad = None
+            offset += n
+        own = comm.reduce_scatter(grads)
+        del grads
+        self.reduced = own
+        self.own.grad = own
+        t0 = time.perf_counter()
+        self.ward.grad = comm.swap(own)
+        self.swap_s = time.perf_counter() - t0
+
+    def gather(self, comm: StageComm) -> None:
+        """Make every parameter current (the run's end: final digests and files read all of them)."""
+        with torch.no_grad():
+            comm.all_gather(self.flat)
+
+    def retarget(self, spec: StageSpec, dp_rank: int) -> None:
+        super().retarget(spec, dp_rank)
+        self.own.data = self._slice(dp_rank)
+        self.ward.data = self._slice(dp_rank ^ 1)
+
+    def apply(self) -> None:
+        self.optimizer.step()
+        t0 = time.perf_counter()
+        self.ward_optimizer.step()
+        self.buddy_s.append(self.swap_s + time.perf_counter() - t0)
+        self.drop()
+
+    def buddy_times(self) -> list[float]:
+        return self.buddy_s
+
+    def drop(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.ward_optimizer.zero_grad(set_to_none=True)
+        for p in self.params:
+            p.grad = None
+
+    # ---- state ------------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        return {"own": {"param": self.own.detach(), "optim": self.optimizer.state_dict()},
+                "ward": {"optim": self.ward_optimizer.state_dict()}}
+
+    def state_for(self, dp_rank: int) -> dict[str, Any]:
+        """The state of data-parallel rank ``dp_rank`` of this stage: this rank's or its buddy's."""
+        if dp_rank == self.dp_rank:
+            return self.state()
+        if dp_rank != self.buddy_dp:
+            raise ValueError(f"dp rank {self.dp_rank} holds no state of dp rank {dp_rank} (its buddy is {self.buddy_dp})")
+        return {"own": {"param": self.ward.detach(), "optim": self.ward_optimizer.state_dict()},
+                "ward": {"optim": self.optimizer.state_dict()}}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        param = state["own"]["param"]
+        if param.data_ptr() != self.own.data_ptr():
+            with torch.no_grad():
+                self.own.copy_(param)
+        self.optimizer.load_state_dict(state["own"]["optim"])
+        self.ward_optimizer.load_state_dict(state["ward"]["optim"])
+
+    def state_digest(self) -> str:
+        """This rank's own slice: parameters and optimizer state (the buddy's copy is :meth:`ward_digest`)."""
+        return state_digest(self.state()["own"])
+
+    def ward_digest(self) -> str:
+        """The buddy's slice as this rank holds it: equal to the buddy's :meth:`state_digest` when exact."""
+        return state_digest(self.state_for(self.buddy_dp)["own"])
+
+    def optimizer_bytes(self) -> int:
+        return tensor_bytes(self.optimizer.state_dict()["state"]) + tensor_bytes(self.ward_optimizer.state_dict()["state"])
+
+    def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
+        """The own slice as a flat dict (what a checkpoint of this slice saves)."""
+        out = {"slice/param": self.own.detach()}
+        for key, value in self.optimizer.state_dict()["state"].get(0, {}).items():
+            out[f"slice/optim/{key}"] = torch.as_tensor(value)
+        return out
