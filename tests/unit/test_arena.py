@@ -104,8 +104,8 @@ def test_rebound_runner_keeps_its_graphs_and_trains_exactly(compile_):
 
 def test_a_runner_without_parameters_is_refused():
     class Empty:
-        params: list = []
-        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+        def host_slots(self):
+            return iter(())
 
     with pytest.raises(ValueError, match="no host parameters"):
         Arena().bind(Empty())
@@ -145,3 +145,32 @@ def test_a_joined_standby_can_reset_its_peak_rss():
     assert reset_peak_rss()
     after = peak_rss_mb()
     assert after <= before - 32, (before, after)
+
+
+def test_a_sharded_runner_lives_in_the_arena_and_its_views_follow():
+    """parallel.zero=1: the flat parameter buffer is one slot; the stage's parameters, the own slice
+    and the ward are re-derived as views of it, so loading a state writes into the arena."""
+    cfg = compose_config(["parallel.dp=2", "parallel.pp=2", "parallel.zero=1", "model=tiny", "train.micro_batches=2"])
+    layout = layout_of(cfg)
+    runners = [build_runner(cfg, 0, stage=layout.representative_stage(c.name)) for c in layout.shape_classes]
+    for r in runners:  # moments exist once both optimizers stepped
+        r.own.grad, r.ward.grad = torch.zeros_like(r.own), torch.zeros_like(r.ward)
+        r.apply()
+    arena = Arena()
+    for r in runners:
+        arena.bind(r)
+    size = runners[0].flat.element_size()
+    for r in runners:
+        assert _inside(r.flat, arena) and all(_inside(p, arena) for p in r.params)
+        assert all(_inside(t, arena) for _, t in _slots(r)) and len(list(_slots(r))) == 5  # flat + 2 x 2 moments
+        assert r.own.data_ptr() == r.flat.data_ptr() + r.dp_rank * r.chunk * size
+        assert r.ward.data_ptr() == r.flat.data_ptr() + r.buddy_dp * r.chunk * size
+    last = runners[-1]
+    last.retarget(last.spec, 1)
+    assert last.own.data_ptr() == last.flat.data_ptr() + last.chunk * size
+    source = build_runner(cfg, 1 if layout.pp == 2 else 0)  # rank 1: stage 1, dp 0, as a rank builds it
+    source.own.grad, source.ward.grad = torch.full_like(source.own, 1e-3), torch.full_like(source.ward, 2e-3)
+    source.apply()
+    last.load_state(_received(last.state(), source.state_for(1)))
+    assert last.state_digest() == source.ward_digest()
+    assert _inside(last.own, arena) and all(_inside(t, arena) for _, t in _slots(last))

@@ -107,7 +107,7 @@ class Standby:
             runner.apply()
         sent = sandbox.sent
         del sandbox  # the recording (a step's boundary values and reduced gradient) is not needed any more
-        if self.cfg.standby.shared_arena and runner.device.type == "cpu" and not self.layout.zero:
+        if self.cfg.standby.shared_arena and runner.device.type == "cpu":
             self.arena.bind(runner)
         release_free_memory()
         self.warm[role] = runner

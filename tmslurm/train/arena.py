@@ -4,7 +4,9 @@ Contract: a universal standby keeps one warm :class:`~tmslurm.train.schedule.Sta
 class (module, optimizer and compiled graphs), but only one class is ever joined, and a join replaces
 every parameter and moment (``load_state``). So the classes need not hold storage of their own:
 :meth:`Arena.bind` re-binds a runner's parameters (``p.data``) and its optimizer's tensor state
-(AdamW's ``exp_avg``, ``exp_avg_sq``; 0-dim step counts stay where they are) to non-overlapping,
+(AdamW's ``exp_avg``, ``exp_avg_sq``; 0-dim step counts stay where they are; the runner lists them,
+``host_slots``: a sharded runner gives its flat parameter buffer, whose views it re-derives, and the
+moments of its slice and its buddy's) to non-overlapping,
 64-byte-aligned views of one buffer, copying their values. Every bound runner's views start at offset
 0 of the same buffer, so the runners alias each other: what one writes, the others see. That is
 allowed because a warm runner's values mean nothing until its class is joined and its state loaded.
@@ -76,18 +78,13 @@ class Arena:
 
 
 Slot = tuple[Any, torch.Tensor]
-"""(where the tensor lives: a Parameter, or an (optimizer state dict, key) pair, the tensor)."""
+"""(where the tensor lives: a Parameter, an (optimizer state dict, key) pair, or a callable that
+takes the new view, the tensor)."""
 
 
 def _slots(runner: Any) -> Iterator[Slot]:
-    for p in runner.params:
-        if p.device.type == "cpu":
-            yield p, p.data
-    for p in runner.params:
-        state = runner.optimizer.state.get(p, {})
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.device.type == "cpu":
-                yield (state, key), value
+    """The runner's host tensors the arena may re-bind (``StageRunner.host_slots``)."""
+    return runner.host_slots()
 
 
 def _layout_bytes(tensors: Iterator[torch.Tensor]) -> int:
@@ -112,6 +109,8 @@ def _rebind(slots: list[Slot | None], buffer: torch.Tensor, copy: bool) -> None:
             view.copy_(t)
         if isinstance(where, torch.nn.Parameter):
             where.data = view
+        elif callable(where):
+            where(view)
         else:
             state, key = where
             state[key] = view

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
@@ -98,6 +98,14 @@ class StageRunner:
     def drop(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
+    def host_slots(self) -> Iterator[tuple[Any, torch.Tensor]]:
+        """Host parameters, then host optimizer moments (0-dim step counts excluded), as the standby
+        arena re-binds them: (the Parameter, its data) or ((the optimizer state dict, key), tensor)."""
+        for p in self.params:
+            if p.device.type == "cpu":
+                yield p, p.data
+        yield from optimizer_slots(self.optimizer, self.params)
+
     def gather(self, comm: StageComm) -> None:
         """Make every parameter current; a no-op here (the sharded runner all-gathers)."""
 
@@ -134,6 +142,15 @@ class StageRunner:
     def state_bytes(self) -> int:
         """Bytes of parameters and optimizer state (what a state transfer moves)."""
         return tensor_bytes(self.state())
+
+
+def optimizer_slots(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> Iterator[tuple[Any, torch.Tensor]]:
+    """((state dict, key), tensor) of every host moment of ``params`` in ``optimizer`` (not 0-dim counts)."""
+    for p in params:
+        state = optimizer.state.get(p, {})
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.device.type == "cpu":
+                yield (state, key), value
 
 
 def params_digest(module: torch.nn.Module) -> str:

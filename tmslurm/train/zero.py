@@ -36,14 +36,14 @@ applied.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
 
 from tmslurm.comm.stage_comm import StageComm
 from tmslurm.errors import ConfigError
-from tmslurm.train.schedule import StageRunner, state_digest, tensor_bytes
+from tmslurm.train.schedule import StageRunner, optimizer_slots, state_digest, tensor_bytes
 from tmslurm.train.task import StageSpec, Task
 
 
@@ -84,6 +84,25 @@ class ZeroStageRunner(StageRunner):
         """The last step's buddy swap (seconds)."""
         self.buddy_s: list[float] = []
         """Per committed step: what the buddy cost this rank (the swap plus the ward's optimizer step)."""
+
+    def host_slots(self) -> Iterator[tuple[Any, torch.Tensor]]:
+        """The flat parameter buffer (re-bound through :meth:`_set_flat`), then the own and the ward moments."""
+        if self.flat.device.type == "cpu":
+            yield self._set_flat, self.flat
+        yield from optimizer_slots(self.optimizer, [self.own])
+        yield from optimizer_slots(self.ward_optimizer, [self.ward])
+
+    def _set_flat(self, flat: torch.Tensor) -> None:
+        """Move the flat parameter buffer to ``flat`` (same size, values already copied): every stage
+        parameter, the own slice and the ward become views of it again."""
+        self.flat = flat
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            p.data = flat[offset:offset + n].view_as(p)
+            offset += n
+        self.own.data = self._slice(self.dp_rank)
+        self.ward.data = self._slice(self.buddy_dp)
 
     def _slice(self, dp_rank: int) -> torch.Tensor:
         return self.flat[dp_rank * self.chunk:(dp_rank + 1) * self.chunk]
