@@ -48,7 +48,7 @@ def test_failures_at_zero1_are_exact(launch, baseline, layout, faults, standbys,
     for ev in events_of(s, "planned"):
         assert ev["shadowed"] is False  # zero=1 moves the leaver's slices in the pause (no live shadow)
     # every rank holds its slice and its buddy's: equal optimizer bytes on every rank of a stage
-    # (dp=4 against zero=0: tests/unit/test_zero.py)
+    # (dp=4 against zero=0: tests/unit/test_sharded_optimizer.py)
     assert len(set(s["optimizer_bytes"].values())) == (1 if layout == DP4PP1 else 2)
 
 

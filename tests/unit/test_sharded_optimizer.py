@@ -3,7 +3,7 @@ state source, the final hash over slices, the runner's slices, and checkpoints r
 
 The collectives are simulated in one process by :class:`LocalGroup` (an exact SUM reduce-scatter and
 an all-gather over the runners of one stage), so the slice arithmetic is checked here and the real
-gloo path end to end in tests/distributed/test_zero.py.
+gloo path end to end in tests/distributed/test_sharded_recovery.py.
 """
 
 from __future__ import annotations
