@@ -318,3 +318,23 @@ def test_the_step_log_keeps_a_ranks_peak_rss_only_when_it_changed(tmp_path):
         h.send(r, {"type": "vote", "step": h.state.step, "epoch": h.state.epoch, "rank": r, "loss": 1.0, "dt": 0.01,
                    "peak_rss_mb": 5.0 if r == 2 else 1.0})
     assert [e["peak_rss_mb"] for e in h.state.step_log] == [{0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}, {}, {2: 5.0}]
+
+
+def test_a_notice_survives_a_checkpoint_restart_and_is_planned_once_the_ranks_are_back(tmp_path):
+    """dp=1: a failure has no DP peer, so it restarts every rank even though the standby is warm. The
+    maintenance notice whose switch the failure cancelled is planned again once every restarted rank
+    has started (nothing else would retry it: no plan ends and no standby becomes warm)."""
+    h = Harness(tmp_path, 1, 2, 1)
+    h.ctl.intake.notice(notice(rank=1, reason="psu"))
+    assert isinstance(h.state.plan, PlannedSwitch) and h.state.plan.ranks == [1]
+    h.disconnect(0)
+    h.abort_all([1])
+    assert h.journal("restart") and h.state.plan is None and h.state.incarnation == 1
+    (pending,) = h.state.pending_notices
+    assert (pending.rank, pending.reason) == (1, "psu")
+    for r in range(2):
+        h.hello(f"w{r}", "worker", r, f"n{r}")
+        assert h.state.plan is None  # not while the restarted ranks are still starting
+        h.send(f"w{r}", {"type": "started", "rank": r, "step": 0, "groups_s": 0.01, "ckpt_load_s": 0.0})
+    assert isinstance(h.state.plan, PlannedSwitch) and h.state.plan.ranks == [1] and not h.state.pending_notices
+    assert h.ctl.summary.write()["pending_notices"] == []

@@ -110,6 +110,7 @@ class Restarts:
         if len(self.state.started) == self.ctx.layout.world and self.state.restart_t is not None:
             rec["startup_s"] = time.time() - self.state.restart_t
             rec["all_started_t"] = time.time()
+            self.state.retry_notices = True  # a notice the restart cancelled or kept waiting is planned now
 
     # ---- requeue ------------------------------------------------------------------------------
     def requeue(self, cause: str, ranks: list[int], trigger: str, detect_t: float, failure_t: float | None,

@@ -10,6 +10,7 @@ directory cannot be written.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from typing import Any
@@ -73,6 +74,7 @@ class Summary:
             "step_log": st.step_log, "events": self.ctx.events.finalize(median),
             "standbys": [{"id": a.aid, "node": a.node, "roles": a.roles} for a in st.standbys()],
             "memory": self.memory(),
+            "pending_notices": [dataclasses.asdict(n) for n in st.pending_notices],
             "restart_mode": self.ctx.cfg.runtime.restart_mode, "failed": st.failed_reason, **self.ctx.hooks.status(),
         }
         self.ctx.rundir.summary.write_text(json.dumps(summary, indent=1, default=str))
