@@ -25,3 +25,11 @@ def test_the_wheel_holds_the_product_and_no_benchmark_code():
 def test_torch_has_no_upper_bound():
     torch = [d for d in PYPROJECT["project"]["dependencies"] if d.startswith("torch")]
     assert torch and all("<" not in d for d in torch), torch
+
+
+def test_test_modules_have_unique_basenames():
+    """pytest imports test modules by basename (rootdir-relative, no packages): two test_x.py in
+    different folders stop the whole collection ("import file mismatch")."""
+    root = Path(__file__).resolve().parents[1]
+    names = [p.name for p in root.rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
