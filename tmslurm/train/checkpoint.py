@@ -12,6 +12,12 @@ directory, an unreadable/corrupt DCP file or a digest mismatch raises
 digests from that copy) is called only once the DCP files are written, so a shard without
 ``meta.json`` is never taken for complete. The asynchronous variant is
 :mod:`tmslurm.train.async_checkpoint`.
+
+At ``parallel.zero=1`` (:mod:`tmslurm.train.zero`) every data-parallel rank saves its own optimizer
+slice to ``<shard>/slice<d>of<dp>/`` (:func:`shard_of`), and :func:`load_slices` loads a rank's slice
+and its buddy's, resharding when the run's dp differs from the saved one. A checkpoint of the other
+zero level raises CheckpointError naming ``parallel.zero``; an incomplete set of slices, or slices of
+another model, raise CheckpointError too.
 """
 
 from __future__ import annotations
