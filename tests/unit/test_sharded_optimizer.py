@@ -128,10 +128,10 @@ class LocalGroup:
         self.runners = runners
 
     def gather(self) -> None:
-        full = torch.cat([r.own.detach().clone() for r in self.runners])
+        full = torch.cat([r.own.detach().clone() for r in self.runners])  # own steps are synchronous
         for r in self.runners:
-            with torch.no_grad():
-                r.flat.copy_(full)
+            r.gather(_Gathered(full, r.chunk))
+            assert torch.equal(r.flat, full)  # the ward wrote its buddy's slice bit for bit
 
     def step(self, grads: list[torch.Tensor]) -> None:
         """Give every runner the reduced gradient slices (own and ward) of the sum of ``grads``."""
@@ -140,6 +140,22 @@ class LocalGroup:
             r.own.grad = total[r.dp_rank * r.chunk:(r.dp_rank + 1) * r.chunk].clone()
             r.ward.grad = total[r.buddy_dp * r.chunk:(r.buddy_dp + 1) * r.chunk].clone()
             r.apply()
+
+
+class _Gathered:
+    """A StageComm's all-gather that hands out ``full``, leaving the ``skip`` chunk as the runner has
+    it (its ward writes that region), as the fabric does."""
+
+    def __init__(self, full: torch.Tensor, chunk: int) -> None:
+        self.full = full
+        self.chunk = chunk
+
+    def all_gather(self, flat: torch.Tensor, skip: int | None = None) -> torch.Tensor:
+        with torch.no_grad():
+            for i, part in enumerate(self.full.split(self.chunk)):
+                if i != skip:
+                    flat[i * self.chunk:(i + 1) * self.chunk].copy_(part)
+        return flat
 
 
 def _zero_runners(dp: int) -> list[ZeroStageRunner]:

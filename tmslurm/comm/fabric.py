@@ -224,12 +224,15 @@ class Fabric:
         self._wait(name, work, "reduce_scatter")
         return out
 
-    def all_gather(self, name: str, flat: torch.Tensor) -> torch.Tensor:
+    def all_gather(self, name: str, flat: torch.Tensor, skip: int | None = None) -> torch.Tensor:
         """Fill ``flat`` in place: chunk i (of group-size equal chunks) from group rank i; this member's
-        own chunk must already hold its values."""
+        own chunk must already hold its values. Chunk ``skip`` is received into a scratch buffer and
+        dropped, so ``flat``'s region there is left to its owner (another thread may be writing it)."""
         h = self._handle(name)
         chunks = list(flat.chunk(len(h.members)))
         mine = chunks[h.group_rank].clone()
+        if skip is not None:
+            chunks[skip] = torch.empty_like(chunks[skip])
         work = self._issue(name, "all_gather", lambda: h.pg.allgather([chunks], [mine]))
         self.counts[name].coll += 1
         self._wait(name, work, "all_gather")

@@ -47,7 +47,7 @@ class StageComm(Protocol):
     def allreduce(self, flat: torch.Tensor) -> torch.Tensor: ...
     def tp_allreduce(self, t: torch.Tensor) -> torch.Tensor: ...
     def reduce_scatter(self, flat: torch.Tensor) -> torch.Tensor: ...
-    def all_gather(self, flat: torch.Tensor) -> torch.Tensor: ...
+    def all_gather(self, flat: torch.Tensor, skip: int | None = None) -> torch.Tensor: ...
     def swap(self, t: torch.Tensor) -> torch.Tensor: ...
     def end_step(self) -> None: ...
 
@@ -95,8 +95,8 @@ class FabricStageComm:
     def reduce_scatter(self, flat: torch.Tensor) -> torch.Tensor:
         return flat if self.dp is None else self.f.reduce_scatter(self.dp, flat)
 
-    def all_gather(self, flat: torch.Tensor) -> torch.Tensor:
-        return flat if self.dp is None else self.f.all_gather(self.dp, flat)
+    def all_gather(self, flat: torch.Tensor, skip: int | None = None) -> torch.Tensor:
+        return flat if self.dp is None else self.f.all_gather(self.dp, flat, skip)
 
     def swap(self, t: torch.Tensor) -> torch.Tensor:
         """Send ``t`` to the data-parallel buddy and return the buddy's tensor of the same shape."""
@@ -154,8 +154,8 @@ class RecordingStageComm:
         self.rec["reduce_scatter"] = out.detach().clone().cpu()
         return out
 
-    def all_gather(self, flat: torch.Tensor) -> torch.Tensor:
-        out = self.inner.all_gather(flat)
+    def all_gather(self, flat: torch.Tensor, skip: int | None = None) -> torch.Tensor:
+        out = self.inner.all_gather(flat, skip)
         self.rec["all_gather"] = out.detach().clone().cpu()
         return out
 
@@ -234,8 +234,12 @@ class SandboxStageComm:
             raise CommError(f"sandbox recording {self.path}: reduce-scatter chunk {out.numel()} does not divide {flat.numel()}")
         return out
 
-    def all_gather(self, flat: torch.Tensor) -> torch.Tensor:
-        flat.copy_(self._same_shape("all_gather", flat))
+    def all_gather(self, flat: torch.Tensor, skip: int | None = None) -> torch.Tensor:
+        got = self._same_shape("all_gather", flat)
+        if skip is not None:  # that region is left to the thread writing it, as on the fabric
+            size = self._get("reduce_scatter").numel()  # one slice
+            got[skip * size:(skip + 1) * size] = flat[skip * size:(skip + 1) * size]
+        flat.copy_(got)
         return flat
 
     def swap(self, t: torch.Tensor) -> torch.Tensor:
@@ -269,7 +273,7 @@ class SoloStageComm:
     def reduce_scatter(self, flat: torch.Tensor) -> torch.Tensor:
         return flat
 
-    def all_gather(self, flat: torch.Tensor) -> torch.Tensor:
+    def all_gather(self, flat: torch.Tensor, skip: int | None = None) -> torch.Tensor:
         return flat
 
     def swap(self, t: torch.Tensor) -> torch.Tensor:

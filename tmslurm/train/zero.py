@@ -35,6 +35,7 @@ applied.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Callable, Iterator
 
@@ -82,11 +83,18 @@ class ZeroStageRunner(StageRunner):
         self.ward_optimizer = task.build_optimizer(_Holder(self.ward))
         self.swap_s = 0.0
         """The last step's buddy swap (seconds)."""
+        self._ward_thread: threading.Thread | None = None
+        """The ward's optimizer step of the last commit, running while the next all-gather does."""
+        self._ward_error: list[BaseException] = []
+        self._ward_current = False
+        """The flat buffer's ward region holds the buddy's last committed slice, written by the ward's
+        step (so the next all-gather may skip that region); False until a full all-gather wrote it."""
         self.buddy_s: list[float] = []
         """Per committed step: what the buddy cost this rank (the swap plus the ward's optimizer step)."""
 
     def host_slots(self) -> Iterator[tuple[Any, torch.Tensor]]:
         """The flat parameter buffer (re-bound through :meth:`_set_flat`), then the own and the ward moments."""
+        self._join_ward()
         if self.flat.device.type == "cpu":
             yield self._set_flat, self.flat
         yield from optimizer_slots(self.optimizer, [self.own])
@@ -113,9 +121,23 @@ class ZeroStageRunner(StageRunner):
 
     # ---- the step -----------------------------------------------------------------------------
     def compute(self, step: int, comm: StageComm, midstep: Callable[[], None] | None = None) -> float | None:
-        with torch.no_grad():
-            comm.all_gather(self.flat)
+        self._gather(comm)
         return super().compute(step, comm, midstep)
+
+    def _gather(self, comm: StageComm) -> None:
+        """All-gather the parameters. While the ward's step still runs, the buddy's chunk is received
+        into scratch (the ward writes the same values there), and the ward is waited for after."""
+        skip = self.buddy_dp if self._ward_current else None
+        if skip is None:
+            self._join_ward()
+        try:
+            with torch.no_grad():
+                comm.all_gather(self.flat, skip)
+        finally:
+            waited = self._join_ward()
+        if self.buddy_s:
+            self.buddy_s[-1] += waited
+        self._ward_current = True
 
     def _reduce(self, comm: StageComm) -> None:
         grads = torch.zeros_like(self.flat)
@@ -136,25 +158,51 @@ class ZeroStageRunner(StageRunner):
 
     def gather(self, comm: StageComm) -> None:
         """Make every parameter current (the run's end: final digests and files read all of them)."""
-        with torch.no_grad():
-            comm.all_gather(self.flat)
+        self._gather(comm)
 
     def retarget(self, spec: StageSpec, dp_rank: int) -> None:
+        self._join_ward()
         super().retarget(spec, dp_rank)
         self.own.data = self._slice(dp_rank)
         self.ward.data = self._slice(dp_rank ^ 1)
+        self._ward_current = False
 
     def apply(self) -> None:
+        """Step the own slice now and start the ward's step in a thread: the next all-gather (which
+        skips the ward's region) overlaps it, and anything that reads the ward waits for it."""
+        self._join_ward()
         self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        for p in self.params:
+            p.grad = None
+        self.buddy_s.append(self.swap_s)
+        self._ward_thread = threading.Thread(target=self._ward_step, name="zero-ward", daemon=True)
+        self._ward_thread.start()
+
+    def _ward_step(self) -> None:
+        try:
+            self.ward_optimizer.step()
+            self.ward_optimizer.zero_grad(set_to_none=True)
+        except BaseException as exc:  # handed to the step loop's thread by _join_ward
+            self._ward_error.append(exc)
+
+    def _join_ward(self) -> float:
+        """Wait for the ward's step in flight; its seconds waited. Its error, if any, is raised here."""
+        thread, self._ward_thread = self._ward_thread, None
+        if thread is None:
+            return 0.0
         t0 = time.perf_counter()
-        self.ward_optimizer.step()
-        self.buddy_s.append(self.swap_s + time.perf_counter() - t0)
-        self.drop()
+        thread.join()
+        if self._ward_error:
+            self._ward_current = False
+            raise RuntimeError(f"the ward's optimizer step failed: {self._ward_error.pop()!r}")
+        return time.perf_counter() - t0
 
     def buddy_times(self) -> list[float]:
         return self.buddy_s
 
     def drop(self) -> None:
+        self._join_ward()
         self.optimizer.zero_grad(set_to_none=True)
         self.ward_optimizer.zero_grad(set_to_none=True)
         for p in self.params:
@@ -162,11 +210,13 @@ class ZeroStageRunner(StageRunner):
 
     # ---- state ------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
+        self._join_ward()
         return {"own": {"param": self.own.detach(), "optim": self.optimizer.state_dict()},
                 "ward": {"optim": self.ward_optimizer.state_dict()}}
 
     def state_for(self, dp_rank: int) -> dict[str, Any]:
         """The state of data-parallel rank ``dp_rank`` of this stage: this rank's or its buddy's."""
+        self._join_ward()
         if dp_rank == self.dp_rank:
             return self.state()
         if dp_rank != self.buddy_dp:
@@ -175,12 +225,14 @@ class ZeroStageRunner(StageRunner):
                 "ward": {"optim": self.optimizer.state_dict()}}
 
     def load_state(self, state: dict[str, Any]) -> None:
+        self._join_ward()
         param = state["own"]["param"]
         if param.data_ptr() != self.own.data_ptr():
             with torch.no_grad():
                 self.own.copy_(param)
         self.optimizer.load_state_dict(state["own"]["optim"])
         self.ward_optimizer.load_state_dict(state["ward"]["optim"])
+        self._ward_current = False  # the buddy's parameter slice comes with the next full all-gather
 
     def state_digest(self) -> str:
         """This rank's own slice: parameters and optimizer state (the buddy's copy is :meth:`ward_digest`)."""
@@ -191,6 +243,7 @@ class ZeroStageRunner(StageRunner):
         return state_digest(self.state_for(self.buddy_dp)["own"])
 
     def optimizer_bytes(self) -> int:
+        self._join_ward()
         return tensor_bytes(self.optimizer.state_dict()["state"]) + tensor_bytes(self.ward_optimizer.state_dict()["state"])
 
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
