@@ -8,8 +8,9 @@ processes (``cluster=local``), eager:
   exist); ``optimizer_bytes_ratio`` = zero=1 with buddy / zero=0, per rank. The zero=1 run's
   summary.json (``optimizer_bytes``, from the ranks themselves) is recorded next to it;
 - ``buddy``: one zero=1 run of ``--steps`` steps; each rank times, at every committed step, its buddy
-  swap plus its ward's optimizer step (summary.json ``buddy_cost``). Reported: p50 and p90 per rank
-  over the steps, and the largest rank's p50 against the run's median step;
+  swap plus its wait for the ward's optimizer step, which overlaps the next all-gather (summary.json
+  ``buddy_cost``): the buddy's part of the critical path. Reported: p50 and p90 per rank over the
+  steps, and the largest rank's p50 against the run's median step;
 - ``drain`` and ``kill`` at zero=0 and zero=1: ``--repeats`` planned moves of rank 1 in one run (one
   standby, replaced after each use), and ``--repeats`` runs with one SIGKILL of rank 1 each. Per event
   ``downtime_s`` and ``pause_s`` from summary.json; p50s and every sample.

@@ -10,9 +10,12 @@ only that slice. Per step:
    owner last committed it), then runs the schedule;
 2. the flat gradient is reduce-scattered (SUM; the schedule pre-scales the loss), so rank r gets the
    reduced gradient of slice r, and swaps it with its *buddy* (:meth:`Layout.buddy`, dp rank XOR 1);
-3. ``apply`` (after the commit decision) steps the own slice with the own optimizer and the buddy's
-   slice with a second optimizer, the *ward*, which holds the buddy's moments: same code, same
-   inputs, so the ward stays bit-identical to the buddy's own state at every committed step.
+3. ``apply`` (after the commit decision) steps the own slice with the own optimizer, and starts the
+   step of the buddy's slice with a second optimizer, the *ward*, which holds the buddy's moments:
+   same code, same inputs, so the ward stays bit-identical to the buddy's own state at every
+   committed step. The ward's step runs in a thread while the next all-gather runs; that gather
+   skips the ward's region of the flat buffer (the ward writes the same values there), and the
+   forward pass, and anything that reads the ward, waits for it.
 
 The buddy's parameter slice needs no copy of its own: after step 1 every rank holds it in its flat
 buffer, and the ward's update writes it there. So a rank holds its parameters, 1/dp of the moments

@@ -296,7 +296,8 @@ Millis = Annotated[float, Field(ge=0, le=1e9)]
 
 
 class BuddyCost(Msg):
-    """Per committed step of one process: the buddy swap plus the ward's optimizer step, in ms."""
+    """Per committed step of one process, in ms: the buddy swap plus the wait for the ward's optimizer
+    step (which overlaps the next all-gather): the buddy's part of the critical path."""
 
     n: Count
     mean_ms: Millis
@@ -331,7 +332,7 @@ class Done(Msg):
     ward_digest: Digest | None = None
     """At parallel.zero=1: the digest of the buddy's slice as this rank holds it."""
     buddy: BuddyCost | None = None
-    """At parallel.zero=1: what the buddy copy cost this process per committed step (swap + ward step)."""
+    """At parallel.zero=1: what the buddy copy cost this process per committed step (swap + wait for the ward)."""
 
     @property
     def shard_index(self) -> int:
