@@ -52,9 +52,9 @@ def drains(out: Path, model: str, shadow: bool, repeats: int) -> dict[str, Any]:
     try:
         for i in range(repeats):
             job.wait_journal(lambda e, i=i: e["type"] == "standby_ready" and e["role"] == "last"
-                             and e["agent"] == _nth_standby(job, i), 1800, f"standby #{i} warm")
+                             and e["agent"] == nth_standby(job, i), 1800, f"standby #{i} warm")
             job.request({"type": "notice", "event": "maintenance", "rank": 1, "reason": f"bench statesize {i}"})
-            job.wait_journal(lambda e, i=i: _planned(e) and sum(map(_planned, job.journal())) > i, 1800, f"move #{i}")
+            job.wait_journal(lambda e, i=i: is_planned(e) and sum(map(is_planned, job.journal())) > i, 1800, f"move #{i}")
             say(f"{name}: move {i + 1}/{repeats} done")
         summary = job.finish(1800)
     except BaseException:
@@ -66,7 +66,7 @@ def drains(out: Path, model: str, shadow: bool, repeats: int) -> dict[str, Any]:
     return {"summary": summary, "events": events}
 
 
-def _nth_standby(job: LocalJob, i: int) -> str | None:
+def nth_standby(job: LocalJob, i: int) -> str | None:
     """The agent id of the i-th standby that connected (standbys are used in that order)."""
     seen: list[str] = []
     for e in job.journal():
@@ -75,7 +75,7 @@ def _nth_standby(job: LocalJob, i: int) -> str | None:
     return seen[i] if i < len(seen) else None
 
 
-def _planned(e: dict[str, Any]) -> bool:
+def is_planned(e: dict[str, Any]) -> bool:
     """A finished planned move (a start-up restart is an event too, and must not count as one)."""
     return e["type"] == "event" and e.get("kind") == "planned"
 

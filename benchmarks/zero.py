@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from benchmarks.common import LocalJob, commit, recorded_command, run_local, say, write_json
+from benchmarks.statesize import is_planned, nth_standby
 from tmslurm.config import MODEL_PRESETS, TrainConfig
 from tmslurm.errors import TmslurmError
 from tmslurm.topology import Layout, split_layers
@@ -85,10 +86,10 @@ def drains(out: Path, name: str, base: list[str], zero: int, repeats: int) -> li
                                                        "standby.start_when_warm=true", "train.steps=1000000"])
     try:
         for i in range(repeats):
-            job.wait_journal(lambda e, i=i: e["type"] == "standby_ready" and e["agent"] == _nth_standby(job, i)
+            job.wait_journal(lambda e, i=i: e["type"] == "standby_ready" and e["agent"] == nth_standby(job, i)
                              and _warm_everywhere(job, e["agent"]), 1800, f"standby #{i} warm")
             job.request({"type": "notice", "event": "maintenance", "rank": 1, "reason": f"bench zero {i}"})
-            job.wait_journal(lambda e, i=i: _planned(e) and sum(map(_planned, job.journal())) > i, 1800, f"move #{i}")
+            job.wait_journal(lambda e, i=i: is_planned(e) and sum(map(is_planned, job.journal())) > i, 1800, f"move #{i}")
         summary = job.finish(1800)
     except BaseException:
         job.proc.kill()
@@ -100,21 +101,9 @@ def drains(out: Path, name: str, base: list[str], zero: int, repeats: int) -> li
     return events
 
 
-def _nth_standby(job: LocalJob, i: int) -> str | None:
-    seen: list[str] = []
-    for e in job.journal():
-        if e["type"] == "standby_ready" and e["agent"] not in seen:
-            seen.append(e["agent"])
-    return seen[i] if i < len(seen) else None
-
-
 def _warm_everywhere(job: LocalJob, agent: str) -> bool:
     roles = {e["role"] for e in job.journal() if e["type"] == "standby_ready" and e["agent"] == agent}
     return {"first", "last"} <= roles or "only" in roles
-
-
-def _planned(e: dict[str, Any]) -> bool:
-    return e["type"] == "event" and e.get("kind") == "planned"
 
 
 def kills(out: Path, name: str, base: list[str], zero: int, repeats: int) -> list[dict[str, Any]]:
