@@ -28,13 +28,15 @@ def _steps_of(slurm, job_id: str) -> dict[str, str]:
     return dict(line.split(None, 1) for line in out.splitlines() if len(line.split()) == 2)
 
 
-@pytest.mark.parametrize("relay,zero", [("false", "0"), ("true", "0"), ("false", "1")],
-                         ids=["direct", "node-relays", "sharded-optimizer"])
-def test_power_off_of_a_training_node_is_detected_and_the_standby_takes_over(slurm, tmp_path, tmp_path_factory, relay, zero):
+@pytest.mark.parametrize("relay,layout,source", [
+    ("false", LAYOUT, 0), ("true", LAYOUT, 0), ("false", [*LAYOUT, "parallel.zero=1"], 0),
+    ("false", ["parallel.dp=4", "parallel.pp=1", "parallel.zero=1"], 3)],
+    ids=["direct", "node-relays", "sharded-optimizer", "sharded-optimizer-dp4"])
+def test_power_off_of_a_training_node_is_detected_and_the_standby_takes_over(slurm, tmp_path, tmp_path_factory, relay, layout, source):
     """Through node relays the powered-off node's relay goes silent with its monitor and its ranks:
     the same detection, the same exact result. With the sharded optimizer (parallel.zero=1) rank 2's
-    slice comes from its buddy, rank 0, and the run ends exact against the uninterrupted zero=1 run."""
-    layout = [*LAYOUT, *(["parallel.zero=1"] if zero == "1" else [])]
+    slice comes from its buddy (dp rank XOR 1: rank 0 at DP2 x PP2, rank 3 at DP4 x PP1), and the run
+    ends exact against the uninterrupted zero=1 run of the same layout."""
     ref = reference_hash(tmp_path_factory, *layout)
     run = SlurmRun(slurm, tmp_path / "run", [*layout, "standby.count=2", *COMMON, f"runtime.relay={relay}",
                                              "faults=[{step:20,kind:power_off,rank:2}]"])
@@ -48,7 +50,7 @@ def test_power_off_of_a_training_node_is_detected_and_the_standby_takes_over(slu
     assert job_field(job, "Restarts") == "0", job
     (ev,) = [e for e in s["events"] if e["kind"] == "unexpected"]
     assert ev["ranks"] == [2] and ev["node"] == node
-    assert ev["sources"] == [0], ev  # at zero=1 the buddy (dp rank XOR 1); at zero=0 the first alive DP peer
+    assert ev["sources"] == [source], ev  # at zero=1 the buddy (dp rank XOR 1); at zero=0 the first alive DP peer
     # a silent node is found by its silence: its monitor's (runtime.node_timeout_s=0.8), well before
     # the ranks' 3 s heartbeat timeout; never ~0 (nothing on the wire says it died)
     (lost,) = [e for e in run.journal() if e["type"] == "node_lost"]
