@@ -12,7 +12,9 @@
 #   power-off  freeze the cgroup, then take the link down: peers see silence, no FIN/RST;
 #   power-on   SIGKILL what was frozen, thaw, fresh namespace (a rebooted kernel), start slurmd;
 #   partition  link down, every process keeps running; heal: link up;
-#   kill-node  SIGKILL every process of the node: sockets close (a software crash).
+#   kill-node  SIGKILL every process of the node: sockets close (a software crash);
+#   throttle   a CPU quota on the node's cgroup (a throttled CPU: a gray, slow node);
+#   slowlink   a token-bucket rate limit (tc tbf) on both ends of its link (a degraded link).
 # Failure behaviour: each function dies with a clear message (die) when a kernel facility is
 # missing or a command fails; nothing here touches any address outside $LAB_NET.0/24.
 
@@ -34,6 +36,8 @@ node_mac() { # locally administered, unique per lab address
     printf '02:%02x:%02x:%02x:%02x:01\n' "$a" "$b" "$c" "$((10 + $(node_index "$1")))"
 }
 node_power_file() { echo "$RUN/power-$1"; }
+node_throttle_file() { echo "$RUN/throttle-$1"; }
+node_slowlink_file() { echo "$RUN/slowlink-$1"; }
 
 lab_check_names() {
     [[ $LAB_NAME =~ ^[a-z][a-z0-9]{0,5}$ ]] ||
@@ -91,18 +95,30 @@ node_cgroup_procs() { # pids in NODE's cgroup
 }
 
 cgroup_set_frozen() { # NODE 1|0 ; waits until the kernel reports the state
-    local cg kind i want
-    cg=$(node_cgroup "$1"); kind=$(lab_cgroup_kind)
+    cgroup_request_frozen "$1" "$2"
+    cgroup_wait_frozen "$1" "$2"
+}
+
+cgroup_request_frozen() { # NODE 1|0 ; asks the kernel, returns at once (several nodes freeze together)
+    local cg; cg=$(node_cgroup "$1")
     [[ -d $cg ]] || die "no cgroup $cg for $1 (is the lab up?)"
-    if [[ $kind == v1 ]]; then
+    if [[ $(lab_cgroup_kind) == v1 ]]; then
+        echo "$([[ $2 == 1 ]] && echo FROZEN || echo THAWED)" >"$cg/freezer.state"
+    else
+        echo "$2" >"$cg/cgroup.freeze"
+    fi
+}
+
+cgroup_wait_frozen() { # NODE 1|0 ; waits up to 5 s until the kernel reports the state
+    local cg i want
+    cg=$(node_cgroup "$1")
+    if [[ $(lab_cgroup_kind) == v1 ]]; then
         want=$([[ $2 == 1 ]] && echo FROZEN || echo THAWED)
-        echo "$want" >"$cg/freezer.state"
         for ((i = 0; i < 100; i++)); do
             [[ $(cat "$cg/freezer.state") == "$want" ]] && return 0
             sleep 0.05
         done
     else
-        echo "$2" >"$cg/cgroup.freeze"
         for ((i = 0; i < 100; i++)); do
             grep -qx "frozen $2" "$cg/cgroup.events" && return 0
             sleep 0.05
@@ -118,14 +134,77 @@ node_frozen() { # NODE -> 0 when frozen
 }
 
 lab_cgroups_up() {
-    local root n
+    local root n cpu
     root=$(lab_cgroup_root)
     mkdir -p "$root" || die "cannot create cgroup $root"
     for n in $(node_names); do mkdir -p "$root/$n" || die "cannot create cgroup $root/$n"; done
+    cpu=$(lab_cpu_v1_root)
+    if [[ -n $cpu ]]; then
+        for n in $(node_names); do mkdir -p "$cpu/$n" || die "cannot create cgroup $cpu/$n"; done
+    fi
+}
+
+# ------------------------------------------------------------------ CPU quota (throttle)
+# cgroup v1: the cpu hierarchy holds a $LAB_NAME-lab/nodeI cgroup next to the freezer's, which
+# in_node enters too (so every process of the node inherits it); v2: the node's one cgroup, with
+# the cpu controller enabled above it. The quota is in percent of one CPU.
+lab_cpu_v1_root() { # the v1 cpu hierarchy's lab cgroup, or nothing when v1 has no cpu controller
+    local d
+    for d in /sys/fs/cgroup/cpu /sys/fs/cgroup/cpu,cpuacct; do
+        [[ -e $d/cgroup.procs && -e $d/cpu.cfs_quota_us ]] && { echo "$d/$LAB_NAME-lab"; return 0; }
+    done
+    return 0
+}
+
+node_cpu_quota() { # NODE PCT|off
+    local node=$1 pct=$2 period=100000 v1 cg pid ctl
+    v1=$(lab_cpu_v1_root)
+    if [[ -n $v1 ]]; then
+        cg="$v1/$node"
+        mkdir -p "$cg" || die "cannot create cgroup $cg"
+        # processes started before this lab knew about cpu cgroups: move them (children inherit)
+        while read -r pid; do echo "$pid" >"$cg/cgroup.procs" 2>/dev/null || true; done < <(node_cgroup_procs "$node")
+        if [[ $pct == off ]]; then
+            echo -1 >"$cg/cpu.cfs_quota_us" || die "cannot clear the CPU quota of $node"
+        else
+            echo "$period" >"$cg/cpu.cfs_period_us" && echo $((pct * period / 100)) >"$cg/cpu.cfs_quota_us" ||
+                die "cannot set the CPU quota of $node"
+        fi
+        return 0
+    fi
+    [[ $(lab_cgroup_kind) == v2 ]] || die "no cpu controller: cgroup v1 has no cpu hierarchy and the lab's cgroups are not v2"
+    cg=$(node_cgroup "$node")
+    for ctl in "$(lab_v2_root)/cgroup.subtree_control" "$(lab_cgroup_root)/cgroup.subtree_control"; do
+        grep -qw cpu "$ctl" || echo +cpu >"$ctl" || die "cannot enable the cpu controller in $ctl"
+    done
+    if [[ $pct == off ]]; then echo "max $period" >"$cg/cpu.max" || die "cannot clear the CPU quota of $node"
+    else echo "$((pct * period / 100)) $period" >"$cg/cpu.max" || die "cannot set the CPU quota of $node"; fi
+}
+
+# ------------------------------------------------------------------ link rate (slowlink)
+# A token bucket (tc tbf) on both ends of the node's veth: what the node sends and what it
+# receives both pass at RATE at most (netem is not available here).
+node_link_rate() { # NODE RATE|off
+    local node=$1 rate=$2 veth ns
+    veth=$(node_veth "$node"); ns=$(node_netns_path "$node")
+    if [[ $rate == off ]]; then
+        tc qdisc del dev "$veth" root 2>/dev/null || true
+        nsenter --net="$ns" tc qdisc del dev eth0 root 2>/dev/null || true
+        return 0
+    fi
+    tc qdisc replace dev "$veth" root tbf rate "$rate" burst 256kb latency 200ms ||
+        die "cannot limit the link of $node (tc tbf on $veth)"
+    nsenter --net="$ns" tc qdisc replace dev eth0 root tbf rate "$rate" burst 256kb latency 200ms ||
+        die "cannot limit the link of $node (tc tbf on its eth0)"
 }
 
 lab_cgroups_down() {
-    local root n
+    local root n cpu
+    cpu=$(lab_cpu_v1_root)
+    if [[ -n $cpu && -d $cpu ]]; then
+        for n in "$cpu"/*/; do [[ -d $n ]] && rmdir "$n" 2>/dev/null; done
+        rmdir "$cpu" 2>/dev/null || warn "cannot remove cgroup $cpu (processes left in it?)"
+    fi
     root=$(lab_cgroup_root)
     [[ -d $root ]] || return 0
     for n in "$root"/*/; do
@@ -228,6 +307,7 @@ lab_down() {
     for n in $(node_names); do
         # a powered-off node's processes are frozen: thaw so that they can die
         [[ -d $(node_cgroup "$n") ]] && { kill_cgroup "$n" >/dev/null; rm -f "$(node_power_file "$n")"; }
+        rm -f "$(node_throttle_file "$n")" "$(node_slowlink_file "$n")"
     done
     lab_net_down
     lab_cgroups_down
@@ -239,6 +319,8 @@ lab_down() {
 in_node() {
     local node=$1; shift
     echo "$BASHPID" >"$(node_cgroup "$node")/cgroup.procs" || die "cannot enter the cgroup of $node"
+    local cpu; cpu=$(lab_cpu_v1_root)
+    [[ -z $cpu ]] || echo "$BASHPID" >"$cpu/$node/cgroup.procs" || die "cannot enter the cpu cgroup of $node"
     exec nsenter --net="$(node_netns_path "$node")" -- unshare --uts -- \
         /bin/sh -c 'hostname "$0" && exec "$@"' "$node" "$@"
 }

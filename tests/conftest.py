@@ -86,6 +86,11 @@ class SlurmCluster:
         out = self.local_slurm("status", check=False).stdout
         return {m.group(1): m.group(2) for m in re.finditer(r"^\s+(node\d+)\s+addr \S+\s+power (\S+)", out, re.M)}
 
+    def node_slowness(self) -> dict[str, tuple[str, str]]:
+        """{node: (CPU quota, link rate)}, ``full`` when not throttled / not limited."""
+        out = self.local_slurm("status", check=False).stdout
+        return {m.group(1): (m.group(2), m.group(3)) for m in re.finditer(r"^\s+(node\d+)\s+addr .* cpu (\S+)\s+rate (\S+)", out, re.M)}
+
     def node_addr(self, node: str) -> str:
         """The node's own address in the lab (its NodeAddr)."""
         out = self.local_slurm("status", check=False).stdout
@@ -130,6 +135,11 @@ class SlurmCluster:
                 self.local_slurm("power-on", node)
             elif power == "partitioned":
                 self.local_slurm("heal", node)
+        for node, (cpu, rate) in self.node_slowness().items():
+            if cpu != "full":
+                self.local_slurm("throttle", node, "off")
+            if rate != "full":
+                self.local_slurm("slowlink", node, "off")
         for node, alive in self.slurmd_running().items():
             if not alive:
                 self.local_slurm("revive-node", node)

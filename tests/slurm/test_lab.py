@@ -13,6 +13,7 @@ import os
 import re
 import socket
 import subprocess
+import sys
 import time
 
 import pytest
@@ -173,3 +174,73 @@ def test_scontrol_reboot_restarts_slurmd_on_the_node(slurm):
                    timeout=40, what=f"{victim} rebooted and idle")
     out = slurm.run("srun", "-N1", "-w", victim, "sh", "-c", "hostname; ip -4 -o addr show eth0", timeout=60).stdout
     assert out.splitlines()[0] == victim and slurm.node_addr(victim) in out
+
+
+SINK = r"""
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], 0)); s.listen(4)
+print(s.getsockname()[1], flush=True)
+while True:
+    c, _ = s.accept()
+    while c.recv(1 << 20):
+        pass
+    c.close()
+"""
+SEND = r"""
+import socket, sys, time
+c = socket.create_connection((sys.argv[1], int(sys.argv[2]))); buf = b"x" * (1 << 16); n = 0; t = time.time()
+while time.time() - t < 2.0:
+    c.sendall(buf); n += len(buf)
+c.close(); print(n / (time.time() - t) / 1e6)
+"""
+BUSY = r"""
+import time
+t, c = time.time(), time.process_time()
+while time.time() - t < 2.0:
+    pass
+print((time.process_time() - c) / (time.time() - t))
+"""
+
+
+def _on_node(slurm, node: str, code: str, *args: str) -> float:
+    return float(slurm.local_slurm("exec", node, "python3", "-c", code, *args).stdout.split()[-1])
+
+
+def test_correlated_power_off_then_up_and_the_slow_faults(slurm):
+    """Several nodes power off at one instant; ``up`` on such a lab powers them on (no half state:
+    frozen with the link up); ``throttle`` caps a node's CPU and ``slowlink`` its link, each undone."""
+    a, b = slurm.nodes[-2:]
+    out = slurm.local_slurm("power-off", a, b).stdout
+    moments = set(re.findall(r"at=([0-9.]+)", out))
+    assert len(moments) == 1 and f"{a}: powered off" in out and f"{b}: powered off" in out, out
+    power = slurm.node_power()
+    assert power[a] == power[b] == "off"
+    out = slurm.local_slurm("up").stdout + slurm.local_slurm("up").stderr
+    assert f"{a}: powered on" in out and f"{b}: powered on" in out, out
+    assert slurm.node_power()[a] == slurm.node_power()[b] == "on"
+    assert all(slurm.slurmd_running()[n] for n in (a, b))
+    assert all(s in ("idle", "mixed") for n, s in slurm.node_states().items() if n in (a, b))
+
+    # throttle: a busy loop on the node gets at most its quota of one CPU
+    assert "throttled to 30%" in slurm.local_slurm("throttle", a, "30").stdout
+    assert slurm.node_slowness()[a] == ("30", "full")
+    assert _on_node(slurm, a, BUSY) < 0.36
+    slurm.local_slurm("throttle", a, "off")
+    assert slurm.node_slowness()[a] == ("full", "full")
+    bad = slurm.local_slurm("throttle", a, "0", check=False)
+    assert bad.returncode != 0 and "PCT must be 1..1000" in bad.stderr
+
+    # slowlink: what the node sends passes at the rate (20mbit = 2.5 MB/s), then at full speed again
+    host = slurm.node_addr(a).rsplit(".", 1)[0] + ".1"  # the lab bridge: the host's address in the lab
+    sink = subprocess.Popen([sys.executable, "-c", SINK, host], stdout=subprocess.PIPE, text=True)
+    try:
+        port = sink.stdout.readline().strip()
+        slurm.local_slurm("slowlink", a, "20mbit")
+        assert slurm.node_slowness()[a] == ("full", "20mbit")
+        assert _on_node(slurm, a, SEND, host, port) < 4.0
+        slurm.local_slurm("slowlink", a, "off")
+        assert _on_node(slurm, a, SEND, host, port) > 20.0
+    finally:
+        sink.kill()
+        sink.wait(timeout=10)
