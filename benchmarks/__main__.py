@@ -1,4 +1,4 @@
-"""``python -m benchmarks {downtime,scaling,overhead,memory,roles,control,ckpt,soak,linkbw,statesize,zero,project}`` (also ``scripts/bench``)."""
+"""``python -m benchmarks {downtime,scaling,overhead,memory,roles,control,ckpt,soak,linkbw,statesize,zero,gray,project}`` (also ``scripts/bench``)."""
 
 from __future__ import annotations
 
@@ -125,11 +125,19 @@ def parser() -> argparse.ArgumentParser:
     sb.add_argument("--idle-s", type=float, default=30.0, help="the sampling window once every standby is warm")
     sb.add_argument("--step-delay-s", type=float, default=0.5, help="pace each step (train.step_delay_s)")
     sb.add_argument("--json", default="docs/bench/standby.json")
+    g = sub.add_parser("gray", help="a throttled node / a slow link on the lab: found and moved off?, detection, steps lost (local Slurm)")
+    g.add_argument("--kinds", default="throttle:30,slowlink:20mbit", help="kind:amount, comma-separated")
+    g.add_argument("--model", default="small")
+    g.add_argument("--repeats", type=int, default=3, help="runs per kind")
+    g.add_argument("--baseline", type=int, default=30, help="committed steps before the node is slowed")
+    g.add_argument("--observe", type=int, default=40, help="steps to watch a slowed node that is not moved off")
+    g.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the eviction at most")
+    g.add_argument("--json", default="docs/bench/gray.json")
     t = sub.add_parser("tables", help="render docs/bench/*.json as markdown")
     t.add_argument("--dir", default="docs/bench")
     sub.add_parser("project", help="wasted GPU-hours per week at scale, tmslurm's downtime modelled part by part; "
                                    "options are benchmarks.sim.projection's")
-    for sp in (d, s, o, m, r, c, k, so, cr, sb, ss, z):
+    for sp in (d, s, o, m, r, c, k, so, cr, sb, ss, z, g):
         sp.add_argument("--out", default=f"runs/bench-{stamp}")
     return ap
 

@@ -11,14 +11,18 @@ there are some, the valid values. Nothing here starts processes or touches the f
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 from tmslurm.errors import ConfigError
 
-FAULT_KINDS = ("drain", "kill", "stop", "hang", "node_down", "power_off", "partition", "corrupt_shadow")
-CLUSTER_FAULTS = ("node_down", "power_off", "partition")  # driven through Slurm / the failure lab
+FAULT_KINDS = ("drain", "kill", "stop", "hang", "hiccup", "slow", "node_down", "power_off", "partition", "throttle",
+               "slowlink", "corrupt_shadow")
+CLUSTER_FAULTS = ("node_down", "power_off", "partition", "throttle", "slowlink")  # driven through Slurm / the failure lab
+FAULT_AMOUNTS = {"throttle": "30", "slowlink": "20mbit", "hiccup": "2", "slow": "0.2"}
+"""The default ``amount`` of the fault kinds that take one (a CPU percent, a link rate)."""
 BACKENDS = ("gloo", "nccl")
 DEVICES = ("cpu", "cuda")
 CLUSTERS = ("local", "slurm")
@@ -212,6 +216,18 @@ class RuntimeConfig:
     """A signed notice older (or newer) than this by its timestamp is refused as stale."""
     verify_replicas: bool = False
     """Workers send a parameter digest with every vote; the controller checks DP replicas are equal."""
+    gray_evict: bool = False
+    """Gray failures: move a node off with a planned switch to a warm standby when one of its ranks
+    stays slower than its data-parallel peers (its busy time, step time less communication waits;
+    see runtime.gray_*). Needs parallel.dp >= 2: a rank is judged against its peers."""
+    gray_factor: float = 1.5
+    """A rank is slow when its busy time is at least this many times its peers' (median over the window)."""
+    gray_window: int = 8
+    """Steps judged together: a rank must be slow in more than half of them (a single hiccup moves nothing)."""
+    gray_min_excess_s: float = 0.05
+    """And slower than its peers by at least this many seconds a step (tiny steps are noise)."""
+    gray_budget_per_hour: int = 2
+    """At most this many gray evictions in any hour (a guard against evicting node after node)."""
 
 
 @dataclass(kw_only=True)
@@ -225,19 +241,36 @@ class FaultConfig:
     - ``kill``: SIGKILL of the rank's process (see ``when``);
     - ``stop``: SIGSTOP of the rank's process, a hung process that holds its sockets open;
     - ``hang``: the rank's training thread stops just before voting while its heartbeats go on;
+    - ``hiccup``: the rank's training thread stalls ``amount`` seconds (default 2) in the middle of
+      ``step``, once, then goes on;
+    - ``slow``: from ``step`` on, every step of the rank stalls ``amount`` seconds (default 0.2) in
+      its middle: a slow rank in one process (the lab's ``throttle`` slows a whole node);
     - ``node_down``: ``scontrol update state=down`` of the rank's node (cluster=slurm);
     - ``power_off``: the failure lab powers the rank's node off, silent: no FIN, no RST
       (cluster=slurm with ``slurm.lab_command``);
     - ``partition``: the failure lab cuts the rank's node off the network, its processes live on
       (cluster=slurm with ``slurm.lab_command``);
+    - ``throttle``: the failure lab caps the node's CPU at ``amount`` percent of one CPU (a gray,
+      slow node that stays up);
+    - ``slowlink``: the failure lab limits both directions of the node's link to ``amount`` (tc tbf);
     - ``corrupt_shadow``: a test of the shadow's check: the standby that shadows the rank in a
       planned switch flips one bit of its copy before the switch, which must fall back to a full
       transfer (``step`` is not used)."""
     rank: int = 0
-    """Training rank hit by the fault (its node for drain and node_down)."""
+    """Training rank hit by the fault (its node for drain, node_down and the lab's faults)."""
+    ranks: list[int] = field(default_factory=list)
+    """Several training ranks hit by this one fault (overrides ``rank``): the lab's faults act on
+    all their nodes at the same instant (one command), kill/stop hit each rank at the same point of
+    the same step, drain/node_down notice each node."""
+    amount: str = ""
+    """throttle: percent of one CPU, 1..1000 (empty: 30); slowlink: a rate as tc writes it, such as
+    20mbit or 500kbit (empty: 20mbit); hiccup and slow: seconds (empty: 2 and 0.2). Other kinds take none."""
     when: str = "midstep"
-    """kill/stop only: midstep (between forward and backward of ``step``) or recover (when the rank
-    is told to take part in a recovery at or after ``step``: a second failure during a switch)."""
+    """kill/stop only: midstep (between forward and backward of ``step``), recover (when the rank
+    is told to take part in a recovery at or after ``step``: a second failure during a switch),
+    transfer (in the middle of a state transfer the rank sends at or after ``step``: a recovery's
+    source or a planned move's leaver) or join (the standby joining as the rank dies in the middle
+    of receiving its state, at or after ``step``)."""
 
 
 @dataclass(kw_only=True)
@@ -372,18 +405,73 @@ def _check_task_tp(spec: str, tp: int) -> None:
                           f"parallel.tp={tp}. Fix: pass parallel.tp=1 or make the Task tensor-parallel.")
 
 
+def fault_ranks(f: FaultConfig) -> list[int]:
+    """The ranks one fault entry hits: ``ranks`` when given, else ``[rank]``."""
+    return list(f.ranks) if f.ranks else [f.rank]
+
+
+def fault_amount(f: FaultConfig) -> str:
+    """The entry's ``amount``, or its kind's default (empty for kinds that take none)."""
+    return f.amount or FAULT_AMOUNTS.get(f.kind, "")
+
+
+_RATE = re.compile(r"[1-9][0-9]*(kbit|mbit|gbit)")
+_SECONDS = re.compile(r"[0-9]+(\.[0-9]+)?")
+
+
+def _validate_amount(i: int, f: FaultConfig) -> None:
+    if f.kind not in FAULT_AMOUNTS:
+        if f.amount:
+            raise ConfigError(f"faults[{i}].amount={f.amount!r}: only {', '.join(FAULT_AMOUNTS)} take an amount. "
+                              f"Fix: remove faults[{i}].amount.")
+        return
+    a = fault_amount(f)
+    if f.kind == "throttle":
+        ok, want = a.isdigit() and 1 <= int(a) <= 1000, "a percent of one CPU, 1..1000"
+    elif f.kind == "slowlink":
+        ok, want = bool(_RATE.fullmatch(a)), "a rate such as 20mbit, 500kbit or 1gbit"
+    else:
+        ok, want = bool(_SECONDS.fullmatch(a)) and 0 < float(a) <= 600, "seconds, more than 0 and at most 600"
+    if not ok:
+        raise ConfigError(f"faults[{i}].amount={a!r} is not {want}. Fix: change faults[{i}].amount.")
+
+
 def _validate_faults(cfg: RunConfig) -> None:
     world = world_size(cfg.parallel)
     for i, f in enumerate(cfg.faults):
         _one_of(f.kind, FAULT_KINDS, f"faults[{i}].kind")
-        if not 0 <= f.rank < world:
-            raise ConfigError(f"faults[{i}].rank={f.rank} is not a training rank; valid: 0..{world - 1}. Fix: change faults[{i}].rank.")
+        for r in fault_ranks(f):
+            if not 0 <= r < world:
+                what = f"faults[{i}].ranks={list(f.ranks)} names {r}," if f.ranks else f"faults[{i}].rank={r} is"
+                which = "ranks" if f.ranks else "rank"
+                raise ConfigError(f"{what} not a training rank; valid: 0..{world - 1}. Fix: change faults[{i}].{which}.")
+        if len(set(f.ranks)) != len(f.ranks):
+            raise ConfigError(f"faults[{i}].ranks={list(f.ranks)} names a rank twice. Fix: list each rank once in faults[{i}].ranks.")
+        if f.ranks and f.kind == "corrupt_shadow":
+            raise ConfigError(f"faults[{i}]: corrupt_shadow hits one rank. Fix: use faults[{i}].rank, not faults[{i}].ranks.")
+        _validate_amount(i, f)
         if not 0 <= f.step < cfg.train.steps:
             raise ConfigError(f"faults[{i}].step={f.step} is outside the run; valid: 0..{cfg.train.steps - 1}. Fix: change faults[{i}].step.")
-        _one_of(f.when, ("midstep", "recover"), f"faults[{i}].when")
+        _one_of(f.when, ("midstep", "recover", "transfer", "join"), f"faults[{i}].when")
+        if f.when in ("transfer", "join") and f.kind not in ("kill", "stop"):
+            raise ConfigError(f"faults[{i}].when={f.when} fits only kind=kill or kind=stop. Fix: change faults[{i}].kind or faults[{i}].when.")
         if f.kind in CLUSTER_FAULTS and cfg.cluster != "slurm":
             raise ConfigError(f"faults[{i}].kind={f.kind} needs cluster=slurm (the failure lab of scripts/local-slurm). "
                               "Fix: use kind=kill or kind=stop with cluster=local.")
+
+
+def _validate_gray(cfg: RunConfig) -> None:
+    rt = cfg.runtime
+    _positive(rt.gray_window, "runtime.gray_window")
+    _positive(rt.gray_budget_per_hour, "runtime.gray_budget_per_hour", minimum=0)
+    if rt.gray_factor <= 1.0:
+        raise ConfigError(f"runtime.gray_factor={rt.gray_factor} must be > 1 (a rank is slow when this many times its peers). "
+                          "Fix: pass runtime.gray_factor=<x> with x > 1.")
+    if rt.gray_min_excess_s < 0:
+        raise ConfigError("runtime.gray_min_excess_s must be >= 0. Fix: pass runtime.gray_min_excess_s=<seconds>.")
+    if rt.gray_evict and cfg.parallel.dp < 2:
+        raise ConfigError(f"runtime.gray_evict=true judges a rank against its data-parallel peers, and parallel.dp={cfg.parallel.dp} "
+                          "has none. Fix: pass parallel.dp >= 2 or runtime.gray_evict=false.")
 
 
 def validate(cfg: RunConfig) -> RunConfig:
@@ -410,6 +498,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         if getattr(cfg.runtime, name) <= 0:
             raise ConfigError(f"runtime.{name} must be > 0. Fix: pass runtime.{name}=<seconds>.")
     _positive(cfg.runtime.controller_restarts, "runtime.controller_restarts", minimum=0)
+    _validate_gray(cfg)
     if cfg.runtime.heartbeat_timeout_s <= 2 * cfg.runtime.heartbeat_interval_s:
         raise ConfigError("runtime.heartbeat_timeout_s must exceed 2 x runtime.heartbeat_interval_s. Fix: raise runtime.heartbeat_timeout_s.")
     if cfg.runtime.node_timeout_s <= 2 * max(cfg.runtime.monitor_interval_s, cfg.runtime.heartbeat_interval_s):

@@ -62,6 +62,46 @@ def test_power_off_of_a_training_node_is_detected_and_the_standby_takes_over(slu
     assert any(e["type"] == "relay" for e in run.journal()) == (relay == "true")
 
 
+def test_two_nodes_powered_off_at_one_instant_are_replaced_together(slurm, tmp_path, tmp_path_factory):
+    """One fault powers off the nodes of ranks 1 and 2 (different stages and replicas) in one lab
+    command: both standbys take over, in the same Slurm job, and the run ends exact."""
+    ref = reference_hash(tmp_path_factory, *LAYOUT)
+    run = SlurmRun(slurm, tmp_path / "run", [*LAYOUT, "standby.count=2", *COMMON, "faults=[{step:20,kind:power_off,ranks:[1,2]}]"])
+    fault = run.wait_for(lambda e: e["type"] == "fault" and e.get("via") == "lab", what="the lab's power-off")
+    assert fault["ranks"] == [1, 2] and len(set(fault["nodes"])) == 2, fault
+    power = slurm.node_power()
+    assert all(power[n] == "off" for n in fault["nodes"])
+    s = run.summary()
+    assert job_field(run.job(), "Restarts") == "0"
+    evs = [e for e in s["events"] if e["kind"] == "unexpected"]
+    assert sorted(r for e in evs for r in e["ranks"]) == [1, 2] and all(e["status"] == "done" for e in evs), s["events"]
+    assert not [e for e in s["events"] if e["kind"] == "restart"]
+    lost = {e["node"] for e in run.journal() if e["type"] == "node_lost"}
+    assert lost == set(fault["nodes"])
+    assert exact(s, ref), {k: v for k, v in s.items() if k != "step_log"}
+
+
+def test_a_throttled_node_is_found_slow_and_moved_off(slurm, tmp_path, tmp_path_factory):
+    """The lab caps rank 1's node at 30 % of one CPU at step 12 (model=small: compute dominates the
+    step). With runtime.gray_evict=true the controller finds it by its busy time against its DP
+    peer's, and a planned switch moves it to the warm standby; the run ends exact."""
+    layout = [*LAYOUT, "model=small"]
+    ref = reference_hash(tmp_path_factory, *layout)
+    run = SlurmRun(slurm, tmp_path / "run", [*layout, "standby.count=1", *COMMON, "runtime.gray_evict=true",
+                                             "faults=[{step:12,kind:throttle,rank:1,amount:'30'}]"])
+    fault = run.wait_for(lambda e: e["type"] == "fault" and e.get("via") == "lab", what="the lab's throttle")
+    assert fault["kind"] == "throttle" and fault["amount"] == "30" and slurm.node_slowness()[fault["node"]][0] == "30"
+    evict = run.wait_for(lambda e: e["type"] == "gray_evict", what="the controller to move the slow node off")
+    assert evict["rank"] == 1 and evict["node"] == fault["node"], evict
+    s = run.summary()
+    (ev,) = s["events"]
+    assert ev["kind"] == "planned" and ev["ranks"] == [1] and ev["status"] == "done", ev
+    # found within the window (8 steps) plus the steps the throttle takes to show (documented bound)
+    assert evict["step"] - 12 <= 12, evict
+    assert max(v for r, v in s["gray"]["peak_ratio"].items() if r != "1") < 1.5, s["gray"]
+    assert exact(s, ref), {k: v for k, v in s.items() if k != "step_log"}
+
+
 def test_partition_of_a_training_node_then_heal_the_fenced_process_changes_nothing(slurm, tmp_path, tmp_path_factory):
     ref = reference_hash(tmp_path_factory, *LAYOUT)
     run = SlurmRun(slurm, tmp_path / "run", [*LAYOUT, "standby.count=2", *SLOW,

@@ -14,8 +14,8 @@ from tmslurm.wire.messages import FaultFired, FaultSpec
 RANK = 2
 
 
-def spec(index: int, step: int, kind: str, when: str = "midstep") -> FaultSpec:
-    return FaultSpec(index=index, step=step, kind=kind, rank=RANK, when=when)
+def spec(index: int, step: int, kind: str, when: str = "midstep", amount: str = "") -> FaultSpec:
+    return FaultSpec(index=index, step=step, kind=kind, rank=RANK, ranks=[RANK], amount=amount, when=when)
 
 
 class Effects:
@@ -66,6 +66,19 @@ ALL_POINTS = [(p, s) for s in range(6) for p in ("midstep", "before_vote", "befo
     pytest.param([spec(0, 2, "stop"), spec(1, 2, "kill")], [("midstep", 2), ("midstep", 2), ("midstep", 2)],
                  killed(0, 2, "stop", signal.SIGSTOP) + killed(1, 2, "kill", signal.SIGKILL),
                  id="two faults of one step: in order, one per step attempt"),
+    pytest.param([spec(0, 3, "kill", "transfer")], [("during_transfer", 2), ("midstep", 3), ("before_recovery", 3),
+                                                   ("during_transfer", 4), ("during_transfer", 5)],
+                 killed(0, 4, "kill", signal.SIGKILL), id="transfer: the first state sent at a step >= its step"),
+    pytest.param([spec(0, 1, "stop", "join")], [("during_transfer", 5), ("midstep", 1), ("before_recovery", 1)], [],
+                 id="a join fault never fires in a worker's transfer"),
+    pytest.param([spec(0, 2, "hiccup", amount="2")], ALL_POINTS, [fired(0, 2, "hiccup"), ("pause", 2.0)],
+                 id="hiccup: stalls once mid-step 2, no signal"),
+    pytest.param([spec(0, 3, "slow", amount="0.25")], ALL_POINTS, [fired(0, 3, "slow"), ("pause", 0.25), ("pause", 0.25),
+                                                                 ("pause", 0.25)],
+                 id="slow: reported once, stalls every step from 3 on"),
+    pytest.param([spec(0, 1, "slow", amount="0.5"), spec(1, 2, "kill")], [("midstep", 1), ("midstep", 2)],
+                 [fired(0, 1, "slow"), ("pause", 0.5), ("pause", 0.5)] + killed(1, 2, "kill", signal.SIGKILL),
+                 id="a slow rank still dies of its kill"),
 ])
 def test_each_fault_fires_once_at_its_point(specs, calls, effects):
     fx = Effects()
@@ -80,6 +93,14 @@ def test_a_midstep_action_not_run_leaves_the_fault_pending():
     assert plan.midstep(3) is not None and fx.log == []  # the step failed before the action ran
     run(plan, [("midstep", 3)])
     assert fx.log == killed(0, 3, "kill", signal.SIGKILL) and plan.pending == []
+
+
+def test_a_joiner_fires_its_join_fault_mid_receive():
+    fx = Effects()
+    plan = fx.plan([spec(3, 7, "kill", "join")])
+    plan.during_transfer(None, "join")
+    plan.during_transfer(None, "join")
+    assert fx.log == killed(3, 7, "kill", signal.SIGKILL)
 
 
 def test_the_empty_plan_does_nothing():

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tmslurm.config import MODEL_PRESETS, SLURM_CHECKPOINT_EVERY, FaultConfig, ModelConfig, RunConfig, compose_config, from_dict, to_dict
+from tmslurm.config import (MODEL_PRESETS, SLURM_CHECKPOINT_EVERY, FaultConfig, ModelConfig, RunConfig, compose_config, fault_amount,
+                            fault_ranks, from_dict, to_dict)
 from tmslurm.errors import ConfigError
 
 # (overrides, substrings the message must contain: the override or the key to change, and valid values)
@@ -34,10 +35,20 @@ BAD = [
     pytest.param(["model.n_head=3"], ["model.n_head=3", "model.d_model"], id="heads-do-not-divide-width"),
     pytest.param(["train.lr=0"], ["train.lr"], id="zero-lr"),
     pytest.param(["train.optimizer=lamb"], ["train.optimizer='lamb'", "adamw, sgd"], id="unknown-optimizer"),
-    pytest.param(["faults=[{step:1,kind:explode,rank:0}]"], ["faults[0].kind='explode'", "drain, kill, stop, hang, node_down"],
+    pytest.param(["faults=[{step:1,kind:explode,rank:0}]"], ["faults[0].kind='explode'", "drain, kill, stop, hang, hiccup, slow, node_down"],
                  id="unknown-fault-kind"),
     pytest.param(["faults=[{step:1,kind:kill,rank:4}]"], ["faults[0].rank=4", "0..3"], id="fault-rank-out-of-range"),
     pytest.param(["faults=[{step:1,kind:kill,rank:-1}]"], ["faults[0].rank=-1"], id="fault-rank-negative"),
+    pytest.param(["faults=[{step:1,kind:kill,ranks:[1,5]}]"], ["faults[0].ranks=[1, 5] names 5", "0..3"], id="fault-ranks-out-of-range"),
+    pytest.param(["faults=[{step:1,kind:kill,ranks:[1,1]}]"], ["faults[0].ranks=[1, 1]", "twice"], id="fault-ranks-twice"),
+    pytest.param(["faults=[{step:1,kind:corrupt_shadow,ranks:[1,2]}]"], ["corrupt_shadow", "faults[0].rank"], id="corrupt-shadow-ranks"),
+    pytest.param(["cluster=slurm", "faults=[{step:1,kind:throttle,rank:1,amount:'0'}]"], ["faults[0].amount='0'", "1..1000"],
+                 id="throttle-amount-zero"),
+    pytest.param(["cluster=slurm", "faults=[{step:1,kind:slowlink,rank:1,amount:fast}]"], ["faults[0].amount='fast'", "20mbit"],
+                 id="slowlink-amount-bad"),
+    pytest.param(["faults=[{step:1,kind:kill,rank:1,amount:'30'}]"], ["faults[0].amount='30'", "only throttle, slowlink, hiccup, slow"],
+                 id="amount-on-kill"),
+    pytest.param(["faults=[{step:1,kind:throttle,rank:1}]"], ["faults[0].kind=throttle", "cluster=slurm"], id="throttle-needs-slurm"),
     pytest.param(["train.steps=20", "faults=[{step:20,kind:kill,rank:0}]"], ["faults[0].step=20", "0..19"],
                  id="fault-step-out-of-range"),
     pytest.param(["faults=[{step:-1,kind:kill,rank:0}]"], ["faults[0].step=-1"], id="fault-step-negative"),
@@ -45,7 +56,7 @@ BAD = [
                  id="second-fault-is-named"),
     pytest.param(["faults=[{step:1,kind:node_down,rank:0}]"], ["faults[0].kind=node_down", "cluster=slurm"],
                  id="node-down-needs-slurm"),
-    pytest.param(["faults=[{step:1,kind:kill,rank:0,when:later}]"], ["faults[0].when='later'", "midstep, recover"],
+    pytest.param(["faults=[{step:1,kind:kill,rank:0,when:later}]"], ["faults[0].when='later'", "midstep, recover, transfer, join"],
                  id="bad-fault-when"),
     pytest.param(["faults=[{step:1,kind:kill,foo:1}]"], ["faults=", "foo"], id="unknown-fault-field"),
     pytest.param(["faults={step:1}"], ["faults={step:1}"], id="faults-not-a-list"),
@@ -144,6 +155,13 @@ def test_faults_parse_into_fault_configs():
         FaultConfig(step=5, kind="stop", rank=0, when="midstep"),
     ]
     assert all(type(f) is FaultConfig for f in cfg.faults)
+
+
+def test_one_fault_may_hit_several_ranks_and_carry_an_amount():
+    cfg = compose_config(["cluster=slurm", "faults=[{step:4,kind:power_off,ranks:[0,3]},{step:6,kind:throttle,rank:1},"
+                          "{step:7,kind:slowlink,ranks:[2],amount:500kbit},{step:8,kind:kill,rank:2}]"])
+    assert [fault_ranks(f) for f in cfg.faults] == [[0, 3], [1], [2], [2]]
+    assert [fault_amount(f) for f in cfg.faults] == ["", "30", "500kbit", ""]
 
 
 def test_nodes_and_ranks_per_node_that_match():

@@ -21,9 +21,10 @@ SAMPLES = {
                                                               "gens": {}, "peak_rss_mb": 1.0})),
     Disconnected: lambda h: Disconnected(h.conns["s0"]),
     VotesIn: lambda h: VotesIn([h.conns[0], h.conns[1]], NodeVotes(type="votes", step=0, epoch=0, rank=[0, 1], loss=[1.0, 1.0],
-                                                                    dt=[0.01, 0.01], peak_rss_mb=[1.0, 1.0], digest=[None, None])),
+                                                                    dt=[0.01, 0.01], peak_rss_mb=[1.0, 1.0], digest=[None, None],
+                                                                    busy=[None, None])),
     NoticeIn: lambda h: NoticeIn(Notice(kind="maintenance", rank=1, source="fault", reason="test", time=time.time())),
-    FaultAt: lambda h: FaultAt(FaultSpec(index=0, step=1, kind="power_off", rank=2, when="midstep"), "n2", time.time()),
+    FaultAt: lambda h: FaultAt(FaultSpec(index=0, step=1, kind="power_off", rank=2, ranks=[2], amount="", when="midstep"), ("n2",), time.time()),
     Released: lambda h: Released("n3"),
     Batch: lambda h: Batch([Released("n3"), Disconnected(h.conns["s0"])]),
 }
@@ -56,7 +57,7 @@ def test_what_each_item_does(tmp_path):
     assert ch.sent[0]["type"] == "status" and ch.closed
     h.ctl.handle(Released("n3"))
     assert [e["node"] for e in h.journal("node_released")] == ["n3"]
-    h.ctl.handle(FaultAt(FaultSpec(index=0, step=1, kind="power_off", rank=2, when="midstep"), "n2", 12.5))
+    h.ctl.handle(FaultAt(FaultSpec(index=0, step=1, kind="power_off", rank=2, ranks=[2], amount="", when="midstep"), ("n2",), 12.5))
     assert h.journal("fault")[-1].items() >= {"kind": "power_off", "rank": 2, "node": "n2", "ranks": [2], "at": 12.5}.items()
     assert h.state.fault_t == {2: 12.5}
     h.ctl.handle(Disconnected(900))  # a monitor's connection goes to the node watch, not to recoveries

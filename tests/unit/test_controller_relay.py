@@ -15,7 +15,7 @@ from tmslurm.wire.mux import SubChannel, parse_down
 def node_votes(h: Harness, ranks: list[int], loss: float = 1.0) -> NodeVotes:
     n = len(ranks)
     return NodeVotes(type="votes", step=h.state.step, epoch=h.state.epoch, rank=ranks, loss=[loss + r for r in ranks],
-                     dt=[0.01 * (r + 1) for r in ranks], peak_rss_mb=[1.0] * n, digest=[None] * n)
+                     dt=[0.01 * (r + 1) for r in ranks], peak_rss_mb=[1.0] * n, digest=[None] * n, busy=[0.005] * n)
 
 
 def test_node_votes_commit_as_the_same_votes_one_by_one(tmp_path):

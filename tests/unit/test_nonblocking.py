@@ -144,7 +144,7 @@ def test_every_controller_facing_slurm_call_returns_at_once(slurm, tmp_path):
     calls = [lambda: spawner.spawn_standby(0), lambda: spawner.spawn_worker(3, 1), lambda: spawner.fence("worker", 3),
              lambda: hooks.on_step(20, lambda: {"n0": "main"}), lambda: spawner.fence("standby", 0),
              lambda: hooks.release_nodes(["n1"], lambda node: None), lambda: hooks.requeue(["n3"]),
-             lambda: hooks.inject_fault(FaultSpec(index=0, kind="drain", rank=2, step=0, when="midstep"), lambda t, node: None)]
+             lambda: hooks.inject_fault(FaultSpec(index=0, kind="drain", rank=2, ranks=[2], amount="", step=0, when="midstep"), lambda t, node: None)]
     for call in calls:
         call()
     assert hanging.hanging.wait(30) and not hanging.on_decision_thread()

@@ -87,6 +87,10 @@ def test_hooks_release_emptied_nodes_but_never_the_batch_host(slurm, tmp_path):
     assert released == ["n2"] and client.nodelists == [["n1", "n3", "n4"]]
     assert hooks.is_batch_host("n1") and not hooks.is_batch_host("n4") and spawner.bad_nodes == {"n1", "n4"}
     fired: list[tuple[float, str]] = []
-    assert hooks.inject_fault(FaultSpec(index=0, kind="drain", rank=2, step=3, when="midstep"), lambda t, node: fired.append((t, node)))
+    assert hooks.inject_fault(FaultSpec(index=0, kind="drain", rank=2, ranks=[2], amount="", step=3, when="midstep"), lambda t, node: fired.append((t, node)))
     assert client.updates == [("n3", "drain")] and fired == []  # Slurm's own faults are timed by the watcher
+    # one fault on several ranks: each of their nodes once
+    assert hooks.inject_fault(FaultSpec(index=1, kind="node_down", rank=1, ranks=[1, 2, 3], amount="", step=3, when="midstep"),
+                              lambda t, node: fired.append((t, node)))
+    assert client.updates[1:] == [(spawner.node_of_rank(r), "down") for r in (1, 2, 3)] and fired == []
     assert hooks.status() == {"main_job_id": "77", "spare_job_ids": []}

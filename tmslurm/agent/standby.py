@@ -159,8 +159,10 @@ class Standby:
             return None
         t1 = time.monotonic()
         try:
+            faults = FaultPlan(msg.faults, rank, self.link.send)
             state, nbytes = recv_state(handles.pop(xfer).pg, 0, self.cfg.runtime.collective_timeout_s,
-                                       lambda: self._cancelled(epoch), into={"state": runner.state()})
+                                       lambda: self._cancelled(epoch), into={"state": runner.state()},
+                                       midway=lambda: faults.during_transfer(None, "join"))
         except CommError as exc:
             self.link.send(JoinFailed(epoch=epoch, rank=rank, error=str(exc)[:300]))
             return None

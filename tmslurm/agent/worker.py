@@ -160,13 +160,14 @@ class Worker:
             comm.save()
             self.recording = False
         dt = time.perf_counter() - t0
+        busy = max(0.0, dt - self.fabric.wait_s)
         digest = self.runner.digest() if self.cfg.runtime.verify_replicas else None
         if not self.cfg.runtime.commit_vote:
             self.link.send(Progress(step=self.step, epoch=self.epoch, rank=self.rank, loss=loss, dt=dt,
                                     peak_rss_mb=peak_rss_mb(), digest=digest))
             return Decision(step=self.step, epoch=self.epoch)
         vote = Vote(step=self.step, epoch=self.epoch, rank=self.rank, loss=loss, dt=dt, peak_rss_mb=peak_rss_mb(),
-                    digest=digest)
+                    digest=digest, busy=busy)
         self.faults.before_vote(self.step)
         self.link.send(vote)
         return self._wait_decision()
@@ -229,7 +230,9 @@ class Worker:
             h = shadow.hand_over(xfer.pg, self.step, self.runner)
         else:
             state = {"state": self.runner.state_for(self.coord.dp), "step": self.step}
-            h = HandOver(False, False, send_state(xfer.pg, 1, state, self.cfg.runtime.collective_timeout_s), 0, 0.0)
+            sent = send_state(xfer.pg, 1, state, self.cfg.runtime.collective_timeout_s,
+                              midway=lambda: self.faults.during_transfer(self.step))
+            h = HandOver(False, False, sent, 0, 0.0)
         self.link.send(Left(rank=self.rank, step=self.step, transfer_s=time.monotonic() - t1, phase2_s=t1 - t0, bytes=h.bytes,
                             shadowed=h.shadowed, shadow_matched=h.matched if h.shadowed else None, shadow_steps=h.steps,
                             shadow_wait_s=h.wait_s, apply_s=self.apply_s))
@@ -321,8 +324,15 @@ class Worker:
         t1 = time.monotonic()
         for name, h in xfers.items():
             target = self.layout.coord(int(name.removeprefix("xfer/r"))).dp  # at zero=1: this rank's buddy
-            send_state(h.pg, 1, {"state": self.runner.state_for(target), "step": self.step}, self.cfg.runtime.collective_timeout_s)
-            self.fabric.graveyard.append(h.pg)
+            try:
+                send_state(h.pg, 1, {"state": self.runner.state_for(target), "step": self.step},
+                           self.cfg.runtime.collective_timeout_s, midway=lambda: self.faults.during_transfer(self.step))
+            except CommError as exc:  # the joiner died mid-transfer: the controller plans again
+                log.warning("state transfer to the joiner of %s failed: %s", name, exc)
+                self.link.send(CommErrorReport(rank=self.rank, step=self.step, epoch=epoch, error=str(exc)[:1000]))
+                return False
+            finally:
+                self.fabric.graveyard.append(h.pg)
         self.epoch = epoch
         self.link.clear_abort(epoch)
         self.link.send(Recovered(epoch=epoch, rank=self.rank, build_s=build_s,

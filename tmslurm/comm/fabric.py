@@ -134,6 +134,8 @@ class Fabric:
         self.counts: dict[str, OpCount] = {}
         self._pending_sends: list[tuple[str, Any]] = []
         self._slice = datetime.timedelta(seconds=settings.wait_slice_s)
+        self.wait_s = 0.0
+        """Seconds this step spent waiting for communication (since :meth:`begin_step`)."""
 
     # ---- building and switching -------------------------------------------------------------
     def my_groups(self) -> list[GroupSpec]:
@@ -188,6 +190,7 @@ class Fabric:
     def begin_step(self) -> None:
         self.counts = {name: OpCount() for name in self.handles}
         self._pending_sends = []
+        self.wait_s = 0.0
 
     def status(self) -> dict[str, dict[str, int]]:
         """Per installed group: this step's op counts and the group's generation."""
@@ -259,6 +262,13 @@ class Fabric:
             raise CommError(f"{op} on group {name} failed to start: {_short(exc)}") from None
 
     def _wait(self, name: str, work: Any, op: str) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._wait_for(name, work, op)
+        finally:
+            self.wait_s += time.perf_counter() - t0
+
+    def _wait_for(self, name: str, work: Any, op: str) -> None:
         if op in THREAD_WAITED:
             return self._wait_p2p(name, work, op)
         deadline = time.monotonic() + self.s.timeout_s

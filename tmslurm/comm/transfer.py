@@ -167,8 +167,10 @@ def own_tensors(obj: Any, path: tuple = (), device: torch.device = torch.device(
     return found
 
 
-def send_state(pg: Any, peer: int, state: dict[str, Any], timeout_s: float) -> int:
-    """Send ``state`` to ``peer``; returns the number of tensor bytes sent."""
+def send_state(pg: Any, peer: int, state: dict[str, Any], timeout_s: float, midway: Callable[[], None] | None = None) -> int:
+    """Send ``state`` to ``peer``; returns the number of tensor bytes sent. ``midway`` (tests'
+    injected faults) is called once the header is out and before any tensor: the peer is then in
+    the middle of receiving."""
     tensors: list[torch.Tensor] = []
     skeleton = {"n": 0, "s": _split(state, tensors)}
     skeleton["n"] = len(tensors)
@@ -176,6 +178,8 @@ def send_state(pg: Any, peer: int, state: dict[str, Any], timeout_s: float) -> i
     header = torch.frombuffer(bytearray(json.dumps(skeleton, separators=(",", ":")).encode()), dtype=torch.uint8).to(dev)
     _wait(pg.send([torch.tensor([header.numel()], dtype=torch.int64, device=dev)], peer, SIZE_TAG), timeout_s, "size")
     _wait(pg.send([header], peer, HEADER_TAG), timeout_s, "header")
+    if midway is not None:
+        midway()
     views = [_bytes_of(_on(t, dev)) for t in tensors]
     buckets = plan_buckets([v.numel() for v in views], BUCKET_BYTES)
     for first in range(0, len(buckets), WINDOW):
@@ -186,9 +190,10 @@ def send_state(pg: Any, peer: int, state: dict[str, Any], timeout_s: float) -> i
 
 
 def recv_state(pg: Any, peer: int, timeout_s: float, should_stop: Callable[[], bool] | None = None,
-               into: Any = None) -> tuple[dict[str, Any], int]:
+               into: Any = None, midway: Callable[[], None] | None = None) -> tuple[dict[str, Any], int]:
     """Receive a state from ``peer``: (the state, tensor bytes). ``into``: the receiver's own state
-    of the same structure, whose matching tensors are received into (see the module contract)."""
+    of the same structure, whose matching tensors are received into (see the module contract).
+    ``midway`` (tests' injected faults) is called once the header is in, before any tensor."""
     dev = wire_device(pg)
     size = torch.zeros(1, dtype=torch.int64, device=dev)
     _wait(pg.recv([size], peer, SIZE_TAG), timeout_s, "size", should_stop)
@@ -196,6 +201,8 @@ def recv_state(pg: Any, peer: int, timeout_s: float, should_stop: Callable[[], b
         raise CommError(f"state transfer header size {int(size.item())} is out of range")
     header = torch.empty(int(size.item()), dtype=torch.uint8, device=dev)
     _wait(pg.recv([header], peer, HEADER_TAG), timeout_s, "header", should_stop)
+    if midway is not None:
+        midway()
     own = own_tensors(into, device=dev) if into is not None else {}
     state, tensors = _parse_header(header.to("cpu").numpy().tobytes(), own, dev)
     views = [_bytes_of(t) for t in tensors]

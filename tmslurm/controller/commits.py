@@ -25,6 +25,7 @@ from typing import Any
 
 from tmslurm.config import CLUSTER_FAULTS
 from tmslurm.controller.context import Context
+from tmslurm.controller.gray import GrayEvictions
 from tmslurm.controller.items import FaultAt, NoticeIn
 from tmslurm.controller.plans import PlannedSwitch
 from tmslurm.controller.state import Agent, Mode
@@ -37,10 +38,12 @@ log = logging.getLogger(__name__)
 
 
 class Commits:
-    def __init__(self, ctx: Context, members: Membership) -> None:
+    def __init__(self, ctx: Context, members: Membership, gray: GrayEvictions | None = None) -> None:
         self.ctx = ctx
         self.state = ctx.state
         self.members = members
+        self.gray = gray
+        """Gray-failure evictions (``runtime.gray_evict``), fed every commit's busy times; None: off."""
         self.step_times = StepTimes()
         self.rss_logged: dict[int, float] = {}
         """The peak RSS last written to the step log, per rank."""
@@ -142,6 +145,8 @@ class Commits:
                                  "peak_rss_mb": self._rss_changes(votes)}
         st.step_log.append(entry)
         self.ctx.events.on_commit(st.step, now, self.median_step())
+        if self.gray is not None:
+            self.gray.on_commit({r: v.busy for r, v in votes})
         if st.step % 10 == 0 or st.step == self.ctx.cfg.train.steps - 1:
             log.info("step %d loss %.4f step time %.3fs", st.step, entry["loss"] or float("nan"), entry["dt"])
 
@@ -169,12 +174,13 @@ class Commits:
             if f.kind in ("drain", *CLUSTER_FAULTS) and f.step == st.step:
                 st.fired.add(f.index)
                 # journalled first: a fault that takes down the controller's own host is never fired again
-                self.ctx.journal.write("fault_firing", index=f.index, kind=f.kind, rank=f.rank)
-                fired = lambda t, node, f=f: self.ctx.submit(FaultAt(f, node, t))  # noqa: E731
+                self.ctx.journal.write("fault_firing", index=f.index, kind=f.kind, rank=f.rank, ranks=f.ranks)
+                fired = lambda t, nodes, f=f: self.ctx.submit(FaultAt(f, tuple(nodes), t))  # noqa: E731
                 if self.ctx.hooks.inject_fault(f, fired):  # on Slurm through scontrol or the lab
-                    self.ctx.journal.write("fault", kind=f.kind, rank=f.rank, via="cluster")
-                else:
-                    self.ctx.submit(NoticeIn(Notice(kind="maintenance", rank=f.rank, source="fault",
+                    self.ctx.journal.write("fault", index=f.index, kind=f.kind, rank=f.rank, ranks=f.ranks, via="cluster")
+                    continue
+                for rank in f.ranks:
+                    self.ctx.submit(NoticeIn(Notice(kind="maintenance", rank=rank, source="fault",
                                                     reason="injected drain", time=time.time())))
 
     def median_step(self) -> float:

@@ -24,10 +24,11 @@ class ClusterHooks(Protocol):
         """A switch finished and left ``nodes`` without ranks: give them back; ``released(node)``
         is called (from any thread) for each one the cluster took back."""
 
-    def inject_fault(self, fault: FaultSpec, fired: Callable[[float, str], None]) -> bool:
-        """Raise an injected fault through the cluster (drain/node_down through Slurm, power_off/
-        partition through the failure lab); False: raise it as a notice instead. For a fault whose
-        moment is only known later, ``fired(t, node)`` is called from any thread when it happened."""
+    def inject_fault(self, fault: FaultSpec, fired: Callable[[float, list[str]], None]) -> bool:
+        """Raise an injected fault on the nodes of ``fault.ranks`` through the cluster (drain/node_down
+        through Slurm, power_off/partition/throttle/slowlink through the failure lab, one command for
+        all nodes); False: raise it as notices instead. For a fault whose moment is only known later,
+        ``fired(t, nodes)`` is called from any thread when it happened."""
 
     def is_batch_host(self, node: str | None) -> bool:
         """Remember a noticed node as bad; True when it is the main job's batch host."""
@@ -57,7 +58,7 @@ class LocalHooks:
     def release_nodes(self, nodes: list[str], released: Callable[[str], None]) -> None:
         return None
 
-    def inject_fault(self, fault: FaultSpec, fired: Callable[[float, str], None]) -> bool:
+    def inject_fault(self, fault: FaultSpec, fired: Callable[[float, list[str]], None]) -> bool:
         return False
 
     def is_batch_host(self, node: str | None) -> bool:

@@ -97,11 +97,12 @@ class NoticeIn:
 
 @dataclass(frozen=True, slots=True)
 class FaultAt:
-    """An injected fault the cluster raised (the failure lab's power-off, partition) happened on ``node`` at ``t``."""
+    """An injected fault the cluster raised (the failure lab's power-off, partition, throttle,
+    slowlink) happened on ``nodes`` (all at once) at ``t``."""
 
     label: ClassVar[str] = "fault_at"
     fault: FaultSpec
-    node: str
+    nodes: tuple[str, ...]
     t: float
 
 

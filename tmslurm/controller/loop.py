@@ -38,6 +38,7 @@ from typing import Any, Callable
 from tmslurm.config import RunConfig
 from tmslurm.controller.adoption import AdoptOrder, Adoption
 from tmslurm.controller.commits import Commits
+from tmslurm.controller.gray import GrayEvictions
 from tmslurm.controller.context import Context
 from tmslurm.controller.deadlines import Deadlines
 from tmslurm.controller.hooks import ClusterHooks
@@ -100,7 +101,7 @@ class Controller:
         self.restarts = Restarts(self.ctx, self.members, self.plans)
         self.recoveries = Recoveries(self.ctx, self.members, self.plans, self.restarts)
         self.switches = Switches(self.ctx, self.members, self.plans, self.restarts, self.recoveries)
-        self.commits = Commits(self.ctx, self.members)
+        self.commits = Commits(self.ctx, self.members, GrayEvictions(self.ctx, self.members) if cfg.runtime.gray_evict else None)
         self.summary = Summary(self.ctx, self.commits)
         self.intake = Intake(self.ctx, self.members, self.switches, self.recoveries, self.restarts, self.summary.status)
         self.deadlines = Deadlines(self.ctx, self.members, self.plans, self.recoveries, self.restarts, self.commits)
@@ -236,7 +237,7 @@ class Controller:
         self.intake.notice(item.notice)
 
     def _on_fault_at(self, item: FaultAt) -> None:
-        self.recoveries.on_cluster_fault(item.fault, item.node, item.t)
+        self.recoveries.on_cluster_fault(item.fault, item.nodes, item.t)
 
     def _on_released(self, item: Released) -> None:
         """The cluster hooks gave a node back, off this thread."""

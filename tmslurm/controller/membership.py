@@ -63,7 +63,8 @@ class Membership:
         if rank is not None:
             agent.rank = rank
             self.state.slots[rank] = agent.aid
-        faults = [f for f in self.ctx.pending_faults() if msg.kind == "worker" and f.rank == msg.id]
+        faults = [f for f in self.ctx.pending_faults() if msg.kind == "worker" and msg.id in f.ranks
+                  and f.when != "join"]  # a join fault is the joining standby's: it comes with its join
         ch.try_send(Welcome(config=to_dict(self.ctx.cfg), epoch=self.state.epoch, generation=self.state.epoch,
                             resume_step=self.state.resume_step, faults=faults, address=Address(**self.address)))
         self.ctx.journal.write("agent_up", agent=agent.aid, node=agent.node, pid=agent.pid)

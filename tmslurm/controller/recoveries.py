@@ -120,7 +120,7 @@ class Recoveries:
         plan.dirty = sorted(dirty)
         for m in moves:
             self.state.agents[m.joiner].busy = True
-        msgs = sw.recovery_messages(layout, plan, plan.alive)
+        msgs = self.ctx.with_join_faults(sw.recovery_messages(layout, plan, plan.alive))
         plan.waiting = {k if isinstance(k, str) else f"r{k}" for k in msgs}
         self.ctx.journal.write("recover", epoch=plan.epoch, moves=[m.__dict__ for m in moves], groups=plan.groups, dirty=plan.dirty)
         for key, msg in msgs.items():
@@ -169,17 +169,23 @@ class Recoveries:
             self.state.comm_error_since = time.time()
 
     def on_fault(self, agent: Agent, msg: FaultFired) -> None:
+        """A rank fired an injected fault: a kill, stop or hang starts its detection clock; a hiccup
+        or a slow rank is not a failure and starts none."""
         self.state.fired.add(msg.index)
-        self.state.fault_t[msg.rank] = time.time()
+        if msg.kind in ("kill", "stop", "hang") and self.state.owns_slot(agent, msg.rank):  # not a joiner's
+            self.state.fault_t[msg.rank] = time.time()
         self.ctx.journal.write("fault", index=msg.index, rank=msg.rank, step=msg.step, kind=msg.kind)
 
-    def on_cluster_fault(self, fault: FaultSpec, node: str, t: float) -> None:
-        """A fault the cluster injected (the failure lab's power-off, partition) happened on ``node``
-        at ``t``: every rank on that node was hit then; their detection is measured from that moment."""
-        ranks = self.members.ranks_of_node(node)
-        for rank in ranks:
-            self.state.fault_t[rank] = t
-        self.ctx.journal.write("fault", kind=fault.kind, rank=fault.rank, node=node, ranks=ranks, via="lab", at=t)
+    def on_cluster_fault(self, fault: FaultSpec, nodes: tuple[str, ...], t: float) -> None:
+        """A fault the cluster injected (the failure lab's) happened on ``nodes`` at ``t``: every rank
+        on them was hit then. A node that went silent (power-off, partition) has its ranks'
+        detection measured from that moment; a slow one (throttle, slowlink) stays in the run."""
+        ranks = sorted(r for node in nodes for r in self.members.ranks_of_node(node))
+        if fault.kind in ("power_off", "partition"):
+            for rank in ranks:
+                self.state.fault_t[rank] = t
+        self.ctx.journal.write("fault", index=fault.index, kind=fault.kind, rank=fault.rank, node=nodes[0], nodes=list(nodes),
+                               ranks=ranks, amount=fault.amount or None, via="lab", at=t)
 
     def disconnect(self, agent: Agent | None) -> None:
         if agent is None or not agent.alive:

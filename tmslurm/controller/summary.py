@@ -75,6 +75,7 @@ class Summary:
             "standbys": [{"id": a.aid, "node": a.node, "roles": a.roles} for a in st.standbys()],
             "memory": self.memory(),
             "pending_notices": [dataclasses.asdict(n) for n in st.pending_notices],
+            "gray": self.commits.gray.report() if self.commits.gray is not None else None,
             "restart_mode": self.ctx.cfg.runtime.restart_mode, "failed": st.failed_reason, **self.ctx.hooks.status(),
         }
         self.ctx.rundir.summary.write_text(json.dumps(summary, indent=1, default=str))

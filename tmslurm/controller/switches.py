@@ -66,7 +66,7 @@ class Switches:
         self._decide_shadow(plan, notice, t0, full)
         for m in moves:
             self.state.agents[m.joiner].busy = True
-        msgs = sw.planned_messages(layout, plan, shadow=plan.shadow)
+        msgs = self.ctx.with_join_faults(sw.planned_messages(layout, plan, shadow=plan.shadow))
         self.state.plan = plan
         if full:  # no phase 1: everything is built inside the pause, after the next commit
             plan.deferred = msgs

@@ -1,9 +1,11 @@
-"""Faults of the failure lab (``scripts/local-slurm``), injected from a run: power-off and partition.
+"""Faults of the failure lab (``scripts/local-slurm``), injected from a run: power-off, partition,
+throttle and slowlink.
 
-Contract: :func:`inject_lab_fault` runs ``<lab command> power-off|partition NODE`` in a daemon
-thread and returns at once. The command prints ``at=<epoch seconds>``, the moment the node froze
-or lost its link; ``fired(t, node)`` is called with it, so that detection is measured from the
-fault and not from when the command returned. The batch host may be the victim: the command leaves
+Contract: :func:`inject_lab_fault` runs ``<lab command> power-off|partition|throttle|slowlink
+NODE... [AMOUNT]`` in a daemon thread and returns at once; several nodes are hit by one command,
+at the same instant. The command prints ``at=<epoch seconds>``, the moment the nodes froze, lost
+their links or slowed down; ``fired(t, nodes)`` is called with it, so that detection is measured
+from the fault and not from when the command returned. The batch host may be the victim: the command leaves
 the node's cgroup before it freezes the node, and the calling process (the controller) then freezes
 with the node, as it would with a real power loss. The lab command is ``slurm.lab_command``, else
 this checkout's ``scripts/local-slurm``.
@@ -27,7 +29,7 @@ from tmslurm.errors import SlurmError
 
 log = logging.getLogger(__name__)
 
-LAB_FAULTS = {"power_off": "power-off", "partition": "partition"}
+LAB_FAULTS = {"power_off": "power-off", "partition": "partition", "throttle": "throttle", "slowlink": "slowlink"}
 _AT = re.compile(r"\bat=([0-9]+(?:\.[0-9]+)?)")
 
 
@@ -47,13 +49,20 @@ def fault_moment(stdout: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
-def inject_lab_fault(cfg: RunConfig, kind: str, node: str, fired: Callable[[float, str], None]) -> None:
-    threading.Thread(target=_run, args=(cfg, kind, node, fired), name=f"lab-{kind}", daemon=True).start()
+def lab_fault_argv(kind: str, nodes: list[str], amount: str) -> list[str]:
+    """The lab command's arguments for one fault on ``nodes`` (throttle and slowlink end with the amount)."""
+    return [LAB_FAULTS[kind], *nodes, *([amount] if amount else [])]
 
 
-def _run(cfg: RunConfig, kind: str, node: str, fired: Callable[[float, str], None]) -> None:
+def inject_lab_fault(cfg: RunConfig, kind: str, nodes: list[str], amount: str,
+                     fired: Callable[[float, list[str]], None]) -> None:
+    threading.Thread(target=_run, args=(cfg, kind, nodes, amount, fired), name=f"lab-{kind}", daemon=True).start()
+
+
+def _run(cfg: RunConfig, kind: str, nodes: list[str], amount: str, fired: Callable[[float, list[str]], None]) -> None:
+    node = ",".join(nodes)
     try:
-        cmd = [*lab_command(cfg), LAB_FAULTS[kind], node]
+        cmd = [*lab_command(cfg), *lab_fault_argv(kind, nodes, amount)]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, start_new_session=True)
     except (SlurmError, OSError, subprocess.TimeoutExpired) as exc:
         log.error("cannot inject %s on %s: %s", kind, node, exc)
@@ -63,4 +72,4 @@ def _run(cfg: RunConfig, kind: str, node: str, fired: Callable[[float, str], Non
         log.error("%s failed (rc %d): %s", " ".join(cmd), r.returncode, (r.stderr or r.stdout).strip()[-500:])
         return
     log.info("lab fault %s on %s at %.3f", kind, node, t)
-    fired(t, node)
+    fired(t, nodes)

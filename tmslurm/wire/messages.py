@@ -154,6 +154,8 @@ class _StepReport(Msg):
     dt: Seconds
     peak_rss_mb: MiB
     digest: Digest | None = None
+    busy: Seconds | None = None
+    """``dt`` less the time spent waiting for communication: what says which rank is slow."""
 
 
 class Vote(_StepReport):
@@ -170,6 +172,7 @@ class StepVote(NamedTuple):
     dt: float
     peak_rss_mb: float
     digest: str | None
+    busy: float | None
 
 
 MAX_NODE_VOTES = 4096
@@ -187,11 +190,12 @@ class NodeVotes(Msg):
     dt: list[Seconds]
     peak_rss_mb: list[MiB]
     digest: list[Digest | None]
+    busy: list[Seconds | None]
 
     @model_validator(mode="after")
     def _columns(self) -> "NodeVotes":
         n = len(self.rank)
-        if not len(self.loss) == len(self.dt) == len(self.peak_rss_mb) == len(self.digest) == n:
+        if not len(self.loss) == len(self.dt) == len(self.peak_rss_mb) == len(self.digest) == len(self.busy) == n:
             raise ValueError("every column must have one entry per rank")
         return self
 
@@ -199,7 +203,7 @@ class NodeVotes(Msg):
         new = tuple.__new__  # what StepVote._make does, without a Python call per row
         n = len(self.rank)
         return [new(StepVote, t) for t in zip(self.rank, repeat(self.step, n), repeat(self.epoch, n), self.loss, self.dt,
-                                               self.peak_rss_mb, self.digest)]
+                                               self.peak_rss_mb, self.digest, self.busy)]
 
 
 class Progress(_StepReport):
@@ -416,6 +420,9 @@ class FaultSpec(Msg):
     step: Count
     kind: Name
     rank: Count
+    """The first rank hit (for a report); ``ranks`` are all of them."""
+    ranks: Annotated[list[Count], Field(min_length=1, max_length=MAX_NODE_VOTES)]
+    amount: Annotated[str, Field(max_length=32)]
     when: Name
 
 
@@ -496,6 +503,9 @@ class Join(Msg):
     activate: bool
     shadow: bool = False
     """Follow the leaver as a live shadow until the switch."""
+    faults: list[FaultSpec] = []
+    """Injected ``when: join`` faults of this rank that are due (tests): the joiner fires them while
+    it receives the state."""
 
 
 class Activate(Msg):

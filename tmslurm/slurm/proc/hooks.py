@@ -59,12 +59,13 @@ class SlurmHooks:
             if node != self.batch_host:
                 self.spawner.release_node(node, released)
 
-    def inject_fault(self, fault: FaultSpec, fired: Callable[[float, str], None]) -> bool:
-        node = self.spawner.node_of_rank(fault.rank)
+    def inject_fault(self, fault: FaultSpec, fired: Callable[[float, list[str]], None]) -> bool:
+        nodes = list(dict.fromkeys(self.spawner.node_of_rank(r) for r in fault.ranks))
         if fault.kind in LAB_FAULTS:
-            inject_lab_fault(self.spawner.cfg, fault.kind, node, fired)
+            inject_lab_fault(self.spawner.cfg, fault.kind, nodes, fault.amount, fired)
             return True
-        self.spawner.lane.submit(lambda: self._update_node(node, fault.kind), f"inject-{fault.kind}")
+        for node in nodes:
+            self.spawner.lane.submit(lambda node=node: self._update_node(node, fault.kind), f"inject-{fault.kind}")
         return True
 
     def _update_node(self, node: str, kind: str) -> None:
