@@ -94,7 +94,7 @@ def _row(kind: str, amount: str, node: str, s0: int, t0: float, rd: RunDir, summ
             "moved_at_step": moved["target_step"] if moved else None, "steps_lost": lost,
             "median_step_before_s": round(before, 4) if before else None, "median_step_slowed_s": round(during, 4) if during else None,
             "false_alarms": len(false_alarms), "peak_ratio": summary.get("gray", {}).get("peak_ratio"),
-            "exact_end": summary.get("replicas_equal")}
+            "replicas_equal": summary.get("replicas_equal")}
 
 
 def table(rows: list[dict[str, Any]]) -> str:
