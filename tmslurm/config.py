@@ -266,10 +266,10 @@ class FaultConfig:
     """throttle: percent of one CPU, 1..1000 (empty: 30); slowlink: a rate as tc writes it, such as
     20mbit or 500kbit (empty: 20mbit); hiccup and slow: seconds (empty: 2 and 0.2). Other kinds take none."""
     when: str = "midstep"
-    """kill/stop only: midstep (between forward and backward of ``step``), recover (when the rank
+    """kill/stop/hiccup: midstep (between forward and backward of ``step``), recover (when the rank
     is told to take part in a recovery at or after ``step``: a second failure during a switch),
     transfer (in the middle of a state transfer the rank sends at or after ``step``: a recovery's
-    source or a planned move's leaver) or join (the standby joining as the rank dies in the middle
+    source or a planned move's leaver) or join (the standby joining as the rank is hit in the middle
     of receiving its state, at or after ``step``)."""
 
 
@@ -453,8 +453,9 @@ def _validate_faults(cfg: RunConfig) -> None:
         if not 0 <= f.step < cfg.train.steps:
             raise ConfigError(f"faults[{i}].step={f.step} is outside the run; valid: 0..{cfg.train.steps - 1}. Fix: change faults[{i}].step.")
         _one_of(f.when, ("midstep", "recover", "transfer", "join"), f"faults[{i}].when")
-        if f.when in ("transfer", "join") and f.kind not in ("kill", "stop"):
-            raise ConfigError(f"faults[{i}].when={f.when} fits only kind=kill or kind=stop. Fix: change faults[{i}].kind or faults[{i}].when.")
+        if f.when in ("transfer", "join") and f.kind not in ("kill", "stop", "hiccup"):
+            raise ConfigError(f"faults[{i}].when={f.when} fits only kind=kill, stop or hiccup. "
+                              f"Fix: change faults[{i}].kind or faults[{i}].when.")
         if f.kind in CLUSTER_FAULTS and cfg.cluster != "slurm":
             raise ConfigError(f"faults[{i}].kind={f.kind} needs cluster=slurm (the failure lab of scripts/local-slurm). "
                               "Fix: use kind=kill or kind=stop with cluster=local.")

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from tests.distributed.test_controller_lost import children, running, wait_gone
+from tmslurm.wire.protocol import request
 
 STEPS = 160
 LAYOUT = ("parallel.dp=2", "parallel.pp=2", "standby.count=1", "model=tiny", f"train.steps={STEPS}",
@@ -91,3 +92,53 @@ def test_without_restarts_a_killed_controller_ends_the_run(launch):
     assert [e["returncode"] for e in journal if e["type"] == "controller_died"] == [-9]
     assert not [e for e in journal if e["type"] == "adopting"]
     assert not Path(run.run_dir / "summary.json").exists()
+
+
+def test_kill_9_in_phase_1_of_a_planned_switch_rolls_it_back_and_moves_again(launch, baseline):
+    """The notice's reply comes once the plan is started (prepares and the join sent); the kill that
+    follows lands in phase 1 (group builds in the background, the shadow catching up over a 0.2 s
+    step). The restarted controller cancels that plan everywhere, notices rank 1 again, and the move
+    is done afresh under a new epoch; the run ends bit-identical."""
+    layout = ("parallel.dp=2", "parallel.pp=2", "standby.count=1", "model=tiny", "train.steps=40",
+              "standby.start_when_warm=true")
+    base = baseline(*layout)
+    run = launch(*layout, "train.step_delay_s=0.2")
+    wait_step(run, 8)
+    pid = controller_pid(run)
+    reply = request(run.run_dir, {"type": "notice", "event": "maintenance", "rank": 1, "reason": "psu"})
+    assert reply["type"] == "ok", reply
+    os.kill(pid, signal.SIGKILL)
+    summary = run.wait()
+    journal = run.journal()
+    assert not [e for e in journal if e["type"] == "adoption_refused"], journal[-5:]
+    (rb,) = [e for e in journal if e["type"] == "plan_rolled_back"]
+    assert rb["noticed_again"] == [1] and len(rb["epochs"]) == 1
+    planned = [e for e in summary["events"] if e["kind"] == "planned"]
+    assert len(planned) == 1 and planned[0]["status"] == "done" and planned[0]["ranks"] == [1], summary["events"]
+    assert planned[0]["epoch"] > rb["epochs"][0]  # planned afresh, under a new epoch
+    assert summary["steps"] == 40 and [e["step"] for e in summary["step_log"]] == list(range(40))
+    assert summary["final_params_sha256"] == base["final_params_sha256"]
+    assert summary["final_state_sha256"] == base["final_state_sha256"]
+
+
+def test_kill_9_in_the_middle_of_a_recovery_redoes_it_and_ends_exact(launch, baseline):
+    """Rank 2 is killed at step 10; its state's source (rank 0) stalls 3 s in the middle of the
+    transfer (fault hiccup, when: transfer), and the controller is killed then. The restarted
+    controller finds a recovery under way, cancels the cut-off join and redoes the recovery under a
+    new epoch; the run ends bit-identical."""
+    layout = ("parallel.dp=2", "parallel.pp=2", "standby.count=1", "model=tiny", "train.steps=40",
+              "standby.start_when_warm=true")
+    base = baseline(*layout)
+    run = launch(*layout, "train.step_delay_s=0.05",
+                 "faults=[{step:10,kind:kill,rank:2},{step:10,kind:hiccup,rank:0,when:transfer,amount:'3'}]")
+    run.wait_for(lambda e: e["type"] == "fault" and e.get("kind") == "hiccup", timeout=120)
+    os.kill(controller_pid(run), signal.SIGKILL)
+    summary = run.wait()
+    journal = run.journal()
+    assert not [e for e in journal if e["type"] == "adoption_refused"], [e for e in journal if e["type"] == "adoption_refused"]
+    (adopted,) = [e for e in journal if e["type"] == "adopted"]
+    assert adopted.get("resumed_recovery") is True, adopted
+    assert any(e["kind"] == "unexpected" and e["status"] == "done" for e in summary["events"]), summary["events"]
+    assert summary["steps"] == 40 and [e["step"] for e in summary["step_log"]] == list(range(40))
+    assert summary["final_params_sha256"] == base["final_params_sha256"]
+    assert summary["final_state_sha256"] == base["final_state_sha256"]

@@ -82,15 +82,19 @@ def test_two_nodes_powered_off_at_one_instant_are_replaced_together(slurm, tmp_p
 
 
 def test_a_throttled_node_is_found_slow_and_moved_off(slurm, tmp_path, tmp_path_factory):
-    """The lab caps rank 1's node at 30 % of one CPU at step 12 (model=small: compute dominates the
-    step). With runtime.gray_evict=true the controller finds it by its busy time against its DP
-    peer's, and a planned switch moves it to the warm standby; the run ends exact."""
-    layout = [*LAYOUT, "model=small"]
+    """The lab caps rank 1's node at 15 % of one CPU at step 12. With runtime.gray_evict=true the
+    controller finds it by its busy time against its DP peer's, and a planned switch moves it to the
+    warm standby; the run ends exact. On this host four ranks already share two cores (about 0.4 of
+    a CPU each), so a 30 % cap slows a rank by less than DP peers differ by chance under the full
+    suite's load (ratios up to 1.5): at model=small it was once found only after 17 steps, at
+    model=medium after 2 steps with help from that chance. 15 % and model=medium give a clear signal;
+    the 30 % figures are benchmarks.md section 14's, measured on an idle host."""
+    layout = [*LAYOUT, "model=medium"]
     ref = reference_hash(tmp_path_factory, *layout)
     run = SlurmRun(slurm, tmp_path / "run", [*layout, "standby.count=1", *COMMON, "runtime.gray_evict=true",
-                                             "faults=[{step:12,kind:throttle,rank:1,amount:'30'}]"])
+                                             "faults=[{step:12,kind:throttle,rank:1,amount:'15'}]"])
     fault = run.wait_for(lambda e: e["type"] == "fault" and e.get("via") == "lab", what="the lab's throttle")
-    assert fault["kind"] == "throttle" and fault["amount"] == "30" and slurm.node_slowness()[fault["node"]][0] == "30"
+    assert fault["kind"] == "throttle" and fault["amount"] == "15" and slurm.node_slowness()[fault["node"]][0] == "15"
     evict = run.wait_for(lambda e: e["type"] == "gray_evict", what="the controller to move the slow node off")
     assert evict["rank"] == 1 and evict["node"] == fault["node"], evict
     s = run.summary()

@@ -186,3 +186,93 @@ def test_a_controller_that_did_not_restart_refuses_every_rejoin(tmp_path):
     h.ctl.handle(HelloIn(Hello(type="hello", token="t", kind="monitor", id=0, node="n9", rejoin=rejoin(None, None)),
                          98, mon))
     assert mon.closed and [e["why"] for e in h.journal("hello_refused")] == ["a rejoin, but this controller did not restart"] * 2
+
+
+def _begin_planned(tmp_path, epoch: int, ranks: list[int]) -> None:
+    """What the dead controller journalled when it started the planned switch."""
+    from tmslurm.controller.journal import Journal
+
+    Journal(tmp_path / "events.jsonl").write("event_begin", kind="planned", cause="psu", epoch=epoch, ranks=ranks)
+
+
+@pytest.mark.parametrize("who", ["ranks and joiner prepared", "only the joiner got its join"])
+def test_a_planned_switch_caught_in_phase_1_is_rolled_back_and_planned_again(tmp_path, who):
+    first_incarnation(tmp_path)
+    _begin_planned(tmp_path, 1, [1])
+    r = Restarted(tmp_path, ALL)
+    r.hello("s0", "standby", 0, Rejoin.model_validate({"rank": None, "epoch": 0, "in_plan": True, "prepared": [1],
+                                                       "decision": None, "vote": None}))
+    for rank in range(4):
+        rj = rejoin(rank, 2).model_copy(update={"in_plan": True, "prepared": [1]}) \
+            if who == "ranks and joiner prepared" and rank in (1, 3) else rejoin(rank, 2)
+        r.hello(rank, "worker", rank, rj)
+    r.ctl.adoption.tick()
+    st = r.ctl.state
+    assert st.mode is Mode.RUNNING and not r.journal("adoption_refused")
+    (rb,) = r.journal("plan_rolled_back")
+    assert rb["epochs"] == [1] and rb["noticed_again"] == [1]
+    for who_ in ("s0", 0, 1, 2, 3):
+        assert {"type": "cancel", "epoch": 1} in r.channels[who_].sent
+    (again,) = st.pending_notices
+    assert (again.kind, again.rank, again.reason) == ("maintenance", 1, "psu") and st.retry_notices
+
+
+@pytest.mark.parametrize("case", ["the joiner was activated"])
+def test_a_plan_past_phase_1_is_still_refused(tmp_path, case):
+    """A planned switch whose joiner is receiving the state (phase 2) is neither rolled back nor redone."""
+    first_incarnation(tmp_path)
+    r = Restarted(tmp_path, ALL)
+    joiner = {"rank": None, "epoch": 0, "in_plan": True, "prepared": [] if case == "the joiner was activated" else [1],
+              "decision": None, "vote": None}
+    r.hello("s0", "standby", 0, Rejoin.model_validate(joiner))
+    for rank in range(4):
+        rj = rejoin(rank, 2)
+        if rank == 1:
+            rj = rj.model_copy(update={"in_plan": True, "prepared": [1], "aborting": case == "a rank saw an abort"})
+        r.hello(rank, "worker", rank, rj)
+    r.ctl.adoption.tick()
+    assert r.ctl.state.mode is Mode.FINISHED and r.journal("adoption_refused")[0]["why"] == "a switch or recovery was in flight"
+
+
+def test_a_recovery_caught_by_the_controllers_death_is_redone_from_its_start(tmp_path):
+    """Rank 2 died, the dead controller had aborted step 3 (epoch 1) and the standby was receiving
+    rank 2's state: the new controller cancels that join and runs the recovery again, epoch 2."""
+    first_incarnation(tmp_path)
+    alive = [k for k in ALL if k != ("worker", 2)]
+    r = Restarted(tmp_path, alive)
+    r.hello("s0", "standby", 0, Rejoin.model_validate({"rank": None, "epoch": 1, "in_plan": True, "prepared": [],
+                                                       "decision": None, "vote": None}))
+    for rank in (0, 1, 3):
+        r.hello(rank, "worker", rank, rejoin(rank, 2).model_copy(update={"in_plan": True, "aborting": rank != 3}))
+    r.ctl.adoption.tick()
+    st = r.ctl.state
+    assert not r.journal("adoption_refused") and r.journal("adopted")[0]["resumed_recovery"] is True
+    assert {"type": "cancel", "epoch": 1} in r.channels["s0"].sent
+    (abort,) = r.journal("abort")
+    assert abort["dead"] == [2] and abort["epoch"] == 2 and abort["step"] == 3
+    assert st.mode is Mode.RECOVERING and st.step == 3
+    for rank in (0, 1, 3):
+        assert {"type": "abort", "epoch": 2, "step": 3} in r.channels[rank].sent
+
+
+def test_a_recovery_is_not_redone_over_decisions_that_differ(tmp_path):
+    first_incarnation(tmp_path)
+    r = Restarted(tmp_path, ALL)
+    r.hello("s0", "standby", 0, rejoin(None, None))
+    for rank in range(4):
+        r.hello(rank, "worker", rank, rejoin(rank, 2 if rank else 1).model_copy(update={"in_plan": True, "aborting": True}))
+    r.ctl.adoption.tick()
+    assert r.ctl.state.mode is Mode.FINISHED and "decisions differ" in r.journal("adoption_refused")[0]["why"]
+
+
+def test_a_standby_that_joined_and_got_no_decision_yet_is_placed_by_its_step(tmp_path):
+    """The controller died after a recovery, before the redone step committed: the joiner of rank 2
+    (epoch 1) has no decision; it computes step 3 like the others, so the run is adopted."""
+    first_incarnation(tmp_path)
+    r = Restarted(tmp_path, ALL)
+    r.hello("s0", "standby", 0, rejoin(None, None))
+    for rank in range(4):
+        rj = rejoin(rank, None if rank == 2 else 2, epoch=1).model_copy(update={"step": 3})
+        r.hello(rank, "worker", rank, rj)
+    r.ctl.adoption.tick()
+    assert r.ctl.state.mode is Mode.RUNNING and r.ctl.state.step == 3 and r.journal("adopted")[0]["resent_decision"] == []

@@ -86,7 +86,7 @@ class Link:
     rejoin: "Rejoiner | None" = None
     """How to reconnect to a restarted controller; None: a lost controller ends the process."""
     rejoin_state: Callable[[], dict[str, Any]] | None = None
-    """The agent's ``rank``, ``epoch`` and ``in_plan`` for a rejoin (set by the worker or standby)."""
+    """The agent's ``rank``, ``epoch``, ``in_plan``, ``prepared`` and ``aborting`` for a rejoin (set by the worker or standby)."""
     on_reconnect: list[Callable[[], Any]] = field(default_factory=list)
     """Called after a reconnect (a monitor forgets its watches; the controller names them again)."""
     last_decision: Decision | None = None
@@ -159,6 +159,8 @@ class Link:
             with self.send_lock:
                 state = self.rejoin_state() if self.rejoin_state is not None else {}
                 rejoin = Rejoin(rank=state.get("rank"), epoch=state.get("epoch", 0), in_plan=bool(state.get("in_plan")),
+                                prepared=list(state.get("prepared", [])), aborting=bool(state.get("aborting")),
+                                step=state.get("step"),
                                 decision=self.last_decision, vote=self.pending_vote)
                 outcome = self.rejoin.attempt(rejoin, lost_m + self.controller_lost_s)
                 if isinstance(outcome, Channel):

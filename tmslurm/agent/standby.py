@@ -63,7 +63,12 @@ class Standby:
         self.joining = False
         self.cancel_seen = False
         """The join in progress saw its ``cancel`` (a failure it then meets is no join failure)."""
-        link.rejoin_state = lambda: {"rank": None, "epoch": 0, "in_plan": self.joining}
+        self.planned_join: int | None = None
+        """The epoch of the planned join in progress while it is not activated (phase 1), else None."""
+        self.join_epoch = 0
+        """The epoch of the join in progress (a rejoin names it, so that a new controller can cancel it)."""
+        link.rejoin_state = lambda: {"rank": None, "epoch": self.join_epoch if self.joining else 0, "in_plan": self.joining,
+                                     "prepared": [self.planned_join] if self.joining and self.planned_join is not None else []}
 
     def run(self) -> None:
         base = rss_mb()
@@ -133,6 +138,8 @@ class Standby:
     def _join(self, msg: Join) -> Worker | None:
         rank, epoch = msg.rank, msg.epoch
         self.joining = True  # until it returns: a Worker then answers for the link, or the join failed
+        self.planned_join = None if msg.activate else epoch
+        self.join_epoch = epoch
         self.cancel_seen = False
         LOG_CONTEXT["who"] = f"standby{self.ident}->rank{rank}"
         runner, cold_reason = self._runner_for(rank)
@@ -229,6 +236,7 @@ class Standby:
         while True:
             msg = self._next()
             if isinstance(msg, Activate) and msg.epoch == epoch:
+                self.planned_join = None  # phase 2: the switch is applied
                 return True
             if isinstance(msg, Cancel) and msg.epoch == epoch:
                 return False

@@ -109,7 +109,8 @@ class Worker:
 
     def rejoin_state(self) -> dict[str, Any]:
         """What a restarted controller needs to re-adopt this rank (read from the link's reader thread)."""
-        return {"rank": self.rank, "epoch": self.epoch, "in_plan": bool(self.prepared) or self.seen_abort > self.epoch}
+        return {"rank": self.rank, "epoch": self.epoch, "in_plan": bool(self.prepared) or self.seen_abort > self.epoch,
+                "prepared": sorted(self.prepared), "aborting": self.seen_abort > self.epoch, "step": self.step}
 
     def report_groups(self) -> None:
         """Tell the controller which ProcessGroup object serves each group (tests check identity)."""

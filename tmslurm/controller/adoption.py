@@ -10,13 +10,22 @@ the listed processes. The live agents reconnect with a :class:`~tmslurm.wire.mes
 (:mod:`tmslurm.agent.link`); :meth:`on_hello` records it. :meth:`tick` decides once every listed
 process said hello, or ``runtime.controller_lost_s`` after the start (the agents give up then):
 
-- **Adopted** when every rank's slot is claimed once, no claim is inside a plan, every rank is in
-  the same epoch, no decision carried a switch or a checkpoint, and the ranks' last decisions are
+- **Adopted** when every rank's slot is claimed once, no claim is inside a plan (but one caught in
+  phase 1 of a planned switch, below), every rank is in the same epoch, no decision carried a
+  switch or a checkpoint, and the ranks' last decisions are
   at most one step apart. The dead controller had decided a step when any rank received its
   decision, so the ranks that did not get it receive it again (no step applied twice, none lost),
   votes that were waiting count, and the run goes on (``adopted`` in the journal, a
   ``controller_restart`` event whose parts add up to its gap). Listed processes that never came
   back are fenced; a rank among them fails as an unexpected failure (the usual recovery).
+- **Rolled back** first, when the only plans in flight are planned switches caught in phase 1 (every
+  agent inside a plan only prepared groups or holds a join not yet activated; no abort, no decision
+  with a switch): each is cancelled everywhere (``cancel``), and its ranks are noticed again, so the
+  new controller plans the move afresh under a new epoch (``plan_rolled_back`` in the journal).
+- **Redone**, when a recovery was under way (a rank saw an abort newer than its epoch) and every
+  rank's last decision is the same step, with no switch or checkpoint: joiners still receiving
+  state are cancelled, and a new recovery under a new epoch aborts the step on every live rank and
+  moves the ranks whose process is gone (``adopted`` with ``resumed_recovery``).
 - **Refused** otherwise: nothing is guessed. The run ends failed (``adoption_refused``, the
   reason in ``summary.json``) and the agents are told to finish.
 
@@ -36,7 +45,8 @@ from tmslurm.controller.membership import Membership
 from tmslurm.controller.recoveries import Recoveries
 from tmslurm.controller.snapshot import read_snapshot, read_steps
 from tmslurm.controller.state import Agent, Mode
-from tmslurm.wire.messages import Decision, Rejoin
+from tmslurm.notices import Notice
+from tmslurm.wire.messages import Cancel, Decision, Rejoin
 from tmslurm.controller.journal import read_journal
 
 log = logging.getLogger(__name__)
@@ -110,19 +120,28 @@ class Adoption:
         if waiting and time.monotonic() - self.started_m < self.ctx.cfg.runtime.controller_lost_s:
             return
         self.open = False
-        why = self._refusal()
-        if why is None:
-            self._adopt()
-        else:
+        recovering = self._recovering()
+        why = self._resume_refusal() if recovering else self._refusal()
+        if why is not None:
             self._refuse(why)
+        elif recovering:
+            self._resume_recovery()
+        else:
+            self._adopt()
 
     # ---- the decision -------------------------------------------------------------------------
     def _workers(self) -> dict[int, Claim]:
         return {c.agent.rank: c for c in self.claims.values() if c.agent.rank is not None}
 
     def _last_step(self, c: Claim) -> int:
+        """The last step decided for this rank: its last decision's, else (a standby that joined and got
+        no decision since) the step before the one it computes next, else the run's start."""
         d = c.rejoin.decision if c.rejoin is not None else None
-        return d.step if d is not None else self.ctx.state.start_step - 1
+        if d is not None:
+            return d.step
+        if c.rejoin is not None and c.rejoin.step is not None:
+            return c.rejoin.step - 1
+        return self.ctx.state.start_step - 1
 
     def _refusal(self) -> str | None:
         workers = self._workers()
@@ -130,13 +149,16 @@ class Adoption:
             return "no rank came back"
         if any(c.rejoin is None for c in workers.values()):
             return "a rank started by the dead controller had not joined yet (a restart was in flight)"
-        if any(c.rejoin.in_plan for c in self.claims.values() if c.rejoin is not None):
+        if any(c.rejoin.in_plan for c in self.claims.values() if c.rejoin is not None) and self._rollback() is None:
             return "a switch or recovery was in flight"
         if len({c.rejoin.epoch for c in workers.values()}) > 1:
             return "the ranks are in different epochs"
         steps = {self._last_step(c) for c in workers.values()}
         if max(steps) - min(steps) > 1:
             return f"the ranks' last decisions are more than one step apart: {sorted(steps)}"
+        if len(steps) > 1 and not any(c.rejoin.decision is not None and c.rejoin.decision.step == max(steps)
+                                      for c in workers.values()):
+            return f"no rank holds decision {max(steps)} to send again"
         for c in workers.values():
             d = c.rejoin.decision
             if d is not None and (d.switch is not None or d.checkpoint):
@@ -145,8 +167,87 @@ class Adoption:
                 return f"rank {c.agent.rank} missed decision {max(steps)} without having voted for it"
         return None
 
+    def _recovering(self) -> bool:
+        """A recovery was under way when the controller died: a rank saw an abort newer than its epoch."""
+        return any(c.rejoin is not None and c.rejoin.aborting for c in self.claims.values())
+
+    def _resume_refusal(self) -> str | None:
+        """Why a recovery caught by the controller's death cannot be redone from the start; None: it can."""
+        workers = self._workers()
+        if not workers:
+            return "no rank came back"
+        if any(c.rejoin is None for c in workers.values()):
+            return "a rank started by the dead controller had not joined yet (a restart was in flight)"
+        decisions = [c.rejoin.decision for c in workers.values() if c.rejoin.decision is not None]
+        if len({d.step for d in decisions}) > 1:
+            return f"a recovery was in flight and the ranks' last decisions differ: {sorted({d.step for d in decisions})}"
+        if any(d.switch is not None or d.checkpoint for d in decisions):
+            return "the last decision carried a switch or a checkpoint"
+        return None
+
+    def _resume_recovery(self) -> None:
+        """Redo the recovery the dead controller had under way, from its start: joiners still receiving
+        state are cancelled (they stay warm), and a new abort, under an epoch above every one seen, goes
+        to every live rank; the ranks whose process is gone are the dead of the new plan. A joiner that
+        had finished holds its slot like any rank. No step was committed during a recovery, so the
+        aborted step is redone once."""
+        st, now = self.ctx.state, time.time()
+        workers = self._workers()
+        decisions = [c.rejoin.decision for c in workers.values() if c.rejoin.decision is not None]
+        last = decisions[0].step if decisions else st.start_step - 1
+        st.epoch = max(c.rejoin.epoch for c in self.claims.values() if c.rejoin is not None)
+        st.epochs = max(st.epochs, st.epoch)
+        st.step, st.mode, st.votes = last + 1, Mode.RUNNING, {}
+        for c in self.claims.values():
+            if c.agent.rank is None and c.rejoin is not None and c.rejoin.in_plan:
+                c.agent.channel.try_send(Cancel(epoch=c.rejoin.epoch))  # a join cut off: back to warm
+        self._open_event(now)
+        missing = self._fence_missing()
+        self.ctx.journal.write("adopted", incarnation=self.order.incarnation, step=st.step, epoch=st.epoch, resent_decision=[],
+                               votes=[], missing=missing, adopt_s=round(now - self.started_t, 4), resumed_recovery=True)
+        log.warning("adopted %d agents in the middle of a recovery at step %d: redoing it", len(self.claims), st.step)
+        dead = {r for r in range(self.ctx.layout.world) if not st.rank_alive(r)}
+        self.recoveries.fail(dead, "the controller restarted during a recovery", now)
+        st.retry_notices = True
+
+    def _rollback(self) -> set[int] | None:
+        """The epochs of planned switches caught in phase 1 that can be rolled back: every agent inside
+        a plan is inside one only by groups it prepared or a join not yet activated (no abort, no
+        applied switch: a decision carrying a switch is refused on its own). None when another plan
+        was in flight."""
+        epochs: set[int] = set()
+        for c in self.claims.values():
+            rj = c.rejoin
+            if rj is None or not rj.in_plan:
+                continue
+            if rj.aborting or not rj.prepared:
+                return None
+            epochs |= set(rj.prepared)
+        return epochs
+
+    def _roll_back(self, epochs: set[int], now: float) -> None:
+        """Cancel the planned switches caught in phase 1 everywhere and notice their ranks again: the
+        new controller plans each move afresh, under a new epoch."""
+        st = self.ctx.state
+        begun = [e for e in read_journal(self.ctx.rundir.events)
+                 if e.get("type") == "event_begin" and e.get("kind") == "planned" and e.get("epoch") in epochs]
+        for epoch in sorted(epochs):
+            for c in self.claims.values():
+                c.agent.channel.try_send(Cancel(epoch=epoch))
+            self.ctx.journal.write("event_cancelled", epoch=epoch)
+        again = []
+        for e in begun:
+            for rank in e.get("ranks", []):
+                if isinstance(rank, int) and 0 <= rank < self.ctx.layout.world and rank not in again:
+                    again.append(rank)
+                    st.pending_notices.append(Notice(kind="maintenance", rank=rank, source="controller",
+                                                     reason=str(e.get("cause") or "planned move"), time=now))
+        self.ctx.journal.write("plan_rolled_back", epochs=sorted(epochs), noticed_again=again)
+        log.warning("planned switch(es) of epoch %s caught in phase 1: cancelled, ranks %s noticed again", sorted(epochs), again)
+
     def _adopt(self) -> None:
         st, now = self.ctx.state, time.time()
+        rollback = self._rollback() or set()
         workers = self._workers()
         last = max(self._last_step(c) for c in workers.values())
         lead = next((c.rejoin.decision for c in workers.values() if c.rejoin.decision is not None
@@ -171,6 +272,8 @@ class Adoption:
                                adopt_s=round(now - self.started_t, 4))
         log.warning("adopted %d agents at step %d (decision %d sent again to ranks %s)", len(self.claims), st.step,
                     last, resent)
+        if rollback:
+            self._roll_back(rollback, now)
         dead = {r for r in range(self.ctx.layout.world) if not st.rank_alive(r)}
         if dead:
             self.recoveries.fail(dead, "lost with the controller", now)

@@ -474,6 +474,13 @@ class Rejoin(Msg):
     """Its vote still waiting for a decision, if any (the dead controller may never have read it)."""
     in_plan: bool
     """It is inside a planned switch or a recovery (prepared groups, a join, an abort)."""
+    prepared: Annotated[list[Count], Field(max_length=64)] = []
+    """The epochs of planned switches it prepared for (phase 1) and has not applied: a worker's
+    prepared groups, a standby's join not yet activated."""
+    aborting: bool = False
+    """It saw an abort newer than its epoch (a recovery was under way)."""
+    step: Count | None = None
+    """The step a rank computes next (a joiner that received no decision yet is placed by it)."""
 
 
 class Abort(Msg):
