@@ -1,4 +1,4 @@
-"""Hypothesis fuzz of a live controller: thousands of generated first lines, the run does not notice.
+"""Hypothesis fuzz of a live controller: 1,500 generated first lines, the run does not notice.
 
 Messages of every type (agent, request, controller, unknown), with wrong types, missing and extra
 fields, huge numbers, unicode, truncated lines and garbage bytes, with the right token, a wrong one
@@ -22,7 +22,7 @@ from tests.distributed.test_recovery import assert_exact
 from tmslurm.wire.protocol import exchange, read_token
 
 pytestmark = pytest.mark.dist
-EXAMPLES = 2500
+EXAMPLES = 1500  # derandomized: the same 1,500 lines every run (2,500 took ~40 s more of CI)
 FUZZ_RUN = ["train.steps=1000000", "train.step_delay_s=0.05", "runtime.heartbeat_timeout_s=3.0"]
 TYPES = ["hello", "hb", "started", "groups", "vote", "progress", "prepared", "switched", "left", "aborted", "recovered",
          "comm_error", "fault", "done", "ready", "joined", "join_failed", "status", "stop", "notice", "signed_notice",
@@ -80,7 +80,7 @@ def send(addr: dict, data: bytes) -> dict | None:
     return json.loads(reply) if reply else None
 
 
-def test_thousands_of_generated_messages_change_nothing(launch, baseline, sentinel):  # noqa: F811
+def test_1500_generated_messages_change_nothing(launch, baseline, sentinel):  # noqa: F811
     run = launch(*LAYOUT, *FUZZ_RUN)
     all_up(run)
     addr, token = addr_of(run), read_token(run.run_dir)

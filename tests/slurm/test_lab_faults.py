@@ -89,9 +89,10 @@ def test_a_throttled_node_is_found_slow_and_moved_off(slurm, tmp_path, tmp_path_
     suite's load (ratios up to 1.5): at model=small it was once found only after 17 steps, at
     model=medium after 2 steps with help from that chance. 15 % and model=medium give a clear signal;
     the 30 % figures are benchmarks.md section 14's, measured on an idle host."""
-    layout = [*LAYOUT, "model=medium"]
-    ref = reference_hash(tmp_path_factory, *layout)
-    run = SlurmRun(slurm, tmp_path / "run", [*layout, "standby.count=1", *COMMON, "runtime.gray_evict=true",
+    layout, steps = [*LAYOUT, "model=medium"], 36  # medium steps take ~0.55 s: 36 leave 12 after the bound
+    ref = reference_hash(tmp_path_factory, *layout, steps=steps)
+    common = [o if not o.startswith("train.steps=") else f"train.steps={steps}" for o in COMMON]
+    run = SlurmRun(slurm, tmp_path / "run", [*layout, "standby.count=1", *common, "runtime.gray_evict=true",
                                              "faults=[{step:12,kind:throttle,rank:1,amount:'15'}]"])
     fault = run.wait_for(lambda e: e["type"] == "fault" and e.get("via") == "lab", what="the lab's throttle")
     assert fault["kind"] == "throttle" and fault["amount"] == "15" and slurm.node_slowness()[fault["node"]][0] == "15"
@@ -169,7 +170,7 @@ def test_drain_of_the_batch_host_checkpoints_requeues_without_it_and_resumes_exa
     slurm.run("scontrol", "update", f"nodename={batch}", "state=drain", "reason=maint-batch")
     rq = run.wait_for(lambda e: e["type"] == "requeue", what="checkpoint + requeue")
     assert rq["exclude"] == [batch]
-    s = run.summary(timeout=420)  # Slurm holds a requeued job ~2 min before it may start again
+    s = run.summary(timeout=420)  # Slurm holds a requeued job cred_expire+1 s (21 s on the suite's lab, else ~121 s)
     job = run.job()
     # (ExcNodeList is set best-effort: Slurm refuses it while the requeued job is still completing;
     # the drained node cannot be allocated anyway)
@@ -193,7 +194,7 @@ def test_power_off_of_the_batch_host_requeues_automatically_and_resumes_exactly(
     batch = next(r["node"] for r in st["ranks"] if r["rank"] == 0)
     assert job_field(run.job(), "BatchHost") == batch
     slurm.wait_for(lambda: slurm.node_power()[batch] == "off", timeout=120, what=f"{batch} powered off")
-    s = run.summary(timeout=480)  # node DOWN, then Slurm holds a requeued job ~2 min before it may start again
+    s = run.summary(timeout=480)  # node DOWN, then the requeue delay (cred_expire+1 s: 21 s on the suite's lab)
     job = run.job()
     assert _requeues(slurm, run.job_id) == 1, job
     assert job_field(job, "BatchHost") != batch

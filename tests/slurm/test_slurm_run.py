@@ -27,11 +27,11 @@ COMMON = [f"train.steps={STEPS}", "train.step_delay_s=0.15", "slurm.partition=de
 _REFS: dict[tuple, dict] = {}
 
 
-def reference_hash(tmp_path_factory, *layout: str) -> dict:
-    key = tuple(layout)
+def reference_hash(tmp_path_factory, *layout: str, steps: int = STEPS) -> dict:
+    key = (*layout, steps)
     if key not in _REFS:
         d = tmp_path_factory.mktemp("ref") / "run"
-        r = subprocess.run([sys.executable, "-m", "tmslurm.launch", "cluster=local", f"run_dir={d}", f"train.steps={STEPS}", *layout],
+        r = subprocess.run([sys.executable, "-m", "tmslurm.launch", "cluster=local", f"run_dir={d}", f"train.steps={steps}", *layout],
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr[-3000:]
         s = json.loads((d / "summary.json").read_text())

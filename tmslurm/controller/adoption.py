@@ -143,12 +143,18 @@ class Adoption:
             return c.rejoin.step - 1
         return self.ctx.state.start_step - 1
 
-    def _refusal(self) -> str | None:
-        workers = self._workers()
+    def _missing(self, workers: dict[int, Claim]) -> str | None:
+        """Why the ranks that came back are not enough to decide anything; None: they are."""
         if not workers:
             return "no rank came back"
         if any(c.rejoin is None for c in workers.values()):
             return "a rank started by the dead controller had not joined yet (a restart was in flight)"
+        return None
+
+    def _refusal(self) -> str | None:
+        workers = self._workers()
+        if (why := self._missing(workers)) is not None:
+            return why
         if any(c.rejoin.in_plan for c in self.claims.values() if c.rejoin is not None) and self._rollback() is None:
             return "a switch or recovery was in flight"
         if len({c.rejoin.epoch for c in workers.values()}) > 1:
@@ -174,10 +180,8 @@ class Adoption:
     def _resume_refusal(self) -> str | None:
         """Why a recovery caught by the controller's death cannot be redone from the start; None: it can."""
         workers = self._workers()
-        if not workers:
-            return "no rank came back"
-        if any(c.rejoin is None for c in workers.values()):
-            return "a rank started by the dead controller had not joined yet (a restart was in flight)"
+        if (why := self._missing(workers)) is not None:
+            return why
         decisions = [c.rejoin.decision for c in workers.values() if c.rejoin.decision is not None]
         if len({d.step for d in decisions}) > 1:
             return f"a recovery was in flight and the ranks' last decisions differ: {sorted({d.step for d in decisions})}"
