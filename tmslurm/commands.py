@@ -45,7 +45,8 @@ def format_status(st: dict[str, Any]) -> str:
     lines = [f"run {st.get('run_dir', st.get('run_id'))}  mode={st.get('mode')}  step={st.get('step')}/{st.get('steps', '?')}"
              f"  step_time={st.get('step_time_s') or 0:.3f}s  loss={st.get('loss') or 0:.4f}"]
     if st.get("main_job_id"):
-        lines.append(f"main job {st['main_job_id']}  spares {', '.join(map(str, st.get('spare_job_ids', []))) or '-'}")
+        lines.append(f"main job {st['main_job_id']} (incarnation {st.get('incarnation', 0)})  "
+                     f"spares {', '.join(map(str, st.get('spare_job_ids', []))) or '-'}")
     for r in st.get("ranks", []):
         lines.append(f"  rank {r['rank']:>3}  {r.get('role', ''):<6}  node {r.get('node')}  {'' if r.get('alive', True) else '(dead)'}")
     for s in st.get("standbys", []):

@@ -28,6 +28,7 @@ DEVICES = ("cpu", "cuda")
 CLUSTERS = ("local", "slurm")
 MODEL_SIZES = ("tiny", "small", "base", "large")
 RESTART_MODES = ("tmslurm", "injob_restart", "requeue_restart")
+ON_LIMIT = ("requeue", "resubmit", "stop")
 SLURM_CHECKPOINT_EVERY = 50
 """Default train.checkpoint_every of a cluster=slurm run that does not set it."""
 
@@ -122,8 +123,9 @@ class StandbyConfig:
     start_when_warm: bool = False
     """Hold the commit of the first step until every standby is warm for every role (at most
     runtime.connect_timeout_s), so faults early in short runs always find a warm standby."""
-    replenish: bool = False
-    """Start a new standby (a new spare job on Slurm) for each one consumed or lost."""
+    replenish: Optional[bool] = None
+    """Start a new standby (a new spare job on Slurm) for each one consumed or lost. Unset: true on
+    cluster=slurm (a run of days meets more failures than it has standbys), false on cluster=local."""
 
 
 @dataclass(kw_only=True)
@@ -135,13 +137,24 @@ class SlurmConfig:
     account: Optional[str] = None
     """sbatch --account, if the cluster needs one."""
     extra_args: list[str] = field(default_factory=list)
-    """Extra sbatch arguments, e.g. ['--qos=high']."""
+    """Extra sbatch arguments of every job of the run, e.g. ['--qos=high']."""
+    spare_args: list[str] = field(default_factory=list)
+    """Extra sbatch arguments of the spare jobs only, after what they inherit from the main job
+    (partition, account, QOS, constraint, GRES), e.g. ['--qos=standby']."""
     poll_interval_s: float = 1.0
     """How often the watcher polls node states and reservations."""
     backend: str = "auto"
     """Slurm client backend: auto | cli | pyslurm."""
     watch: bool = True
     """Poll node states and reservations (off only to measure the watcher's cost)."""
+    signal_lead_s: int = 120
+    """The main job asks Slurm for SIGUSR1 this many seconds before its time limit (sbatch
+    --signal=USR1@N; Slurm may send it up to 60 s earlier): the run checkpoints at the next step
+    boundary and then does slurm.on_limit. Must leave time for a step and a checkpoint."""
+    on_limit: str = "requeue"
+    """What the main job does at its time limit, after the checkpoint: requeue (scontrol requeue,
+    same job id) | resubmit (a new job, --dependency=singleton, same run directory) | stop (end the
+    run; resume it by hand with train.resume_from=<run_dir>)."""
     lab_command: str = ""
     """Command that injects the failure lab's faults (power_off, partition): run as
     ``<lab_command> power-off NODE``; empty = scripts/local-slurm of this checkout."""
@@ -491,6 +504,10 @@ def validate(cfg: RunConfig) -> RunConfig:
     _one_of(cfg.runtime.restart_mode, RESTART_MODES, "runtime.restart_mode")
     _one_of(cfg.runtime.switch_mode, ("delta", "full"), "runtime.switch_mode")
     _one_of(cfg.slurm.backend, ("auto", "cli", "pyslurm"), "slurm.backend")
+    _one_of(cfg.slurm.on_limit, ON_LIMIT, "slurm.on_limit")
+    if not 10 <= cfg.slurm.signal_lead_s <= 65535:
+        raise ConfigError(f"slurm.signal_lead_s={cfg.slurm.signal_lead_s} is outside 10..65535 (sbatch --signal's range, "
+                          "with room for a step and a checkpoint). Fix: pass slurm.signal_lead_s=120.")
     if cfg.runtime.backend == "nccl" and cfg.runtime.device != "cuda":
         raise ConfigError("runtime.backend=nccl needs runtime.device=cuda. Fix: pass runtime.device=cuda or runtime.backend=gloo.")
     for name in ("heartbeat_interval_s", "heartbeat_timeout_s", "collective_timeout_s", "wait_slice_s", "connect_timeout_s",

@@ -2,7 +2,7 @@
 
 Contract: :class:`RunDir` names each file a run keeps (``config.json``, ``token``,
 ``controller.json``, ``jobs.json``, ``events.jsonl``, ``summary.json``, ``requeue.json``, ``snapshot.json``, ``steps.jsonl``, ``adopt.json``, ``spawner.json``,
-``controller-lost.json``, ``logs/``, ``final/``,
+``controller-lost.json``, ``job-ending.json``, ``logs/``, ``final/``,
 ``checkpoints/``, ``sandbox/``); no other module spells these names. :meth:`RunDir.create` makes the directory
 mode 0700 (the token, checkpoints and logs inside are the owner's alone). It does no other I/O.
 """
@@ -77,6 +77,15 @@ class RunDir:
     def controller_lost(self) -> Path:
         """Claimed (O_EXCL) by the node monitor that requeues a job whose controller was lost."""
         return self.path / "controller-lost.json"
+
+    @property
+    def job_ending(self) -> Path:
+        """Written when the job was told it ends (SIGUSR1, SIGTERM): the next job can tell a planned
+        end whose checkpoint never completed (the grace time too short) from a clean one."""
+        return self.path / "job-ending.json"
+
+    def job_ending_archive(self, t: float) -> Path:
+        return self.path / f"job-ending-{int(t)}.json"
 
     def controller_lost_archive(self, t: float) -> Path:
         return self.path / f"controller-lost-{int(t)}.json"

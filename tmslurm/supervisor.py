@@ -24,7 +24,8 @@ connect through their node's relay (``runtime.relay``) and ``advert``, replaced 
   once with ``--adopt`` (:mod:`tmslurm.controller.adoption`). Otherwise every process is stopped
   and the status returned.
 
-It never signals anything but its own children.
+It never signals anything but its own children. :meth:`Supervisor.forward` passes a signal on to
+the running controller (on Slurm: SIGUSR1, the time limit near, sent to the batch shell only).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -85,6 +87,17 @@ class Supervisor:
         self.host = host
         self.child = child
         self.journal = Journal(self.rundir.events)
+        self.proc: subprocess.Popen | None = None
+        """The controller process this supervisor started last."""
+
+    def forward(self, signum: int) -> None:
+        """Pass a signal on to the controller (from a signal handler, on this main thread: Slurm
+        signalled only the batch shell, which is this process). Only ever the child started here:
+        ``send_signal`` does nothing once it was reaped, and only this thread reaps it."""
+        if self.proc is None:
+            log.warning("signal %s arrived before any controller: not passed on", signal.Signals(signum).name)
+            return
+        self.proc.send_signal(signum)
 
     def run(self) -> int:
         """Run controllers until one ends the run; the last controller's exit status."""
@@ -106,11 +119,11 @@ class Supervisor:
                "--listen-fd", str(lfd), "--store-port", str(self.store.port), *self.child.args]
         cmd += ["--adopt"] if incarnation else []
         if not self.child.pipe:
-            proc = subprocess.Popen(cmd, pass_fds=(lfd,))
+            proc = self.proc = subprocess.Popen(cmd, pass_fds=(lfd,))
             self._advertise(proc.pid, incarnation)
             return proc.wait()
         rfd, wfd = os.pipe()
-        proc = subprocess.Popen(cmd + ["--spawn-fd", str(wfd)], pass_fds=(lfd, wfd))
+        proc = self.proc = subprocess.Popen(cmd + ["--spawn-fd", str(wfd)], pass_fds=(lfd, wfd))
         os.close(wfd)  # the pipe ends (EOF) when the controller does
         reader = threading.Thread(target=serve, args=(rfd, self.owner), name="spawn-requests", daemon=True)
         reader.start()

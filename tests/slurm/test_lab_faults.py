@@ -159,28 +159,6 @@ def _requeues(slurm, job_id: str) -> int:
     return int(job_field(out, "Restarts") or 0)
 
 
-def test_drain_of_the_batch_host_checkpoints_requeues_without_it_and_resumes_exactly(slurm, tmp_path, tmp_path_factory):
-    """A switch cannot move the batch host (the job ends with it): tmslurm checkpoints at the next
-    step boundary, requeues the job excluding the node, and the new incarnation resumes exactly."""
-    ref = reference_hash(tmp_path_factory, *LAYOUT)
-    run = SlurmRun(slurm, tmp_path / "run", [*LAYOUT, "standby.count=1", *COMMON])
-    st = run.wait_step(8)
-    batch = next(r["node"] for r in st["ranks"] if r["rank"] == 0)
-    assert job_field(run.job(), "BatchHost") == batch
-    slurm.run("scontrol", "update", f"nodename={batch}", "state=drain", "reason=maint-batch")
-    rq = run.wait_for(lambda e: e["type"] == "requeue", what="checkpoint + requeue")
-    assert rq["exclude"] == [batch]
-    s = run.summary(timeout=420)  # Slurm holds a requeued job cred_expire+1 s (21 s on the suite's lab, else ~121 s)
-    job = run.job()
-    # (ExcNodeList is set best-effort: Slurm refuses it while the requeued job is still completing;
-    # the drained node cannot be allocated anyway)
-    assert _requeues(slurm, run.job_id) == 1, job
-    assert job_field(job, "BatchHost") != batch
-    (ev,) = [e for e in s["events"] if e["kind"] == "batch_host_requeue"]
-    assert ev["ranks"] == [] and ev.get("redo_steps", 0) == 0, ev  # checkpoint at the boundary: nothing redone
-    assert exact(s, ref) and s["steps"] == 60
-
-
 def test_power_off_of_the_batch_host_requeues_automatically_and_resumes_exactly(slurm, tmp_path, tmp_path_factory):
     """The batch host dies silently and the controller with it. Slurm (22.05) drops the node from the
     ``--no-kill`` job but keeps it RUNNING without its batch step, so nothing would happen by itself.

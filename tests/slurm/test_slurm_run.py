@@ -114,7 +114,7 @@ def job_field(text: str, key: str) -> str:
 
 
 def node_state(slurm, node: str) -> str:
-    return slurm.run("sinfo", "-h", "-n", node, "-o", "%T").stdout.strip().lower()
+    return slurm.run("sinfo", "-h", "-n", node, "-o", "%T").stdout.strip().lower().split("\n")[0]  # a line per partition
 
 
 def _check_same_job_kept_running(run: SlurmRun, node: str) -> None:

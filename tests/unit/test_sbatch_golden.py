@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tmslurm.config import compose_config
+from tmslurm.slurm.placement import placement_of
 from tmslurm.slurm.submit import main_sbatch_text, spare_sbatch_text, time_minutes
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "golden"
@@ -20,7 +21,12 @@ CASES = {
     "main-rpn2-account-qos": (main_sbatch_text, ["cluster=slurm", "parallel.ranks_per_node=2", "slurm.account=proj",
                                                  "slurm.extra_args=['--qos=high']", "slurm.time=1-02:00:00", "slurm.partition=gpu"]),
     "spare-exclude": (spare_sbatch_text, ["cluster=slurm"]),
+    "spare-inherited-placement": (spare_sbatch_text, ["cluster=slurm", "slurm.spare_args=['--qos=standby']"]),
+    "main-resubmit": (main_sbatch_text, ["cluster=slurm", "slurm.signal_lead_s=300"]),
 }
+# The main job that spare-inherited-placement's spare serves was submitted by hand:
+# sbatch -p gpu -A proj -q high -C h100 --gres=gpu:8 scripts/tmslurm.sbatch ... (slurm.* left default)
+MAIN_JOB = {"Partition": "gpu", "Account": "proj", "QOS": "high", "Features": "h100", "TresPerNode": "gres/gpu:8"}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -28,7 +34,9 @@ def test_generated_sbatch_matches_golden_file(name, tmp_path):
     fn, overrides = CASES[name]
     cfg = compose_config(overrides)
     args = (tmp_path / "run", cfg) if fn is main_sbatch_text else (tmp_path / "run", cfg, ["node2", "node5"])
-    text = fn(*args)
+    if name == "spare-inherited-placement":
+        args = (*args, placement_of(MAIN_JOB))
+    text = fn(*args, **({"after": "4242"} if name == "main-resubmit" else {}))
     assert str(tmp_path) not in text
     path = GOLDEN / f"{name}.sbatch"
     if os.environ.get("TMSLURM_UPDATE_GOLDEN"):

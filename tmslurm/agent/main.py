@@ -8,12 +8,16 @@ node's :class:`~tmslurm.agent.monitor.Monitor` (which imports no torch).
 A heartbeat thread reports liveness; a reader thread queues controller messages and raises the
 abort flag the moment an ``abort`` arrives, so a rank blocked in a collective stops waiting.
 If the controller goes away the agent exits (status 3): a rank never trains on without it.
+SIGUSR1 (Slurm's notice that the main job's time limit is near) is ignored: the controller acts on it;
+so is SIGTERM by a rank in a Slurm job (a preemption's grace time is for the controller's checkpoint).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -27,6 +31,9 @@ log = logging.getLogger(__name__)
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Slurm sends SIGUSR1 to every step's processes when the main job's time limit is near
+    # (slurm.signal_lead_s); the controller acts on it, a rank carries on until told.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     ap = argparse.ArgumentParser(prog="tmslurm-agent")
     ap.add_argument("--run-dir", required=True, type=Path)
     who = ap.add_mutually_exclusive_group(required=True)
@@ -35,6 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     who.add_argument("--monitor", action="store_true")
     ap.add_argument("--node", default=None)
     args = ap.parse_args(argv)
+    if args.rank is not None and os.environ.get("SLURM_JOB_ID"):
+        # A preemption or scancel sends SIGTERM to every process of the job, then SIGKILL after the
+        # grace time: a rank trains on until the controller's checkpoint decision (it is fenced
+        # with SIGKILL, never SIGTERM).
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     setup_logging()
     LOG_CONTEXT["run"] = args.run_dir.name
     if args.monitor:

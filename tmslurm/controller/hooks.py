@@ -41,6 +41,10 @@ class ClusterHooks(Protocol):
         """Requeue the run's own job away from ``exclude`` (sent in the background; :meth:`flush`
         waits for it); False when the cluster cannot."""
 
+    def resubmit(self) -> bool:
+        """Submit the run's next job, to start once this one has ended, in the same run directory
+        (sent in the background; :meth:`flush` waits for it); False when the cluster cannot."""
+
     def flush(self, timeout_s: float) -> bool:
         """After the loop ended: wait up to ``timeout_s`` for cluster commands still running."""
 
@@ -68,6 +72,9 @@ class LocalHooks:
         return None
 
     def requeue(self, exclude: list[str]) -> bool:
+        return False
+
+    def resubmit(self) -> bool:
         return False
 
     def flush(self, timeout_s: float) -> bool:

@@ -52,7 +52,7 @@ from tmslurm.controller.recoveries import Recoveries
 from tmslurm.controller.restarts import Restarts
 from tmslurm.controller.server import ControlServer
 from tmslurm.controller.snapshot import Snapshots
-from tmslurm.controller.state import Agent, Mode, RunState
+from tmslurm.controller.state import Agent, JobEnd, Mode, RunState
 from tmslurm.controller.summary import Summary
 from tmslurm.controller.switches import Switches
 from tmslurm.errors import TmslurmError
@@ -127,6 +127,8 @@ class Controller:
         self.logged = len(state.step_log)
         """Step log entries already handed to the snapshot writer (``steps.jsonl``)."""
         self.snapshots = Snapshots(rundir.snapshot, rundir.steps)
+        self.job_end: tuple[JobEnd, str] | None = None
+        """Set by a signal handler (:meth:`job_ending`), taken by the loop: the job is about to end."""
 
     # ---- intake from other threads -------------------------------------------------------------
     def submit_notice(self, notice: Notice) -> None:
@@ -135,6 +137,18 @@ class Controller:
 
     def checkpoint_and_requeue(self, node: str, reason: str) -> None:
         self.restarts.checkpoint_and_requeue(node, reason)
+
+    def job_ending(self, end: JobEnd, reason: str) -> None:
+        """Called from a signal handler (the main thread, between two bytecodes of the loop): only
+        one assignment, no lock (a queue put here could wait on a lock the interrupted loop holds).
+        The loop acts on it within ``TICK_S``."""
+        self.job_end = (end, reason)
+
+    def take_job_end(self) -> None:
+        """On the loop's thread: act on a job end a signal announced (checkpoint, then its action)."""
+        if self.job_end is not None:
+            (end, reason), self.job_end = self.job_end, None
+            self.restarts.checkpoint_and_end(end, reason)
 
     # ---- the loop -----------------------------------------------------------------------------
     def run(self, server: ControlServer, token: str) -> dict[str, Any]:
@@ -157,6 +171,7 @@ class Controller:
                 pass
             if self.state.step != self.snapshots.last_step:  # right after the commit: cheap, written off the loop
                 self._offer_snapshot()
+            self.take_job_end()
             if ticker.due(time.monotonic()):
                 if self.adoption is not None:
                     self.adoption.tick()

@@ -9,7 +9,7 @@ Contract:
   its Slurm step / spare job), never by a pid a client reported, and closes its connection.
 - The pool queries (:meth:`warm_pool`, :meth:`standby_nodes`, :meth:`nodes`,
   :meth:`ranks_of_node`) read the state and never fail. :meth:`replenish` keeps
-  ``standby.count`` standbys per node alive or starting (when ``standby.replenish`` or on Slurm).
+  ``standby.count`` standbys per node alive or starting (``standby.replenish``; unset: on Slurm only).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class Membership:
         self.address = address
         cfg = ctx.cfg
         self.standby_target = cfg.standby.count * cfg.parallel.ranks_per_node
-        self.replenishing = cfg.standby.replenish or cfg.cluster == "slurm"
+        self.replenishing = cfg.cluster == "slurm" if cfg.standby.replenish is None else cfg.standby.replenish
 
     # ---- connections --------------------------------------------------------------------------
     def hello(self, msg: Hello, conn: int, ch: LineChannel) -> Agent | None:

@@ -14,6 +14,10 @@ Contract (on the controller's thread; nothing here raises into the loop):
   committed step of the previous incarnation (``snapshot.json``) - the checkpoint resumed from.
 - :meth:`checkpoint_and_requeue`: the batch host must leave; the next commit decision carries
   ``checkpoint``, and once that checkpoint is complete (:meth:`tick`) the job requeues without it.
+- :meth:`checkpoint_and_end`: the main job's time limit is near (SIGUSR1); the same checkpoint,
+  then ``slurm.on_limit``: requeue (event ``job_end_requeue``), resubmit (``job_end_resubmit``: a
+  new job after this one) or stop (the run ends at the next commit, the checkpoint complete). No
+  step is committed while the checkpoint is written, so the next job redoes none.
 Parts recorded: detect, stop, reschedule (requeue), startup, group_setup, ckpt_load, redo.
 """
 
@@ -29,7 +33,7 @@ from tmslurm.controller.items import Released
 from tmslurm.controller.snapshot import read_snapshot
 from tmslurm.controller.membership import Membership
 from tmslurm.controller.planbook import PlanBook
-from tmslurm.controller.state import CheckpointThen, Mode
+from tmslurm.controller.state import CheckpointThen, JobEnd, Mode
 from tmslurm.wire.messages import Started
 from tmslurm.controller.journal import read_journal
 from tmslurm.train.ckpt_index import latest_complete
@@ -114,27 +118,38 @@ class Restarts:
 
     # ---- requeue ------------------------------------------------------------------------------
     def requeue(self, cause: str, ranks: list[int], trigger: str, detect_t: float, failure_t: float | None,
-                exclude: list[str]) -> None:
+                exclude: list[str], kind: str | None = None) -> None:
+        """Stop every rank, save the open event, and requeue the job (``kind`` ``job_end_resubmit``:
+        submit the next job instead, which starts when this one has ended)."""
         t0 = time.time()
         st = self.state
         self._stop_all_ranks()
-        kind = "requeue_restart" if self.ctx.cfg.runtime.restart_mode == "requeue_restart" else "batch_host_requeue"
+        if kind is None:
+            kind = "requeue_restart" if self.ctx.cfg.runtime.restart_mode == "requeue_restart" else "batch_host_requeue"
         saved = {"cause": cause, "ranks": ranks, "trigger": trigger, "detect_t": detect_t, "failure_t": failure_t,
                  "target_step": st.step, "last_commit_t": self.ctx.events.last_commit_t, "step_log": st.step_log,
                  "events": self.ctx.events.items, "stop_s": time.time() - t0, "requeue_t": time.time(),
-                 "exclude": exclude, "fired": sorted(st.fired), "kind": kind}
+                 "exclude": exclude, "fired": sorted(st.fired), "kind": kind,
+                 "job_id": self.ctx.hooks.status().get("main_job_id")}
         self.ctx.rundir.requeue.write_text(json.dumps(saved, default=str))
-        self.ctx.journal.write("requeue", cause=cause, target_step=st.step, exclude=exclude)
-        log.warning("requeueing the job (%s); it resumes from the latest checkpoint", cause)
+        self.ctx.journal.write("requeue", cause=cause, target_step=st.step, exclude=exclude, kind=kind)
+        log.warning("%s the job (%s); it resumes from the latest checkpoint",
+                    "resubmitting" if kind == "job_end_resubmit" else "requeueing", cause)
         st.requeued = True
         st.mode = Mode.FINISHED
-        self.ctx.hooks.requeue(exclude)
+        self.ctx.rundir.job_ending.unlink(missing_ok=True)  # the end is recorded in full: nothing to tell
+        if kind == "job_end_resubmit":
+            self.ctx.hooks.resubmit()
+        elif kind != "job_end_sigterm":
+            self.ctx.hooks.requeue(exclude)
 
     def resume_after_requeue(self) -> None:
         """At start-up: complete the event a previous incarnation of the job left open."""
         path = self.ctx.rundir.requeue
         if not path.is_file():
-            self._resume_after_lost_controller()
+            if not self._resume_after_lost_controller():
+                self._resume_after_unfinished_end()
+            self.ctx.rundir.job_ending.unlink(missing_ok=True)  # told, but the controller-lost claim says more
             return
         saved = json.loads(path.read_text())
         path.rename(self.ctx.rundir.requeue_archive(saved["requeue_t"]))
@@ -147,11 +162,38 @@ class Restarts:
                            saved["failure_t"], saved["target_step"], st.step)
         rec["stop_s"] = saved["stop_s"]
         rec["requeue_t"] = saved["requeue_t"]
+        rec["from_job_id"] = saved.get("job_id")
         rec["reschedule_s"] = time.time() - saved["requeue_t"]
         st.restart_t = time.time()
         self.ctx.journal.write("resumed_after_requeue", from_step=st.step, reschedule_s=rec["reschedule_s"])
 
-    def _resume_after_lost_controller(self) -> None:
+    def _resume_after_unfinished_end(self) -> None:
+        """The previous job was told it ends (``job-ending.json``) but was killed before its checkpoint
+        was complete (a preemption's grace time too short): record it as an event whose redone steps
+        are the last commit (``snapshot.json``) minus the checkpoint this job resumes from."""
+        rd, st = self.ctx.rundir, self.state
+        try:
+            told = json.loads(rd.job_ending.read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring an unreadable %s: %s", rd.job_ending, exc)
+            return
+        t = float(told.get("t", time.time()))
+        rd.job_ending.rename(rd.job_ending_archive(t))
+        snap = read_snapshot(rd.snapshot) or {}
+        target = int(snap.get("step", st.step))
+        self.ctx.events.last_commit_t = snap.get("last_commit_t")
+        cause = f"{told.get('reason', '?')}; the job ended before its checkpoint was complete"
+        rec = self._record("job_end_unfinished", "planned", cause, [], t, t, target, st.step)
+        rec["reschedule_s"] = time.time() - t
+        st.restart_t = time.time()
+        self.ctx.journal.write("resumed_after_unfinished_end", from_step=st.step, redo_steps=target - st.step,
+                               last_committed=target)
+        log.warning("the previous job ended (%s) after step %d before its checkpoint was complete: resuming "
+                    "from checkpoint step %d, redoing %d steps", told.get("reason"), target, st.step, target - st.step)
+
+    def _resume_after_lost_controller(self) -> bool:
         """A node monitor requeued the job because its controller was lost (``controller-lost.json``):
         record that as an unexpected event whose redone steps are the previous incarnation's last
         commit (``snapshot.json``) minus the checkpoint this one resumes from."""
@@ -159,10 +201,10 @@ class Restarts:
         try:
             claim = json.loads(rd.controller_lost.read_text())
         except FileNotFoundError:
-            return
+            return False
         except (OSError, ValueError) as exc:
             log.warning("ignoring an unreadable %s: %s", rd.controller_lost, exc)
-            return
+            return False
         rd.controller_lost.rename(rd.controller_lost_archive(float(claim.get("t", time.time()))))
         snap = read_snapshot(rd.snapshot) or {}
         target = int(snap.get("step", st.step))
@@ -180,6 +222,7 @@ class Restarts:
                                last_committed=target, reschedule_s=rec["reschedule_s"], node=claim.get("node"))
         log.warning("the previous incarnation lost its controller after step %d; resuming from checkpoint step %d",
                     target, st.step)
+        return True
 
     def checkpoint_and_requeue(self, node: str, reason: str) -> None:
         if self.state.checkpoint_then is not None:
@@ -196,6 +239,26 @@ class Restarts:
         self.ctx.journal.write("checkpoint_then_restart", ranks=ranks, reason=reason)
         log.warning("no warm standby for ranks %s (%s): checkpoint at the next step, then restart from it", ranks, reason)
 
+    def checkpoint_and_end(self, end: JobEnd, reason: str) -> None:
+        """The main job is ending: checkpoint at the next step boundary, then (:meth:`_end_job`)
+        ``slurm.on_limit`` for a time limit, or wait for Slurm's kill after a SIGTERM. It supersedes a
+        checkpoint-then-restart that was waiting (the next job restarts every rank anyway); a batch
+        host leaving already ends the job. ``job-ending.json`` tells the next job it was announced."""
+        st = self.state
+        if st.requeued or st.mode is Mode.FINISHED or st.stop_requested:
+            return
+        then = st.checkpoint_then
+        if then is not None and then.action in ("requeue", "end"):
+            return
+        step = then.checkpoint_step if then is not None else None
+        st.checkpoint_then = CheckpointThen("end", reason, time.time(), checkpoint_step=step, end=end)
+        action = self.ctx.cfg.slurm.on_limit if end is JobEnd.TIME_LIMIT else "wait for Slurm"
+        self.ctx.rundir.job_ending.write_text(json.dumps({"t": time.time(), "end": end.value, "reason": reason,
+                                                          "step": st.step}))
+        self.ctx.journal.write("job_ending", end=end.value, reason=reason, then=action,
+                               superseded=then.action if then else None)
+        log.warning("the job is ending (%s): checkpoint at the next step boundary, then %s", reason, action)
+
     def tick(self) -> None:
         then = self.state.checkpoint_then
         if then is None or then.checkpoint_step is None or self.state.requeued:
@@ -206,5 +269,20 @@ class Restarts:
         if then.action == "requeue":
             self.requeue(f"batch host {then.node} leaving: {then.reason}", [], "planned", then.t, then.t,
                          exclude=[then.node])
+        elif then.action == "end":
+            self._end_job(then)
         else:
             self.restart(then.reason, then.ranks, "planned", then.t)
+
+    def _end_job(self, then: CheckpointThen) -> None:
+        if then.end is JobEnd.SIGTERM:  # Slurm requeues (preemption) or ends (scancel) the job itself
+            self.requeue(then.reason, [], "planned", then.t, then.t, exclude=[], kind="job_end_sigterm")
+            return
+        on_limit = self.ctx.cfg.slurm.on_limit
+        if on_limit == "stop" or not self.ctx.hooks.can_requeue():
+            self.state.stop_requested = True  # the next commit is the last; the checkpoint is complete
+            self.ctx.rundir.job_ending.unlink(missing_ok=True)
+            self.ctx.journal.write("stopping_at_job_end", reason=then.reason, checkpoint_step=then.checkpoint_step)
+            log.warning("stopping (%s): resume with train.resume_from=%s", then.reason, self.ctx.rundir.path)
+            return
+        self.requeue(then.reason, [], "planned", then.t, then.t, exclude=[], kind=f"job_end_{on_limit}")

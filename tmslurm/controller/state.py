@@ -58,10 +58,21 @@ class Agent:
         return self.kind == "standby" and self.alive and self.rank is None
 
 
+class JobEnd(enum.Enum):
+    """Why the main job is ending, as its signal says."""
+
+    TIME_LIMIT = "time_limit"
+    """SIGUSR1, slurm.signal_lead_s before the time limit: checkpoint, then slurm.on_limit."""
+    SIGTERM = "sigterm"
+    """Preempted (PreemptMode=REQUEUE: Slurm requeues it), cancelled, or past its limit: checkpoint
+    within the grace time and leave the rest to Slurm."""
+
+
 @dataclass
 class CheckpointThen:
     """Checkpoint at the next step boundary, then ``restart`` from it (a planned event with no warm
-    standby) or ``requeue`` away from ``node`` (the batch host must leave)."""
+    standby), ``requeue`` away from ``node`` (the batch host must leave) or ``end`` (the main job is
+    ending: see :class:`JobEnd`)."""
 
     action: str
     reason: str
@@ -69,6 +80,8 @@ class CheckpointThen:
     ranks: list[int] = field(default_factory=list)
     node: str | None = None
     checkpoint_step: int | None = None
+    end: JobEnd | None = None
+    """For ``end``: which signal announced it."""
 
 
 @dataclass

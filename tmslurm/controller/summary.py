@@ -4,8 +4,9 @@ Contract: :meth:`Summary.status` is a JSON-ready view of the run (ranks, standby
 :meth:`Summary.write` builds ``summary.json``: the final hashes from every rank's ``done`` report
 (:func:`~tmslurm.controller.final.final_hashes`: ``final_params_sha256``, ``final_state_sha256``,
 ``replicas_equal``, ``diverging``; a divergence is journalled and logged as an error and gives
-no hash), losses, the step log, the events with their downtime. It raises only when the run
-directory cannot be written.
+no hash), losses, the step log, the events with their downtime, and ``jobs``: the run's chain of
+Slurm jobs (:func:`job_chain`; ``tmslurm status`` shows the current ``incarnation``). It raises
+only when the run directory cannot be written.
 """
 
 from __future__ import annotations
@@ -21,6 +22,20 @@ from tmslurm.controller.events import describe
 from tmslurm.controller.final import final_hashes, fold_slices
 
 log = logging.getLogger(__name__)
+
+
+JOB_BOUNDARIES = ("job_end_requeue", "job_end_resubmit", "job_end_sigterm", "job_end_unfinished", "batch_host_requeue",
+                  "controller_lost_requeue", "requeue_restart")
+"""Event kinds that end one Slurm job of the run and start the next (a requeue or a resubmission)."""
+
+
+def job_chain(events: list[dict[str, Any]], job_id: str | None) -> list[dict[str, Any]]:
+    """The run's Slurm jobs, one entry per incarnation: its job id, what ended it and the steps the
+    next one redid (``lost_steps``; 0 for a time limit: the checkpoint is taken at the boundary)."""
+    chain = [{"incarnation": i, "job_id": ev.get("from_job_id"), "ended_by": ev["kind"], "cause": ev["cause"],
+              "ended_at_step": ev["target_step"], "lost_steps": ev["lost_steps"]}
+             for i, ev in enumerate(e for e in events if e["kind"] in JOB_BOUNDARIES)]
+    return [*chain, {"incarnation": len(chain), "job_id": job_id, "ended_by": None}]
 
 
 class Summary:
@@ -39,9 +54,11 @@ class Summary:
         standbys = [{"id": a.aid, "node": a.node, "roles": sorted(a.roles), "busy": a.busy,
                      "rss_mb": {k: v.get("rss_mb") for k, v in a.roles.items()}} for a in st.agents.values() if a.idle_standby]
         last = st.step_log[-1] if st.step_log else {}
+        cluster = self.ctx.hooks.status()
         return {"run_dir": str(self.ctx.rundir.path), "mode": st.mode.value, "epoch": st.epoch, "step": st.step,
                 "steps": self.ctx.cfg.train.steps, "step_time_s": last.get("dt"), "loss": last.get("loss"),
-                "ranks": ranks, "standbys": standbys, "events": self.ctx.events.items, **self.ctx.hooks.status()}
+                "ranks": ranks, "standbys": standbys, "events": self.ctx.events.items, **cluster,
+                "incarnation": len(job_chain(self.ctx.events.items, cluster.get("main_job_id"))) - 1}
 
     def memory(self) -> dict[str, float | None]:
         """The largest standby's resident set once warm and its peak while warming, against the largest
@@ -64,6 +81,7 @@ class Summary:
             self.ctx.journal.write("replicas_diverged", diverging=hashes["diverging"])
         median = self.commits.median_step()
         losses = [e["loss"] for e in st.step_log if e.get("loss") is not None]
+        summary_events, cluster = self.ctx.events.finalize(median), self.ctx.hooks.status()
         summary = {
             "run_id": self.ctx.rundir.name, "layout": {"dp": layout.dp, "pp": layout.pp, "tp": layout.tp, "zero": layout.zero},
             "steps": st.step, "resumed_from_step": st.start_step, **hashes, "replica_mismatch_steps": st.replica_mismatch,
@@ -71,12 +89,13 @@ class Summary:
             "median_step_s": median, "state_bytes": {r: m.state_bytes for r, m in sorted(st.done.items())},
             "optimizer_bytes": {r: m.optimizer_bytes for r, m in sorted(st.done.items())},
             "buddy_cost": {r: m.buddy.model_dump() for r, m in sorted(st.done.items()) if m.buddy is not None},
-            "step_log": st.step_log, "events": self.ctx.events.finalize(median),
+            "step_log": st.step_log, "events": summary_events,
             "standbys": [{"id": a.aid, "node": a.node, "roles": a.roles} for a in st.standbys()],
             "memory": self.memory(),
             "pending_notices": [dataclasses.asdict(n) for n in st.pending_notices],
             "gray": self.commits.gray.report() if self.commits.gray is not None else None,
-            "restart_mode": self.ctx.cfg.runtime.restart_mode, "failed": st.failed_reason, **self.ctx.hooks.status(),
+            "restart_mode": self.ctx.cfg.runtime.restart_mode, "failed": st.failed_reason, **cluster,
+            "jobs": job_chain(summary_events, cluster.get("main_job_id")),
         }
         self.ctx.rundir.summary.write_text(json.dumps(summary, indent=1, default=str))
         for rec in summary["events"]:

@@ -1,11 +1,14 @@
 """Submission with submitit: the main training job and the spare allocations.
 
 Contract: :func:`executor` builds a submitit ``AutoExecutor`` for this run (folder
-``<run_dir>/submitit``, partition, time, account and extra sbatch arguments from ``slurm.*``).
+``<run_dir>/submitit``, time from ``slurm.time``, where it runs from a :class:`Placement`, extra
+sbatch arguments from ``slurm.extra_args``, ``--comment=tmslurm run=<name>`` on every job).
 :func:`main_executor` makes the main job: one multi-node job with ``--no-kill`` (a lost node shrinks
-it instead of killing it) and ``--requeue`` (submitted by :func:`tmslurm.slurm.proc.job.launch_slurm`).
-:func:`submit_spare` submits one spare job whose body (:func:`spare_main`) runs
-``ranks_per_node`` standby agents. A submission failure raises SlurmError (sbatch's message).
+it instead of killing it), ``--requeue`` and ``--signal=USR1@slurm.signal_lead_s`` (submitted by
+:func:`tmslurm.slurm.proc.job.launch_slurm`, and again by a run that resubmits itself at its time
+limit). :func:`submit_spare` submits one spare job, in the main job's placement plus
+``slurm.spare_args``, whose body (:func:`spare_main`) runs ``ranks_per_node`` standby agents. A
+submission failure raises SlurmError (sbatch's message).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 
 from tmslurm.config import RunConfig, num_nodes, wants_monitors
 from tmslurm.errors import ConfigError, SlurmError
+from tmslurm.slurm.placement import Placement, placement_from_config
 
 log = logging.getLogger(__name__)
 
@@ -41,59 +45,84 @@ def time_minutes(text: str) -> int:
     return max(1, math.ceil(minutes))  # never shorter than asked
 
 
-def _extra_args(cfg: RunConfig) -> dict[str, Any]:
+def _extra_args(args: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for arg in cfg.slurm.extra_args:
+    for arg in args:
         key, _, value = arg.lstrip("-").partition("=")
         out[key.replace("-", "_")] = value if value else True
     return out
 
 
-def executor(run_dir: Path, cfg: RunConfig, *, name: str, nodes: int, extra: dict[str, Any] | None = None,
-             exclude: str | None = None, srun_args: list[str] | None = None) -> Any:
+def run_comment(run_dir: Path) -> str:
+    """The ``--comment`` of every job of a run: ``squeue -o '%.10i %.16j %k'`` shows which run a spare serves."""
+    return f"tmslurm run={Path(run_dir).name}"
+
+
+def executor(run_dir: Path, cfg: RunConfig, *, name: str, nodes: int, placement: Placement,
+             extra: dict[str, Any] | None = None, exclude: str | None = None, srun_args: list[str] | None = None,
+             setup: list[str] | None = None) -> Any:
+    """A submitit executor. Parameters, later ones winning: --no-kill --exclusive, the placement,
+    ``slurm.extra_args``, ``extra``."""
     import submitit
 
     ex = submitit.AutoExecutor(folder=str(Path(run_dir) / "submitit"), cluster="slurm")
-    params: dict[str, Any] = {"no_kill": True, "exclusive": True, **_extra_args(cfg), **(extra or {})}
-    if cfg.slurm.account:
-        params["account"] = cfg.slurm.account
-    kwargs: dict[str, Any] = dict(name=name, timeout_min=time_minutes(cfg.slurm.time), slurm_partition=cfg.slurm.partition,
+    params: dict[str, Any] = {"no_kill": True, "exclusive": True, "comment": run_comment(run_dir),
+                              **placement.sbatch_params(), **_extra_args(cfg.slurm.extra_args), **(extra or {})}
+    kwargs: dict[str, Any] = dict(name=name, timeout_min=time_minutes(cfg.slurm.time), slurm_partition=placement.partition,
                                   nodes=nodes, tasks_per_node=1, slurm_additional_parameters=params)
     if exclude:
         kwargs["slurm_exclude"] = exclude
     if srun_args:
         kwargs["slurm_srun_args"] = srun_args
+    if setup:
+        kwargs["slurm_setup"] = setup
     ex.update_parameters(**kwargs)
     return ex
 
 
-def main_executor(run_dir: Path, cfg: RunConfig) -> Any:
-    """The main job: all training nodes, --no-kill, --requeue, one batch task on the batch host."""
-    return executor(run_dir, cfg, name="tmslurm-main", nodes=num_nodes(cfg.parallel), extra={"requeue": True},
-                    srun_args=["--nodes=1", "--ntasks=1"])
+BATCH_SHELL_KEEPS_TERM = "trap '' TERM  # a preemption signals this shell too: it must outlive the run's checkpoint"
+"""First line of the main job's batch script: Slurm sends SIGTERM to every process of a preempted or
+cancelled job, this shell included, which would die of it and end the job at once; the run inside
+(the srun step) checkpoints within the grace time instead."""
 
 
-def main_sbatch_text(run_dir: Path, cfg: RunConfig) -> str:
+def main_executor(run_dir: Path, cfg: RunConfig, placement: Placement | None = None, after: str | None = None) -> Any:
+    """The main job: all training nodes, --no-kill, --requeue, one batch task on the batch host, and
+    SIGUSR1 ``slurm.signal_lead_s`` before its time limit (to every step's processes; this replaces
+    submitit's own USR2 signal, whose handler would end a job it cannot checkpoint). ``after``: a
+    job of the same run this one must wait for (a resubmission, ``--dependency=afterany``)."""
+    extra: dict[str, Any] = {"requeue": True, "signal": f"USR1@{cfg.slurm.signal_lead_s}"}
+    if after is not None:
+        extra["dependency"] = f"afterany:{after}"
+    return executor(run_dir, cfg, name="tmslurm-main", nodes=num_nodes(cfg.parallel), extra=extra,
+                    placement=placement or placement_from_config(cfg), srun_args=["--nodes=1", "--ntasks=1"],
+                    setup=[BATCH_SHELL_KEEPS_TERM])
+
+
+def main_sbatch_text(run_dir: Path, cfg: RunConfig, after: str | None = None) -> str:
     """The sbatch script submitit generates for the main job (run directory shown as RUN_DIR)."""
-    ex = main_executor(run_dir, cfg)
+    ex = main_executor(run_dir, cfg, after=after)
     text = ex._executor._make_submission_file_text("python -u -m submitit.core._submit RUN_DIR/submitit", "UID")
     return text.replace(str(Path(run_dir)), "RUN_DIR")
 
 
-def spare_executor(run_dir: Path, cfg: RunConfig, job_index: int, exclude: list[str]) -> Any:
-    """A spare: one node, --no-requeue (a lost spare just ends and is replaced), bad nodes excluded."""
-    return executor(run_dir, cfg, name=f"tmslurm-spare{job_index}", nodes=1, extra={"no_requeue": True},
-                    exclude=",".join(exclude) if exclude else None)
+def spare_executor(run_dir: Path, cfg: RunConfig, job_index: int, exclude: list[str], placement: Placement | None = None) -> Any:
+    """A spare: one node, --no-requeue (a lost spare just ends and is replaced), bad nodes excluded,
+    the main job's placement, then ``slurm.spare_args``."""
+    return executor(run_dir, cfg, name=f"tmslurm-spare{job_index}", nodes=1,
+                    extra={"no_requeue": True, **_extra_args(cfg.slurm.spare_args)},
+                    placement=placement or placement_from_config(cfg), exclude=",".join(exclude) if exclude else None)
 
 
-def spare_sbatch_text(run_dir: Path, cfg: RunConfig, exclude: list[str]) -> str:
-    ex = spare_executor(run_dir, cfg, 0, exclude)
+def spare_sbatch_text(run_dir: Path, cfg: RunConfig, exclude: list[str], placement: Placement | None = None) -> str:
+    ex = spare_executor(run_dir, cfg, 0, exclude, placement)
     text = ex._executor._make_submission_file_text("python -u -m submitit.core._submit RUN_DIR/submitit", "UID")
     return text.replace(str(Path(run_dir)), "RUN_DIR")
 
 
-def submit_spare(run_dir: Path, cfg: RunConfig, job_index: int, first_standby: int, exclude: list[str]) -> str:
-    ex = spare_executor(run_dir, cfg, job_index, exclude)
+def submit_spare(run_dir: Path, cfg: RunConfig, job_index: int, first_standby: int, exclude: list[str],
+                 placement: Placement | None = None) -> str:
+    ex = spare_executor(run_dir, cfg, job_index, exclude, placement)
     job = ex.submit(spare_main, str(run_dir), first_standby, cfg.parallel.ranks_per_node, wants_monitors(cfg))
     return str(job.job_id)
 

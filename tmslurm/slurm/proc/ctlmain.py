@@ -9,9 +9,14 @@ so the run resumes from the run directory's latest complete checkpoint (the supe
 once, for every incarnation). ``--adopt``: a previous controller died; this one takes over what it
 launched (rank steps, spare jobs, released nodes) from ``spawner.json``
 (:mod:`tmslurm.slurm.spawnstate`) and re-adopts the live agents. It launches and fences those
-processes itself, by Slurm's identity (a step, a job), never by a pid. SIGTERM (Slurm ending or
-requeueing the job) is logged and otherwise ignored, as the batch step's submitit wrapper does: a
-requeue's shutdown completes and the supervisor does not take it for a death. Exit statuses are
+processes itself, by Slurm's identity (a step, a job), never by a pid. SIGTERM (Slurm preempting,
+cancelling or requeueing the job) does not end the controller: a requeue's shutdown completes and
+the supervisor does not take it for a death; unless the run is already leaving, it checkpoints at
+the next step boundary within the grace time and then waits for Slurm's kill. SIGUSR1 (the time
+limit is ``slurm.signal_lead_s`` away; from Slurm to every step's processes, or forwarded by the
+supervisor when Slurm signalled only the batch shell) makes the run checkpoint at the next step
+boundary and then do ``slurm.on_limit``. Spares are submitted in the main job's own placement
+(:mod:`tmslurm.slurm.placement`). Exit statuses are
 those of :mod:`tmslurm.controller.main`; an unreadable record or a missing allocation is status 2.
 """
 
@@ -25,8 +30,10 @@ import sys
 from typing import Any
 
 from tmslurm.controller.main import begin, build, finish
-from tmslurm.errors import TmslurmError
+from tmslurm.controller.state import JobEnd
+from tmslurm.errors import SlurmError, TmslurmError
 from tmslurm.slurm.client import make_client
+from tmslurm.slurm.placement import Placement, placement_from_config, placement_of
 from tmslurm.slurm.proc.hooks import SlurmHooks
 from tmslurm.slurm.proc.spawner import SlurmSpawner, job_nodes
 from tmslurm.slurm.spawnstate import read_record
@@ -36,6 +43,7 @@ log = logging.getLogger(__name__)
 
 
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # until the controller exists: its default would end us
     start = begin(argv, spawn_fd=False, flags=("--resume-own",))
     if start is None:
         return 2
@@ -51,9 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     if start.args.resume_own:
         cfg.train.resume_from = str(rd.path)
     client = make_client(cfg.slurm.backend)
-    spawner = SlurmSpawner(rd.path, cfg, client, job_id, nodes, record=record)
+    spawner = SlurmSpawner(rd.path, cfg, client, job_id, nodes, record=record, placement=_placement(client, job_id, cfg))
     watch = NodeWatch({n: "main" for n in spawner.main_nodes})
     ctl, server = build(start, spawner, SlurmHooks(client, spawner, watch, job_id, nodes[0]))
+    signal.signal(signal.SIGUSR1, lambda signum, frame: ctl.job_ending(JobEnd.TIME_LIMIT, "the job's time limit is near (SIGUSR1)"))
+    signal.signal(signal.SIGTERM, lambda signum, frame: ctl.job_ending(
+        JobEnd.SIGTERM, "SIGTERM from Slurm: the job is preempted, cancelled or past its time limit"))
     watcher = SlurmWatcher(client, watch, cfg.slurm.poll_interval_s, on_notice=lambda n: _on_slurm_notice(ctl, n))
     if cfg.slurm.watch:
         watcher.start()
@@ -63,6 +74,19 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.slurm.watch:
             watcher.stop(timeout=5)
         spawner.writer.flush()
+
+
+def _placement(client: Any, job_id: str, cfg: Any) -> Placement:
+    """The main job's own placement (what its spares and its next job inherit); the config's when
+    Slurm cannot say."""
+    try:
+        info = client.job(job_id)
+    except SlurmError as exc:
+        log.warning("cannot read job %s's placement (%s): spares use slurm.partition/account", job_id, exc)
+        info = None
+    placement = placement_of(info.raw) if info is not None else placement_from_config(cfg)
+    log.info("spares go where the main job runs: %s", placement.describe())
+    return placement
 
 
 def _bypass_sigterm(signum: int, frame: Any) -> None:

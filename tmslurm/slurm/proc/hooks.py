@@ -14,6 +14,7 @@ the spawner's :class:`~tmslurm.slurm.lane.Lane`; Slurm command failures are logg
 - :meth:`is_batch_host` remembers every noticed node as bad (new spares avoid it until it is
   healthy) and says whether it is the batch host;
 - :meth:`requeue` requeues the main job (Slurm ends this batch task), excluding nodes;
+  :meth:`resubmit` submits the next job instead (``--dependency=afterany:<this job>``);
 - :meth:`flush` (after the loop ended) waits for the lane, so a requeue is sent before exiting.
 """
 
@@ -89,6 +90,22 @@ class SlurmHooks:
     def requeue(self, exclude: list[str]) -> bool:
         self.spawner.lane.submit(lambda: self._requeue(exclude), "requeue")
         return True
+
+    def resubmit(self) -> bool:
+        self.spawner.lane.submit(self._resubmit, "resubmit")
+        return True
+
+    def _resubmit(self) -> None:
+        from tmslurm.slurm.proc.job import submit_next
+
+        try:
+            job_id = submit_next(self.spawner.run_dir, self.spawner.cfg, after=self.job_id,
+                                 placement=self.spawner.placement)
+        except SlurmError as exc:
+            log.error("cannot resubmit the run: %s; resume it by hand (tmslurm-launch ... train.resume_from=%s)",
+                      exc, self.spawner.run_dir)
+            return
+        log.warning("next job %s submitted; it starts when job %s has ended", job_id, self.job_id)
 
     def flush(self, timeout_s: float) -> bool:
         return self.spawner.lane.flush(timeout_s)

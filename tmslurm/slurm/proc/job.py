@@ -19,7 +19,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -72,22 +74,74 @@ def run_in_allocation(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
     child = Child(module="tmslurm.slurm.proc.ctlmain", pipe=False, args=("--resume-own",) if resume else (),
                   advert={"main_job_id": job_id})
     sup = Supervisor(cfg, run_dir, SlurmOwner(rundir.spawner), socket.create_server((host, 0)), open_store(host), host, child)
+    # SIGUSR1: the time limit is near. Slurm sends it to this process (the batch shell, --signal=B:)
+    # or to every step's processes (--signal=, through submitit): either way the controller gets it.
+    signal.signal(signal.SIGUSR1, lambda signum, frame: sup.forward(signum))
+    # SIGTERM: preempted, cancelled or past the limit. Slurm signals every process of the job, but
+    # this one may be the batch shell alone (sbatch scripts/tmslurm.sbatch): pass it on, never die of it.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sup.forward(signum))
+    _label(job_id, run_dir)
     rc = sup.run()
+    _await_slurm_end(rundir)
     try:
         return json.loads(rundir.summary.read_text())
     except (OSError, ValueError):
         return {"failed": f"the controller ended with status {rc} and wrote no summary", "final_params_sha256": None}
 
 
-def submit_main(run_dir: Path, cfg: RunConfig) -> str:
+def _await_slurm_end(rundir: RunDir, limit_s: float = 600.0) -> None:
+    """After a SIGTERM the run checkpointed and stopped (``requeue.json`` of kind ``job_end_sigterm``):
+    Slurm is preempting (it requeues the job itself) or cancelling it. Ending the batch step now could
+    complete the job instead, so wait for Slurm's kill (at most ``limit_s``)."""
+    try:
+        kind = json.loads(rundir.requeue.read_text()).get("kind")
+    except (OSError, ValueError):
+        return
+    if kind != "job_end_sigterm":
+        return
+    log.warning("checkpoint complete; waiting for Slurm to requeue or end the job")
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+
+
+def _label(job_id: str, run_dir: Path) -> None:
+    """Give a main job submitted by hand (sbatch scripts/tmslurm.sbatch) the run's comment, as the
+    spares have it; best effort (a job submitted by tmslurm-launch has it already)."""
+    from tmslurm.slurm.submit import run_comment
+
+    try:
+        subprocess.run(["scontrol", "update", f"jobid={job_id}", f"comment={run_comment(run_dir)}"],
+                       capture_output=True, timeout=15)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("cannot set job %s's comment: %s", job_id, exc)
+
+
+def submit_main(run_dir: Path, cfg: RunConfig, *, after: str | None = None, placement: Any = None) -> str:
+    """Submit the main job (``after``: the job of this run it must wait for, a resubmission)."""
     from tmslurm.slurm.submit import main_executor
 
-    ex = main_executor(run_dir, cfg)
+    ex = main_executor(run_dir, cfg, placement, after)
     try:
         job = ex.submit(main_job, str(run_dir))
     except Exception as exc:  # submitit raises its own failure types around sbatch
         raise SlurmError(f"sbatch of the main job failed: {exc}") from None
     return str(job.job_id)
+
+
+def submit_next(run_dir: Path, cfg: RunConfig, *, after: str, placement: Any) -> str:
+    """The run's next job (``slurm.on_limit=resubmit``): same run directory, same placement; it
+    starts once job ``after`` has ended (``afterany``, not ``singleton``: the job name
+    ``tmslurm-main`` is shared by every run of a user, and singleton would wait for all of them)."""
+    job_id = submit_main(run_dir, cfg, after=after, placement=placement)
+    jobs = RunDir(run_dir).jobs
+    try:
+        data = json.loads(jobs.read_text())
+    except (OSError, ValueError):
+        data = {}
+    chain = [*data.get("chain", [data["main_job_id"]] if "main_job_id" in data else [after]), job_id]
+    jobs.write_text(json.dumps({**data, "main_job_id": job_id, "chain": chain, "submitted_t": time.time()}))
+    return job_id
 
 
 def launch_slurm(cfg: RunConfig) -> str:

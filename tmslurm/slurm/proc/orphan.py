@@ -25,6 +25,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -125,6 +126,7 @@ def _batch_host_gone(client: SlurmClient, job_id: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # the job's time limit is near: the controller's business
     ap = argparse.ArgumentParser(prog="tmslurm-monitor")
     ap.add_argument("--run-dir", required=True, type=Path)
     ap.add_argument("--node", default=None)

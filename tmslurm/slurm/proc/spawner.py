@@ -41,6 +41,7 @@ from tmslurm.slurm.hostlist import expand_hostlist
 from tmslurm.slurm.lane import Lane
 from tmslurm.slurm.parse import OK, classify
 from tmslurm.slurm.spawnstate import RecordWriter, Spare, SpawnRecord
+from tmslurm.slurm.placement import Placement, placement_from_config
 from tmslurm.slurm.submit import submit_spare
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,9 @@ log = logging.getLogger(__name__)
 class SlurmSpawner:
     def __init__(self, run_dir: Path, cfg: RunConfig, client: SlurmClient, job_id: str, nodes: list[str], *,
                  background: Callable[[Callable[[], None], str], None] | None = None, lane: Lane | None = None,
-                 record: SpawnRecord | None = None) -> None:
+                 record: SpawnRecord | None = None, placement: Placement | None = None) -> None:
+        self.placement = placement or placement_from_config(cfg)
+        """Where spares go (and a resubmitted main job): the main job's own placement."""
         self.background = background or _daemon_thread  # runs Slurm commands the caller must not wait for
         self.lane = lane or Lane()  # the other Slurm commands, in order, off the controller's thread
         self.lock = threading.Lock()  # spares, bad_nodes and main_nodes are shared with the lane
@@ -156,7 +159,8 @@ class SlurmSpawner:
     def _submit_spare(self, index: int, job_index: int) -> None:
         exclude = self.still_bad()
         try:
-            job_id = submit_spare(self.run_dir, self.cfg, job_index, first_standby=index, exclude=exclude)
+            job_id = submit_spare(self.run_dir, self.cfg, job_index, first_standby=index, exclude=exclude,
+                                  placement=self.placement)
         except SlurmError as exc:
             log.error("cannot submit spare job %d: %s", job_index, exc)
             return

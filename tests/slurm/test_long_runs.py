@@ -1,0 +1,84 @@
+"""A run that outlives its Slurm jobs, on the lab. The main job's time limit is a planned event:
+Slurm's ``--signal=USR1@30`` before a 2-minute limit makes the run checkpoint at a step boundary
+and requeue itself, and the next job resumes with no step lost. A preemption (SIGTERM, the debug
+partition's 30 s GraceTime, when a job of the ``urgent`` partition takes a node) is requeued by
+Slurm; its cost is reported. Every run ends bit-identical to the uninterrupted one, and its summary
+lists the chain of jobs.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.slurm.test_lab_faults import LAYOUT, SLOW, _requeues
+from tests.slurm.test_slurm_run import SlurmRun, exact, job_field, reference_hash
+
+pytestmark = pytest.mark.slurm
+
+
+def _steps(n: int) -> list[str]:
+    return [o if not o.startswith("train.steps=") else f"train.steps={n}" for o in SLOW]
+
+
+def test_a_time_limit_then_a_batch_host_drain_three_jobs_no_step_lost(slurm, tmp_path, tmp_path_factory):
+    """Job 1 runs into its 2-minute limit: SIGUSR1 (30 s before it, give or take Slurm's resolution),
+    a checkpoint at the next boundary, ``scontrol requeue``. Job 2 resumes there; its batch host is
+    drained, so it checkpoints and requeues without it. Job 3 ends the run (or its own limit does
+    the same again). Spares carry the run's comment and the main job's partition."""
+    steps = 200  # more than one 2-minute job can do at 0.4 s a step
+    ref = reference_hash(tmp_path_factory, *LAYOUT, steps=steps)
+    run = SlurmRun(slurm, tmp_path / "run", [*LAYOUT, "standby.count=1", *_steps(steps), "slurm.time=00:02:00",
+                                             "slurm.signal_lead_s=30"])
+    st = run.wait_step(3)
+    jobs = slurm.run("squeue", "-h", "-o", "%i|%j|%P|%k").stdout.splitlines()
+    ours = [j.split("|") for j in jobs if j.endswith(f"tmslurm run={run.run_dir.name}")]
+    names = sorted(j[1] for j in ours)
+    assert names[0] == "tmslurm-main" and names[1].startswith("tmslurm-spare") and {j[2] for j in ours} == {"debug"}, jobs
+    ending = run.wait_for(lambda e: e["type"] == "job_ending", timeout=150, what="Slurm's SIGUSR1 before the limit")
+    assert ending["end"] == "time_limit" and ending["then"] == "requeue", ending
+    resumed = run.wait_for(lambda e: e["type"] == "resumed_after_requeue", timeout=150, what="job 2 to resume")
+    st = run.wait_step(resumed["from_step"] + 3)
+    batch = next(r["node"] for r in st["ranks"] if r["rank"] == 0)
+    assert job_field(run.job(), "BatchHost") == batch and st["incarnation"] == 1, st
+    slurm.run("scontrol", "update", f"nodename={batch}", "state=drain", "reason=maint-batch")
+    rq = run.wait_for(lambda e: e["type"] == "requeue" and e.get("kind") == "batch_host_requeue", what="job 2's requeue")
+    assert rq["exclude"] == [batch], rq
+    s = run.summary(timeout=420)
+    # (ExcNodeList is set best-effort: Slurm refuses it while the requeued job is still completing;
+    # the drained node cannot be allocated anyway)
+    assert job_field(run.job(), "BatchHost") != batch
+    chain = s["jobs"]
+    assert [j["ended_by"] for j in chain[:2]] == ["job_end_requeue", "batch_host_requeue"], chain
+    assert all(j["lost_steps"] == 0 for j in chain[:-1]), chain  # a checkpoint at each boundary
+    assert {j["job_id"] for j in chain} == {run.job_id} and _requeues(slurm, run.job_id) == len(chain) - 1, chain
+    assert s["steps"] == steps and exact(s, ref), {k: v for k, v in s.items() if k != "step_log"}
+
+
+def test_a_preempted_job_is_requeued_by_slurm_and_ends_exact_with_its_losses_reported(slurm, tmp_path, tmp_path_factory):
+    """A job of the ``urgent`` partition needs rank 1's node: Slurm sends every process of the main
+    job SIGTERM, gives it GraceTime (30 s), then kills and requeues it. The ranks ignore the SIGTERM,
+    but the srun that launched each rank step answers it by SIGKILLing its step ("forcing job
+    termination"), so the ranks die at once: the controller restarts them from the latest complete
+    checkpoint within the grace time, checkpoints at the first step boundary, and the requeued job
+    resumes there. The steps since the last periodic checkpoint are redone and reported; nothing is
+    lost from the result."""
+    ref = reference_hash(tmp_path_factory, *LAYOUT)
+    run = SlurmRun(slurm, tmp_path / "run", [*LAYOUT, "standby.count=1", *SLOW, "train.checkpoint_every=5"])
+    st = run.wait_step(8)
+    node = next(r["node"] for r in st["ranks"] if r["rank"] == 1)
+    slurm.run("sbatch", "--parsable", "-p", "urgent", "-N1", f"-w{node}", "-t", "1", f"--output={tmp_path}/urgent-%j.out",
+              "--wrap", "sleep 2")
+    ending = run.wait_for(lambda e: e["type"] == "job_ending", what="the preemption's SIGTERM")
+    assert ending["end"] == "sigterm", ending
+    s = run.summary(timeout=300)
+    restarts = [e for e in s["events"] if e["kind"] == "restart"]
+    assert restarts and all(e["cause"].startswith("process exit") for e in restarts), s["events"]
+    # redone: the steps since the latest complete checkpoint (written asynchronously every 5 steps)
+    assert all(e["lost_steps"] < 2 * 5 for e in restarts), restarts
+    (first, *_rest) = s["jobs"]
+    # the checkpoint after the restart was complete within the grace time (sigterm, nothing redone
+    # by the next job), or the grace time ran out first (unfinished: the redone steps reported)
+    assert first["ended_by"] in ("job_end_sigterm", "job_end_unfinished"), s["jobs"]
+    assert first["ended_by"] == "job_end_unfinished" or first["lost_steps"] == 0, s["jobs"]
+    assert _requeues(slurm, run.job_id) == 1
+    assert exact(s, ref), {k: v for k, v in s.items() if k != "step_log"}
