@@ -153,7 +153,7 @@ class SlurmConfig:
     boundary and then does slurm.on_limit. Must leave time for a step and a checkpoint."""
     on_limit: str = "requeue"
     """What the main job does at its time limit, after the checkpoint: requeue (scontrol requeue,
-    same job id) | resubmit (a new job, --dependency=singleton, same run directory) | stop (end the
+    same job id) | resubmit (a new job, --dependency=afterany:<this job>, same run directory) | stop (end the
     run; resume it by hand with train.resume_from=<run_dir>)."""
     lab_command: str = ""
     """Command that injects the failure lab's faults (power_off, partition): run as
