@@ -11,6 +11,7 @@ there are some, the valid values. Nothing here starts processes or touches the f
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -218,6 +219,11 @@ class RuntimeConfig:
     """How many times the supervisor (the launcher locally, the batch step on Slurm) restarts a
     controller that died (kill -9, crash); the new one re-adopts the live agents, which reconnect
     within runtime.controller_lost_s. 0: a dead controller ends the run (its agents exit)."""
+    metrics_port: int = 0
+    """Serve Prometheus metrics from the controller on this port (0 = off; needs prometheus-client,
+    ``pip install tmslurm[metrics]``). Read-only: every request gets the text exposition format."""
+    metrics_addr: str = "127.0.0.1"
+    """Address the metrics endpoint binds to (``0.0.0.0`` to let a Prometheus server on another host scrape it)."""
     heartbeats: bool = True
     """Agents send heartbeats (off only to measure their cost; hangs are then not detected)."""
     commit_vote: bool = True
@@ -488,6 +494,14 @@ def _validate_gray(cfg: RunConfig) -> None:
                           "has none. Fix: pass parallel.dp >= 2 or runtime.gray_evict=false.")
 
 
+def _validate_metrics(rt: RuntimeConfig) -> None:
+    if not 0 <= rt.metrics_port <= 65535:
+        raise ConfigError(f"runtime.metrics_port={rt.metrics_port} is not a port. Fix: pass runtime.metrics_port=<1..65535> (0 = off).")
+    if rt.metrics_port and importlib.util.find_spec("prometheus_client") is None:
+        raise ConfigError("runtime.metrics_port needs prometheus-client. Fix: pip install 'tmslurm[metrics]', "
+                          "or pass runtime.metrics_port=0.")
+
+
 def validate(cfg: RunConfig) -> RunConfig:
     """Check every field and cross-field rule; raise ConfigError naming the override to change."""
     _validate_parallel(cfg.parallel)
@@ -516,6 +530,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         if getattr(cfg.runtime, name) <= 0:
             raise ConfigError(f"runtime.{name} must be > 0. Fix: pass runtime.{name}=<seconds>.")
     _positive(cfg.runtime.controller_restarts, "runtime.controller_restarts", minimum=0)
+    _validate_metrics(cfg.runtime)
     _validate_gray(cfg)
     if cfg.runtime.heartbeat_timeout_s <= 2 * cfg.runtime.heartbeat_interval_s:
         raise ConfigError("runtime.heartbeat_timeout_s must exceed 2 x runtime.heartbeat_interval_s. Fix: raise runtime.heartbeat_timeout_s.")

@@ -1,8 +1,9 @@
 """Append-only event journal of a run (``<run_dir>/events.jsonl``).
 
 Contract: :meth:`Journal.write` appends one JSON object per line with ``t`` (epoch seconds) and
-``type``, flushed at once, under a lock. Lines are never rewritten. Write errors are logged, never
-raised: losing a journal line must not take the run down.
+``type``, flushed at once, under a lock, then hands the entry to its listener if it has one (the
+run's metrics). Lines are never rewritten. Write errors are logged, never raised: losing a journal
+line must not take the run down.
 """
 
 from __future__ import annotations
@@ -12,15 +13,17 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 log = logging.getLogger(__name__)
 
 
 class Journal:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, listener: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.path = path
         self._lock = threading.Lock()
+        self.listener = listener
+        """Called with every entry after it was written (the run's metrics), on the writer's thread."""
 
     def write(self, entry_type: str, /, **fields: Any) -> dict[str, Any]:
         entry = {"t": time.time(), "type": entry_type, **fields}
@@ -29,6 +32,8 @@ class Journal:
                 f.write(json.dumps(entry, default=str) + "\n")
         except OSError as exc:
             log.error("cannot append to %s: %s", self.path, exc)
+        if self.listener is not None:
+            self.listener(entry)
         return entry
 
 
