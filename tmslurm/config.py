@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from tmslurm.errors import ConfigError
+from tmslurm.hfconfig import apply_hf_config
 
 FAULT_KINDS = ("drain", "kill", "stop", "hang", "hiccup", "slow", "node_down", "power_off", "partition", "throttle",
                "slowlink", "corrupt_shadow")
@@ -57,7 +58,7 @@ class ParallelConfig:
 @dataclass(kw_only=True)
 class ModelConfig:
     size: str = "tiny"
-    """Preset name this config came from (tiny | small | base | large)."""
+    """Preset name this config came from (tiny | small | medium | base | large; hf when model.hf_config sets the sizes)."""
     n_layer: int = 4
     """Transformer blocks, split over the pipeline stages."""
     d_model: int = 32
@@ -70,6 +71,11 @@ class ModelConfig:
     """Vocabulary size (byte-level: 256)."""
     compile: bool = False
     """Wrap each stage module in torch.compile (makes warm-up real on CPU)."""
+    hf_config: Optional[str] = None
+    """A Hugging Face config.json (or its folder, or a preset: llama-tiny, gpt2-tiny) for
+    train.task=tmslurm.train.hf:CausalLMTask; its sizes replace n_layer, d_model, n_head and vocab."""
+    hf_tokenizer: Optional[str] = None
+    """A tokenizers ``tokenizer.json`` (or its folder) for the HF task's text; None feeds bytes as token ids."""
 
 
 @dataclass(kw_only=True)
@@ -605,6 +611,7 @@ def compose_config(overrides: list[str]) -> RunConfig:
     except Exception as exc:  # OmegaConf's MissingMandatoryValue, TypeError from a dataclass
         raise ConfigError(f"invalid override ({' '.join(overrides)}): {str(exc).splitlines()[0]}. Fix: faults need step, kind and rank, e.g. faults='[{{step:10,kind:drain,rank:1}}]'") from None
     apply_cluster_defaults(cfg, overrides)
+    apply_hf_config(cfg)
     return validate(cfg)
 
 
