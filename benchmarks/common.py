@@ -1,7 +1,8 @@
 """Shared helpers of the benchmarks: run jobs, poll their status, summarise figures.
 
 Contract: :class:`SlurmJob` launches ``tmslurm-launch cluster=slurm`` and polls ``tmslurm status``;
-:func:`run_local` runs a ``cluster=local`` job to completion and returns its summary. Timeouts raise
+:func:`run_local` runs a ``cluster=local`` job to completion and returns its summary; :func:`progress`
+reports a driver's units (cells, events) done with an estimate of the time left. Timeouts raise
 :class:`~tmslurm.errors.TmslurmError` with the tail of the run's logs.
 """
 
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tmslurm.errors import TmslurmError
+from tmslurm.progress import Progress
 from tmslurm.slurmrun import SlurmJob, local_slurm, resume_node, sh  # noqa: F401 (the benchmarks' names)
 from tmslurm.wire.protocol import request
 
@@ -36,6 +38,12 @@ def recorded_command(sub: str, argv: list[str] | None = None) -> str:
 
 def say(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def progress(sub: str, total: int | None, label: str) -> Progress:
+    """A benchmark's progress (:mod:`tmslurm.progress`): plain lines, each flushed, on stdout with
+    :func:`say`'s, which come between its updates (so never redrawn in place, even on a terminal)."""
+    return Progress(total, label, sys.stdout, title=f"[bench] {sub} progress", inplace=False)
 
 
 def median(xs: list[float]) -> float | None:

@@ -18,7 +18,9 @@ Each event is injected at a random step of a checkpoint interval (seeded, record
 plays the admin afterwards (resume, power-on, heal) and waits until every running standby is warm
 again, so no event overlaps another's warm-up. ``--repeats`` events per cell; rows go to
 ``--json`` (merged with the cells already there unless ``--fresh``), with p50/p90, ratios, the
-command, the commit and the date. Failures to drive Slurm raise TmslurmError naming the run.
+command, the commit and the date. After each event a progress line (:func:`benchmarks.common.progress`:
+events done / total, cells finished, elapsed, remaining) goes to stdout with the benchmark's log; the
+reference run is not counted. Failures to drive Slurm raise TmslurmError naming the run.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from benchmarks import dtstats
-from benchmarks.common import SlurmJob, commit, recorded_command, local_slurm, resume_node, say, sh, write_json
+from benchmarks.common import SlurmJob, commit, progress, recorded_command, local_slurm, resume_node, say, sh, write_json
 from tmslurm.errors import TmslurmError
+from tmslurm.progress import Progress
 from tmslurm.agent.monitor import is_agent_of
 from tmslurm.slurm.lab import fault_moment
 
@@ -59,8 +62,8 @@ def reference(out: Path, args: Any) -> dict[str, Any]:
 
 
 def run_strategy(out: Path, args: Any, strategy: str, events: list[str], ref_step: float,
-                 save: Callable[[list[dict[str, Any]]], None]) -> list[dict[str, Any]]:
-    """Every event of ``strategy`` in one run; ``save(rows so far)`` after each event."""
+                 save: Callable[[list[dict[str, Any]]], None], prog: Progress) -> list[dict[str, Any]]:
+    """Every event of ``strategy`` in one run; ``save(rows so far)`` and a progress line after each event."""
     over = base_overrides(args)
     if strategy == "tmslurm":
         over.append("standby.count=2")
@@ -92,6 +95,9 @@ def run_strategy(out: Path, args: Any, strategy: str, events: list[str], ref_ste
             say(dtstats.describe(row))
             rows.append(row)
             save(rows)
+            if rep == args.repeats - 1:
+                prog.count("cells")
+            prog.advance(note=f"{strategy} {event} #{rep}")
             bring_back(event, node, job.run_dir)
             settle(job, pool)
     summary = job.stop()
@@ -246,6 +252,12 @@ def _pool_warm(st: dict[str, Any]) -> bool:
     return st.get("mode") == "running" and all(len(s["roles"]) >= len(roles) for s in standbys)
 
 
+def event_plan(args: Any) -> list[tuple[str, list[str]]]:
+    """Each strategy of ``--strategies`` but the reference run, in order, with its events."""
+    return [(s, (args.events if s == "tmslurm" else args.restart_events).split(","))
+            for s in args.strategies.split(",") if s != "reference"]
+
+
 def main(args: Any) -> dict[str, Any]:
     out, path = Path(args.out).resolve(), Path(args.json)
     old = {} if args.fresh or not path.exists() else json.loads(path.read_text())
@@ -257,8 +269,10 @@ def main(args: Any) -> dict[str, Any]:
     commands = [*[c for c in old.get("commands", []) if c != command], command]
     rows: list[dict[str, Any]] = old.get("rows", [])
     result: dict[str, Any] = {}
-    for strategy in [s for s in strategies if s != "reference"]:
-        events = (args.events if strategy == "tmslurm" else args.restart_events).split(",")
+    plan = event_plan(args)
+    prog = progress("downtime", sum(len(events) for _, events in plan) * args.repeats, "events")
+    prog.count("cells", 0)
+    for strategy, events in plan:
         say(f"== {strategy}: {', '.join(events)} x {args.repeats}")
         before = rows
 
@@ -268,7 +282,7 @@ def main(args: Any) -> dict[str, Any]:
         def save(new: list[dict[str, Any]]) -> None:
             write_json(path, _result(args, commands, ref, combine(new)))  # a later failure loses nothing measured
 
-        rows = combine(run_strategy(out, args, strategy, events, ref["median_step_s"], save))
+        rows = combine(run_strategy(out, args, strategy, events, ref["median_step_s"], save, prog))
         result = _result(args, commands, ref, rows)
     result = result or _result(args, commands, ref, rows)
     print(dtstats.table(result))

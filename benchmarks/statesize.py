@@ -15,8 +15,10 @@ parameters + AdamW moments per rank at DP2 x PP2), local processes (``cluster=lo
 Per event it reads ``pause_s`` (gap - the first step's own time) and ``downtime_s`` (gap - median
 step) from summary.json; per row p50s, the samples, the standby's and the largest rank's RSS, and
 the floor (state bytes / measured link bandwidth). Writes ``--json`` (docs/bench/statesize.json)
-after each size (marked ``partial`` until the last) and, with matplotlib, a plot next to it. A run
-that fails raises TmslurmError naming its log.
+after each size (marked ``partial`` until the last) and, with matplotlib, a plot next to it. After
+each cell (the link counts as one) a progress line (:func:`benchmarks.common.progress`: cells done /
+total, events, elapsed, remaining) goes to stdout with the benchmark's log; larger sizes take longer,
+so the estimate is low early on. A run that fails raises TmslurmError naming its log.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import linkbw
-from benchmarks.common import LocalJob, commit, recorded_command, run_local, say, write_json
+from benchmarks.common import LocalJob, commit, progress, recorded_command, run_local, say, write_json
 from tmslurm.errors import TmslurmError
 
 BASE = ["parallel.dp=2", "parallel.pp=2", "train.micro_batches=2", "train.micro_batch_size=1", "runtime.connect_timeout_s=600",
@@ -115,6 +117,17 @@ def restarts(out: Path, model: str, repeats: int) -> dict[str, Any]:
     return {"summary": s, "events": events}
 
 
+CELLS = ("shadow", "noshadow", "unexpected", "injob_restart")
+"""The cells measured per size after the link, in this order."""
+
+
+def cell(out: Path, model: str, name: str, repeats: int) -> dict[str, Any]:
+    """One cell of ``CELLS`` for ``model``: its last summary and its events."""
+    if name in ("shadow", "noshadow"):
+        return drains(out, model, name == "shadow", repeats)
+    return kills(out, model, repeats) if name == "unexpected" else restarts(out, model, repeats)
+
+
 def row(model: str, link: dict[str, Any], cells: dict[str, dict[str, Any]]) -> dict[str, Any]:
     shadow, plain, kill, restart = (cells[k]["events"] for k in ("shadow", "noshadow", "unexpected", "injob_restart"))
     nbytes = max(cells["shadow"]["summary"]["state_bytes"].values())
@@ -186,11 +199,18 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 def main(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out).resolve()
     rows = []
-    for model in args.models.split(","):
+    models = args.models.split(",")
+    prog = progress("statesize", len(models) * (1 + len(CELLS)), "cells")
+    prog.count("events", 0)
+    for model in models:
         say(f"== {model}: link, then {args.repeats} events per cell")
         link = linkbw.row(model, linkbw.measure(model, args.link_repeats))
-        cells = {"shadow": drains(out, model, True, args.repeats), "noshadow": drains(out, model, False, args.repeats),
-                 "unexpected": kills(out, model, args.repeats), "injob_restart": restarts(out, model, args.repeats)}
+        prog.advance(note=f"{model} link")
+        cells = {}
+        for name in CELLS:
+            cells[name] = cell(out, model, name, args.repeats)
+            prog.count("events", len(cells[name]["events"]))
+            prog.advance(note=f"{model} {name}")
         rows.append(row(model, link, cells))
         print(table(rows), flush=True)
         write_json(Path(args.json), _result(rows, done=False))  # a later size that fails keeps these rows

@@ -81,3 +81,17 @@ def test_table_shows_each_cell_with_n_and_every_event():
     md = dtstats.table({"cells": cs, "ratios": dtstats.ratios(cs), "rows": rows})
     assert "| power-off (silent) | 1.200s / 1.200s (n=2) | – | – |" in md
     assert md.count("| tmslurm | power-off |") == 3  # one parts row, two events
+
+
+@pytest.mark.parametrize("strategies,plan", [
+    ("reference,tmslurm,injob_restart", [("tmslurm", ["planned", "sigkill", "sigstop"]), ("injob_restart", ["planned", "power-off"])]),
+    ("requeue_restart", [("requeue_restart", ["planned", "power-off"])]),
+    ("reference", []),
+])
+def test_event_plan_lists_the_strategies_events_that_progress_counts(strategies, plan):
+    from argparse import Namespace
+
+    from benchmarks.downtime import event_plan
+
+    args = Namespace(strategies=strategies, events="planned,sigkill,sigstop", restart_events="planned,power-off")
+    assert event_plan(args) == plan

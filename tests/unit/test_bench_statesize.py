@@ -1,6 +1,8 @@
-"""benchmarks.statesize's pure parts: the source's RSS around an event, and a row's p50s and floor."""
+"""benchmarks.statesize's pure parts: the source's RSS around an event, a row's p50s and floor, and the progress lines of its loop over cells."""
 
 from __future__ import annotations
+
+import pytest
 
 from benchmarks.statesize import row, source_rss, table
 
@@ -33,3 +35,37 @@ def test_row_takes_p50s_per_cell_and_the_floor_from_the_link():
     assert r["all_shadowed"] is True and r["n"] == {"shadow": 3, "noshadow": 3, "unexpected": 3, "injob_restart": 3}
     assert (r["source_peak_rss_before_mb"], r["source_peak_rss_during_mb"]) == (500.0, 510.0)
     assert len(r["samples"]["noshadow"]) == 3 and "large" in table([r])
+
+
+def test_main_reports_progress_after_the_link_and_each_cell(monkeypatch, capsys, tmp_path):
+    from argparse import Namespace
+
+    from benchmarks import statesize
+
+    calls = []
+    monkeypatch.setattr(statesize.linkbw, "measure", lambda model, n: None)
+    monkeypatch.setattr(statesize.linkbw, "row", lambda model, m: {})
+    monkeypatch.setattr(statesize, "cell", lambda out, model, name, n: calls.append((model, name)) or {"events": [{}] * n})
+    monkeypatch.setattr(statesize, "row", lambda model, link, cells: {"model": model})
+    monkeypatch.setattr(statesize, "table", lambda rows: "")
+    monkeypatch.setattr(statesize, "write_json", lambda path, data: None)
+    monkeypatch.setattr(statesize, "plot", lambda rows, path: None)
+    monkeypatch.setattr(statesize, "_result", lambda rows, done: {})
+    statesize.main(Namespace(out=str(tmp_path), models="small,large", repeats=3, link_repeats=1, json=str(tmp_path / "s.json")))
+    lines = [line.split(", elapsed")[0] + " | " + line.rsplit("(", 1)[-1] for line in capsys.readouterr().out.splitlines()
+             if line.startswith("[bench] statesize progress: ")]
+    assert calls == [(m, c) for m in ("small", "large") for c in statesize.CELLS]
+    assert lines == [f"[bench] statesize progress: cells {i + 1}/10, events {e} | {note})" for i, (e, note) in enumerate([
+        (0, "small link"), (3, "small shadow"), (6, "small noshadow"), (9, "small unexpected"), (12, "small injob_restart"),
+        (12, "large link"), (15, "large shadow"), (18, "large noshadow"), (21, "large unexpected"), (24, "large injob_restart")])]
+
+
+@pytest.mark.parametrize("name,called", [("shadow", ("drains", True)), ("noshadow", ("drains", False)),
+                                         ("unexpected", ("kills",)), ("injob_restart", ("restarts",))])
+def test_cell_runs_the_measurement_of_its_name(monkeypatch, tmp_path, name, called):
+    from benchmarks import statesize
+
+    monkeypatch.setattr(statesize, "drains", lambda out, model, shadow, n: ("drains", shadow))
+    monkeypatch.setattr(statesize, "kills", lambda out, model, n: ("kills",))
+    monkeypatch.setattr(statesize, "restarts", lambda out, model, n: ("restarts",))
+    assert statesize.cell(tmp_path, "small", name, 2) == called
