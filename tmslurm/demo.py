@@ -6,25 +6,93 @@ later, the loss of another, with warm standbys. It prints each event with its do
 next to what a full in-job restart of the same job costs (measured in the same demo), writes the
 report of the interrupted run, and exits 0 only if the interrupted run's final parameters hash equals
 the reference's.
+
+Progress (:mod:`tmslurm.progress`, plain lines, each flushed): after each of the three runs, ``demo:
+runs 1/3, elapsed .., remaining ~..`` on stdout with the demo's other lines; during a run, every
+``STEP_EVERY`` steps and at the last, ``demo reference: steps 20/60, elapsed .., remaining ~..`` on
+stderr with the run's log, read from the run's ``snapshot.json`` by a thread (:class:`StepWatch`);
+a snapshot not written yet or unreadable shows nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from tmslurm.config import compose_config
 from tmslurm.controller.events import describe
+from tmslurm.progress import Progress
+from tmslurm.rundir import RunDir
+
+STEP_EVERY = 10
+"""A step progress line every this many steps (and at the last)."""
+POLL_S = 1.0
+"""How often the step watcher reads the run's snapshot."""
 
 
 def _run(overrides: list[str]) -> dict[str, Any]:
     from tmslurm.launch import run_local
 
     return run_local(compose_config(overrides))
+
+
+def snapshot_step(run_dir: Path) -> int | None:
+    """The steps the run has committed (its controller's latest snapshot), None if not readable yet."""
+    try:
+        step = json.loads(RunDir(run_dir).snapshot.read_text()).get("step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) else None
+
+
+class StepWatch:
+    """A run's steps through a :class:`Progress`: :meth:`poll` writes a line when the step crossed a
+    multiple of ``every`` or reached the total since the last line."""
+
+    def __init__(self, read_step: Callable[[], int | None], progress: Progress, every: int = STEP_EVERY) -> None:
+        self.read_step = read_step
+        self.progress = progress
+        self.every = every
+        self.shown = 0
+        """The step of the last line written."""
+
+    def poll(self) -> str | None:
+        """The line written now, or None."""
+        step = self.read_step()
+        if step is None or step <= self.shown:
+            return None
+        last = self.progress.total is not None and step >= self.progress.total
+        if step // self.every == self.shown // self.every and not last:
+            return None
+        self.shown = step
+        return self.progress.update(step)
+
+
+@contextlib.contextmanager
+def follow_steps(run_dir: Path, total: int, name: str) -> Iterator[StepWatch]:
+    """Watch ``run_dir``'s steps from a thread while the block runs (stderr, with the run's log lines)."""
+    watch = StepWatch(lambda: snapshot_step(run_dir), Progress(total, "steps", sys.stderr, title=f"demo {name}", inplace=False))
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(POLL_S):
+            watch.poll()
+
+    thread = threading.Thread(target=loop, name="demo-steps", daemon=True)
+    thread.start()
+    try:
+        yield watch
+    finally:
+        stop.set()
+        thread.join(5 * POLL_S)
+        watch.poll()  # the last steps, committed since the thread's last look
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,23 +104,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=60)
     args = ap.parse_args(argv)
     setup_logging()
+    if isinstance(sys.stdout, io.TextIOWrapper):  # every line reaches a CI log at once, in order with stderr's
+        sys.stdout.reconfigure(line_buffering=True)
     out = Path(args.out).resolve()
     common = ["+experiment=demo", f"train.steps={args.steps}", "train.step_delay_s=0.1", f"cluster={args.cluster}"]
     drain, kill = args.steps // 3, 2 * args.steps // 3
     faults = f"faults=[{{step:{drain},kind:drain,rank:1}},{{step:{kill},kind:{'kill' if args.cluster == 'local' else 'node_down'},rank:2}}]"
+    runs = Progress(3, "runs", sys.stdout, title="demo", inplace=False)
     print(f"== 1/3 reference run (uninterrupted) -> {out}/reference")
-    ref = _run([*[c for c in common if not c.startswith("cluster=")], "cluster=local", f"run_dir={out}/reference"])
+    with follow_steps(out / "reference", args.steps, "reference"):
+        ref = _run([*[c for c in common if not c.startswith("cluster=")], "cluster=local", f"run_dir={out}/reference"])
+    runs.advance(note="reference run done")
     loss = "power off rank 2's node (silent)" if args.cluster == "slurm" else "kill rank 2's process"
     print(f"== 2/3 tmslurm run: drain rank 1's node at step {drain}, {loss} at step {kill} -> {out}/tmslurm")
-    if args.cluster == "slurm":
-        tm = _run_slurm(out / "tmslurm", [c for c in common if not c.startswith("cluster=")], drain, kill)
-    else:
-        tm = _run([*common, f"run_dir={out}/tmslurm", faults])
+    with follow_steps(out / "tmslurm", args.steps, "tmslurm"):
+        if args.cluster == "slurm":
+            tm = _run_slurm(out / "tmslurm", [c for c in common if not c.startswith("cluster=")], drain, kill)
+        else:
+            tm = _run([*common, f"run_dir={out}/tmslurm", faults])
+    runs.advance(note="tmslurm run done")
     print(f"== 3/3 the same events with an in-job restart (torchrun-style, local processes; its loss is a process kill,"
           f" detected at once) -> {out}/restart")
     local = [c for c in common if not c.startswith("cluster=")] + ["cluster=local"]
     local_faults = faults.replace("node_down", "kill")
-    rs = _run([*local, f"run_dir={out}/restart", local_faults, "runtime.restart_mode=injob_restart", "standby.count=0"])
+    with follow_steps(out / "restart", args.steps, "restart"):
+        rs = _run([*local, f"run_dir={out}/restart", local_faults, "runtime.restart_mode=injob_restart", "standby.count=0"])
+    runs.advance(note="in-job restart run done")
     print(_compare(tm, rs))
     try:
         from tmslurm.report import write_report
