@@ -34,7 +34,7 @@ def _scrape(port: int) -> dict[tuple[str, tuple], float]:
 def test_a_scrape_after_a_drain_and_a_kill_matches_the_journal(launch, baseline):
     port = _free_port()
     run = launch(*LAYOUT, "standby.count=2", "standby.start_when_warm=true", "train.steps=1000000",
-                 "train.step_delay_s=0.05", "runtime.heartbeat_timeout_s=2.0", f"runtime.metrics_port={port}",
+                 "train.step_delay_s=0.05", "runtime.heartbeat_timeout_s=2.0", f"runtime.metrics_port={port}", "train.checkpoint_every=5",
                  "faults=[{step:6,kind:drain,rank:1},{step:12,kind:kill,rank:2}]")
     deadline = time.monotonic() + 180
     while len(events := [e for e in run.journal() if e["type"] == "event"]) < 2:
@@ -52,6 +52,10 @@ def test_a_scrape_after_a_drain_and_a_kill_matches_the_journal(launch, baseline)
     assert s[("tmslurm_ranks_fenced_total", ())] == sum(e["type"] == "fenced" for e in journal)
     assert s[("tmslurm_step", ())] >= last["target_step"] + 1
     assert s[("tmslurm_commits_total", ())] == s[("tmslurm_step", ())]  # no restart: each step once
+    assert s[("tmslurm_commit_latency_seconds_count", ())] == s[("tmslurm_commits_total", ())]
+    assert s[("tmslurm_commit_latency_seconds_sum", ())] > 0
+    # checkpoints every 5 steps: each reported stall is observed once, at the step after it
+    assert 1 <= s[("tmslurm_checkpoint_stall_seconds_count", ())] <= s[("tmslurm_step", ())] // 5
     # both standbys took a rank; the counts are taken at most once a second, at a commit
     deadline = time.monotonic() + 10
     while _scrape(port)[("tmslurm_warm_standbys", (("shape_class", "first"),))] != 0:

@@ -22,7 +22,7 @@ SAMPLES = {
     Disconnected: lambda h: Disconnected(h.conns["s0"]),
     VotesIn: lambda h: VotesIn([h.conns[0], h.conns[1]], NodeVotes(type="votes", step=0, epoch=0, rank=[0, 1], loss=[1.0, 1.0],
                                                                     dt=[0.01, 0.01], peak_rss_mb=[1.0, 1.0], digest=[None, None],
-                                                                    busy=[None, None])),
+                                                                    busy=[None, None], ckpt=[None, 0.25])),
     NoticeIn: lambda h: NoticeIn(Notice(kind="maintenance", rank=1, source="fault", reason="test", time=time.time())),
     FaultAt: lambda h: FaultAt(FaultSpec(index=0, step=1, kind="power_off", rank=2, ranks=[2], amount="", when="midstep"), ("n2",), time.time()),
     Released: lambda h: Released("n3"),

@@ -15,7 +15,7 @@ from tmslurm.wire.mux import SubChannel, parse_down
 def node_votes(h: Harness, ranks: list[int], loss: float = 1.0) -> NodeVotes:
     n = len(ranks)
     return NodeVotes(type="votes", step=h.state.step, epoch=h.state.epoch, rank=ranks, loss=[loss + r for r in ranks],
-                     dt=[0.01 * (r + 1) for r in ranks], peak_rss_mb=[1.0] * n, digest=[None] * n, busy=[0.005] * n)
+                     dt=[0.01 * (r + 1) for r in ranks], peak_rss_mb=[1.0] * n, digest=[None] * n, busy=[0.005] * n, ckpt=[None] * n)
 
 
 def test_node_votes_commit_as_the_same_votes_one_by_one(tmp_path):
@@ -27,8 +27,10 @@ def test_node_votes_commit_as_the_same_votes_one_by_one(tmp_path):
     assert many.got(0, "decision") == []  # half the world voted
     many.ctl.handle(VotesIn([many.conns[r] for r in (2, 3)], node_votes(many, [2, 3])))
     assert many.got(3, "decision") == one.got(3, "decision") != []
-    strip = [{k: v for k, v in e.items() if k != "t_end"} for e in many.state.step_log]
-    assert strip == [{k: v for k, v in e.items() if k != "t_end"} for e in one.state.step_log]
+    timed = ("t_end", "commit_s")  # wall-clock readings of the two controllers
+    strip = [{k: v for k, v in e.items() if k not in timed} for e in many.state.step_log]
+    assert strip == [{k: v for k, v in e.items() if k not in timed} for e in one.state.step_log]
+    assert all(e["commit_s"] >= 0 for e in one.state.step_log + many.state.step_log)
 
 
 def test_a_row_counts_only_for_the_slot_its_connection_owns(tmp_path):

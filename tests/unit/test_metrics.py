@@ -32,8 +32,11 @@ def test_a_scrape_reads_commits_events_nodes_and_standbys(tmp_path):
     h = Harness(tmp_path, 2, 1, 1, "runtime.metrics_port=1")  # on; served below on a free port instead
     port = h.ctl.metrics.serve("127.0.0.1", 0)
     assert port
-    for _ in range(3):
+    for _ in range(2):
         h.commit_all()
+    for r in range(h.world):  # the step after a checkpoint: rank 1's step loop was held longest
+        h.send(r, {"type": "vote", "step": 2, "epoch": 0, "rank": r, "loss": 1.0, "dt": 0.01, "peak_rss_mb": 1.0,
+                   "ckpt": 0.5 * r})
     h.ctl._offer_snapshot()
     journal = h.ctl.ctx.journal
     journal.write("event", kind="planned", downtime_s=0.12, pause_s=0.05, transfer_s=0.0, detect_s=0.0)
@@ -46,6 +49,11 @@ def test_a_scrape_reads_commits_events_nodes_and_standbys(tmp_path):
     s = _scrape(port)
     assert _get(s, "tmslurm_step", run=run) == 3 and _get(s, "tmslurm_commits_total", run=run) == 3
     assert _get(s, "tmslurm_step_seconds_count", run=run) == 3
+    latencies = [e["commit_s"] for e in h.state.step_log]
+    assert _get(s, "tmslurm_commit_latency_seconds_count", run=run) == 3
+    assert _get(s, "tmslurm_commit_latency_seconds_sum", run=run) == pytest.approx(sum(latencies)) and min(latencies) >= 0
+    assert _get(s, "tmslurm_checkpoint_stall_seconds_count", run=run) == 1  # only the step that reported one
+    assert _get(s, "tmslurm_checkpoint_stall_seconds_sum", run=run) == pytest.approx(0.5 * (h.world - 1))
     assert _get(s, "tmslurm_events_total", run=run, kind="planned") == 1
     assert _get(s, "tmslurm_events_total", run=run, kind="unexpected") == 1
     assert _get(s, "tmslurm_event_downtime_seconds_sum", run=run, kind="unexpected") == pytest.approx(1.5)

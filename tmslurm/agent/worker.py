@@ -74,6 +74,8 @@ class Worker:
         """The controller's decision said this step is the run's last."""
         self.recording = self._should_record()
         self.saver = AsyncCheckpointer(run_dir)
+        self.ckpt_s: float | None = None
+        """Seconds the last decision's checkpoint held the step loop (sent with the next vote), None if none."""
         link.before_exit.append(self.saver.wait)
         link.sticky.clear()  # a standby that joined is no standby any more: its ready messages are void
         link.rejoin_state = self.rejoin_state
@@ -168,7 +170,8 @@ class Worker:
                                     peak_rss_mb=peak_rss_mb(), digest=digest))
             return Decision(step=self.step, epoch=self.epoch)
         vote = Vote(step=self.step, epoch=self.epoch, rank=self.rank, loss=loss, dt=dt, peak_rss_mb=peak_rss_mb(),
-                    digest=digest, busy=busy)
+                    digest=digest, busy=busy, ckpt=self.ckpt_s)
+        self.ckpt_s = None
         self.faults.before_vote(self.step)
         self.link.send(vote)
         return self._wait_decision()
@@ -202,11 +205,13 @@ class Worker:
         if (self.coord.dp != 0 and not self.layout.zero) or not ((every and self.step % every == 0) or decision.checkpoint):
             return
         shard = checkpoint.shard_of(self.layout, self.rank)
+        t0 = time.perf_counter()
         if decision.checkpoint or not self.cfg.train.checkpoint_async:
             self.saver.wait()
             checkpoint.save_stage(self.run_dir, self.step, shard, self.runner)
         else:
             self.saver.save(self.step, shard, self.runner)
+        self.ckpt_s = time.perf_counter() - t0
 
     # ---- planned switch -----------------------------------------------------------------------
     def _switch(self, switch: SwitchSpec) -> None:

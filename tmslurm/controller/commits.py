@@ -113,7 +113,8 @@ class Commits:
             for m in plan.moves:
                 self.ctx.send_to(m.joiner, Activate(epoch=plan.epoch))
             st.epoch = plan.epoch
-        self._record(now)
+        arrived = [st.vote_t[r] for r in st.votes if r in st.vote_t]
+        self._record(now, time.monotonic() - min(arrived) if arrived else None)
         self._advance(final)
 
     def _apply(self, plan: PlannedSwitch, now: float) -> SwitchSpec:
@@ -129,7 +130,9 @@ class Commits:
         plan.deferred = {}
         return SwitchSpec(epoch=plan.epoch, moves=[MoveSpec(rank=m.rank, joiner=m.joiner) for m in plan.moves])
 
-    def _record(self, now: float) -> None:
+    def _record(self, now: float, commit_s: float | None = None) -> None:
+        """Log the step: slowest step time, mean loss, RSS changes, the commit latency (first vote to
+        decision) and the longest checkpoint stall reported, when there are ones."""
         st, layout = self.state, self.ctx.layout
         votes = list(st.votes.items())
         losses = [v.loss for _, v in votes if v.loss is not None]
@@ -143,6 +146,11 @@ class Commits:
         entry: dict[str, Any] = {"step": st.step, "t_end": now, "dt": max(v.dt for _, v in votes),
                                  "loss": sum(losses) / len(losses) if losses else None, "epoch": st.epoch,
                                  "peak_rss_mb": self._rss_changes(votes)}
+        if commit_s is not None:
+            entry["commit_s"] = commit_s
+        stalls = [v.ckpt for _, v in votes if v.ckpt is not None]
+        if stalls:
+            entry["ckpt_s"] = max(stalls)
         st.step_log.append(entry)
         self.ctx.events.on_commit(st.step, now, self.median_step())
         if self.gray is not None:

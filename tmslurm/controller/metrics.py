@@ -8,7 +8,7 @@ Contract:
 - It is fed from two places, both cheap: :meth:`observe` is the journal's listener (completed
   events with their downtime and parts, nodes lost, ranks fenced, nodes given back, a controller
   restart), and :meth:`on_commits` gets the step log entries of new commits and the warm pool
-  (steps, step times, warm standbys by shape class). The checkpoint's age is read at scrape time
+  (steps, step times, commit latencies, checkpoint stalls, warm standbys by shape class). The checkpoint's age is read at scrape time
   from the run directory (:func:`~tmslurm.train.ckpt_index.latest_complete`).
 - :meth:`serve` starts prometheus_client's HTTP server on ``runtime.metrics_addr`` (default
   127.0.0.1) in a daemon thread. It answers every request with the text exposition format and
@@ -31,6 +31,7 @@ from tmslurm.train.ckpt_index import latest_complete
 
 log = logging.getLogger(__name__)
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+COMMIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 DOWNTIME_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 180.0, 600.0)
 EVENT_PARTS = tuple(dict.fromkeys((*PARTS, *RESTART_PARTS, "pause_s", "downtime_s")))
 """The parts of the last event exported as ``tmslurm_last_event_seconds{part}``: a fixed set."""
@@ -60,6 +61,12 @@ class RunMetrics:
                                names, registry=reg).labels(**self.base)
         self.step_seconds = Histogram("tmslurm_step_seconds", "Step time: the slowest rank's, per commit", names,
                                       buckets=STEP_BUCKETS, registry=reg).labels(**self.base)
+        self.commit_seconds = Histogram("tmslurm_commit_latency_seconds", "From a step's first vote reaching the "
+                                        "controller to its commit decision", names, buckets=COMMIT_BUCKETS,
+                                        registry=reg).labels(**self.base)
+        self.stall_seconds = Histogram("tmslurm_checkpoint_stall_seconds", "How long a checkpoint held the step loop "
+                                       "(the slowest rank's, per checkpointed step)", names, buckets=STEP_BUCKETS,
+                                       registry=reg).labels(**self.base)
         self.events = Counter("tmslurm_events", "Completed events", [*names, "kind"], registry=reg)
         self.downtime = Histogram("tmslurm_event_downtime_seconds", "Downtime of completed events", [*names, "kind"],
                                   buckets=DOWNTIME_BUCKETS, registry=reg)
@@ -106,6 +113,10 @@ class RunMetrics:
         for e in entries:
             self.commits.inc()
             self.step_seconds.observe(e["dt"])
+            if "commit_s" in e:
+                self.commit_seconds.observe(e["commit_s"])
+            if "ckpt_s" in e:
+                self.stall_seconds.observe(e["ckpt_s"])
             self.last_step = e["step"] + 1
             self.step.set(self.last_step)
         for shape_class, count in warm.items():

@@ -156,6 +156,9 @@ class _StepReport(Msg):
     digest: Digest | None = None
     busy: Seconds | None = None
     """``dt`` less the time spent waiting for communication: what says which rank is slow."""
+    ckpt: Seconds | None = None
+    """Seconds the rank's step loop spent saving a checkpoint after its previous vote (the checkpoint's
+    stall of the step loop); None when it saved none."""
 
 
 class Vote(_StepReport):
@@ -173,6 +176,7 @@ class StepVote(NamedTuple):
     peak_rss_mb: float
     digest: str | None
     busy: float | None
+    ckpt: float | None
 
 
 MAX_NODE_VOTES = 4096
@@ -191,11 +195,12 @@ class NodeVotes(Msg):
     peak_rss_mb: list[MiB]
     digest: list[Digest | None]
     busy: list[Seconds | None]
+    ckpt: list[Seconds | None]
 
     @model_validator(mode="after")
     def _columns(self) -> "NodeVotes":
         n = len(self.rank)
-        if not len(self.loss) == len(self.dt) == len(self.peak_rss_mb) == len(self.digest) == len(self.busy) == n:
+        if not len(self.loss) == len(self.dt) == len(self.peak_rss_mb) == len(self.digest) == len(self.busy) == len(self.ckpt) == n:
             raise ValueError("every column must have one entry per rank")
         return self
 
@@ -203,7 +208,7 @@ class NodeVotes(Msg):
         new = tuple.__new__  # what StepVote._make does, without a Python call per row
         n = len(self.rank)
         return [new(StepVote, t) for t in zip(self.rank, repeat(self.step, n), repeat(self.epoch, n), self.loss, self.dt,
-                                               self.peak_rss_mb, self.digest, self.busy)]
+                                               self.peak_rss_mb, self.digest, self.busy, self.ckpt)]
 
 
 class Progress(_StepReport):

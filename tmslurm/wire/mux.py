@@ -153,7 +153,7 @@ def up_line(sub: int, line: bytes) -> bytes:
     return b"%d %s" % (sub, line if line.endswith(b"\n") else line + b"\n")
 
 
-COLUMNS = ("rank", "loss", "dt", "peak_rss_mb", "digest", "busy")
+COLUMNS = ("rank", "loss", "dt", "peak_rss_mb", "digest", "busy", "ckpt")
 
 
 def up_votes(subs: list[int], votes: list[dict[str, Any]]) -> bytes:
@@ -170,9 +170,10 @@ def is_vote(obj: Any) -> bool:
     it and answers that agent alone (one bad vote must not spoil its node's frame)."""
     if not (isinstance(obj, dict) and obj.get("type") == "vote" and set(obj) <= VOTE_KEYS and REQUIRED <= set(obj)):
         return False
-    loss, digest, busy = obj.get("loss"), obj.get("digest"), obj.get("busy")
+    loss, digest, busy, ckpt = obj.get("loss"), obj.get("digest"), obj.get("busy"), obj.get("ckpt")
     return (all(_count(obj[k]) for k in ("step", "epoch", "rank"))
             and _amount(obj["dt"]) and _amount(obj["peak_rss_mb"]) and (busy is None or _amount(busy))
+            and (ckpt is None or _amount(ckpt))
             and (loss is None or type(loss) in (int, float))
             and (digest is None or (type(digest) is str and 1 <= len(digest) <= 128)))
 
@@ -185,7 +186,7 @@ def _amount(x: Any) -> bool:
     return type(x) in (int, float) and math.isfinite(x) and 0.0 <= x <= 1e9
 
 
-VOTE_KEYS = {"type", "step", "epoch", "rank", "loss", "dt", "peak_rss_mb", "digest", "busy"}
+VOTE_KEYS = {"type", "step", "epoch", "rank", "loss", "dt", "peak_rss_mb", "digest", "busy", "ckpt"}
 REQUIRED = {"step", "epoch", "rank", "dt", "peak_rss_mb"}
 
 
