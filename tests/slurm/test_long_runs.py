@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import pytest
 
+from tmslurm.slurm.runtag import RunTag, parse_run_tag
+
 from tests.slurm.test_lab_faults import LAYOUT, SLOW, _requeues
 from tests.slurm.test_slurm_run import SlurmRun, exact, job_field, reference_hash
 
@@ -31,7 +33,7 @@ def test_a_time_limit_then_a_batch_host_drain_three_jobs_no_step_lost(slurm, tmp
                                              "slurm.signal_lead_s=30"])
     st = run.wait_step(3)
     jobs = slurm.run("squeue", "-h", "-o", "%i|%j|%P|%k").stdout.splitlines()
-    ours = [j.split("|") for j in jobs if j.endswith(f"tmslurm run={run.run_dir.name}")]
+    ours = [j.split("|", 3) for j in jobs if parse_run_tag(j.split("|", 3)[3]) == RunTag(run.run_dir.name, run.run_dir)]
     names = sorted(j[1] for j in ours)
     assert names[0] == "tmslurm-main" and names[1].startswith("tmslurm-spare") and {j[2] for j in ours} == {"debug"}, jobs
     ending = run.wait_for(lambda e: e["type"] == "job_ending", timeout=150, what="Slurm's SIGUSR1 before the limit")

@@ -11,6 +11,7 @@ import os
 from collections.abc import Sequence
 
 from tmslurm.slurm.parse import JobInfo, NodeInfo, Reservation
+from tmslurm.slurm.runtag import JobRecord
 
 HINT = "is slurmctld reachable? check SLURM_CONF / scripts/local-slurm status"
 
@@ -25,6 +26,16 @@ class SlurmClient(abc.ABC):
     @abc.abstractmethod
     def job(self, job_id: str | int) -> JobInfo | None:
         """The job, or None when Slurm does not know it (any more)."""
+
+    @abc.abstractmethod
+    def job_record(self, job_id: str | int) -> JobRecord | None:
+        """The job's comment, working directory and output path as slurmctld has them; None when it does
+        not know the job (any more: a finished job is forgotten after ``MinJobAge``)."""
+
+    @abc.abstractmethod
+    def accounted_job(self, job_id: str | int) -> JobRecord | None:
+        """The job as accounting has it (``sacct``: no output path); None when accounting has no such job.
+        Raises SlurmError when accounting cannot answer (e.g. it is disabled)."""
 
     @abc.abstractmethod
     def reservations(self) -> list[Reservation]:

@@ -1,7 +1,9 @@
 """The Slurm client interface, its command-line backend, and the choice of backend.
 
 Contract:
-- :class:`SlurmClient` is what the rest of tmslurm uses: node states, a job, reservations,
+- :class:`SlurmClient` is what the rest of tmslurm uses: node states, a job, a job's run record
+  (``job_record``: multi-line ``scontrol show job``, where ``Comment=`` sits alone on its line;
+  ``accounted_job``: ``sacct -X``), reservations,
   accounting rows, submit, cancel, shrink a job (``update_job_nodelist``), update a node, version.
 - :class:`CliSlurmClient` runs Slurm's commands with a timeout and parses their *classic* text
   output with :mod:`tmslurm.slurm.parse` (not ``--json``: in 22.05 ``--json`` ignores filters and
@@ -31,6 +33,7 @@ from tmslurm.errors import ConfigError, SlurmError
 from tmslurm.slurm import parse
 from tmslurm.slurm.api import HINT, SlurmClient
 from tmslurm.slurm.parse import JobInfo, NodeInfo, Reservation
+from tmslurm.slurm.runtag import SACCT_RECORD_FIELDS, JobRecord, parse_job_record, parse_sacct_record
 
 __all__ = ["HINT", "BACKENDS", "CliSlurmClient", "SlurmClient", "make_client"]
 
@@ -80,6 +83,19 @@ class CliSlurmClient(SlurmClient):
         jobs = parse.parse_jobs(proc.stdout, cmd=shlex.join(args))
         match = [j for j in jobs if j.job_id == str(job_id)]
         return (match or jobs or [None])[0]
+
+    def job_record(self, job_id: str | int) -> JobRecord | None:
+        args = ["scontrol", "show", "job", str(job_id)]
+        proc = self._run(args, ok_codes=(0, 1))
+        if proc.returncode == 1:
+            if "invalid job id" in proc.stderr.lower():
+                return None
+            raise self._failed(args, proc)
+        return parse_job_record(proc.stdout, str(job_id), cmd=shlex.join(args))
+
+    def accounted_job(self, job_id: str | int) -> JobRecord | None:
+        args = ["sacct", "-X", "-j", str(job_id), "--parsable2", "-o", ",".join(SACCT_RECORD_FIELDS)]
+        return parse_sacct_record(self._run(args).stdout, str(job_id), cmd=shlex.join(args))
 
     def reservations(self) -> list[Reservation]:
         args = ["scontrol", "-o", "show", "res"]

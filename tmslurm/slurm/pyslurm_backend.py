@@ -6,7 +6,7 @@ Contract:
   ``sinfo --version`` reports (each pyslurm release is tied to one Slurm release; PyPI only
   carries 25.11 now, which does not talk to a 22.05 or 24.11 controller). It never raises.
 - :class:`PyslurmClient` reads nodes, a job and reservations through pyslurm and delegates every
-  other method (sacct, submit, cancel, update_job_nodelist, update_job_excludes, update_node, version) to the CLI
+  other method (job_record, accounted_job, sacct, submit, cancel, update_job_nodelist, update_job_excludes, update_node, version) to the CLI
   backend it is given. pyslurm failures become :class:`~tmslurm.errors.SlurmError`.
 
 API mapping (pyslurm >= 23.2 "new" API, read from the pyslurm sources; NOT exercised against a
@@ -41,6 +41,7 @@ from tmslurm.errors import SlurmError
 from tmslurm.slurm import parse
 from tmslurm.slurm.api import HINT, SlurmClient
 from tmslurm.slurm.parse import JobInfo, NodeInfo, Reservation
+from tmslurm.slurm.runtag import JobRecord
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,12 @@ class PyslurmClient(SlurmClient):
                        nodes=parse.expand_hostlist(node_list), batch_host=job.batch_host or None,
                        restarts=int(job.requeue_count or 0), requeue=bool(job.is_requeueable),
                        reason=job.state_reason or "")
+
+    def job_record(self, job_id: str | int) -> JobRecord | None:
+        return self._cli.job_record(job_id)
+
+    def accounted_job(self, job_id: str | int) -> JobRecord | None:
+        return self._cli.accounted_job(job_id)
 
     def reservations(self) -> list[Reservation]:
         if not hasattr(self._pyslurm, "Reservations"):

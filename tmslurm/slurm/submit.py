@@ -2,7 +2,8 @@
 
 Contract: :func:`executor` builds a submitit ``AutoExecutor`` for this run (folder
 ``<run_dir>/submitit``, time from ``slurm.time``, where it runs from a :class:`Placement`, extra
-sbatch arguments from ``slurm.extra_args``, ``--comment=tmslurm run=<name>`` on every job).
+sbatch arguments from ``slurm.extra_args``, ``--comment='tmslurm run=<name> dir=<run dir>'`` on every job,
+:func:`tmslurm.slurm.runtag.run_comment`).
 :func:`main_executor` makes the main job: one multi-node job with ``--no-kill`` (a lost node shrinks
 it instead of killing it), ``--requeue`` and ``--signal=USR1@slurm.signal_lead_s`` (submitted by
 :func:`tmslurm.slurm.proc.job.launch_slurm`, and again by a run that resubmits itself at its time
@@ -24,6 +25,7 @@ from typing import Any
 from tmslurm.config import RunConfig, num_nodes, wants_monitors
 from tmslurm.errors import ConfigError, SlurmError
 from tmslurm.slurm.placement import Placement, placement_from_config
+from tmslurm.slurm.runtag import run_comment
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +53,6 @@ def _extra_args(args: list[str]) -> dict[str, Any]:
         key, _, value = arg.lstrip("-").partition("=")
         out[key.replace("-", "_")] = value if value else True
     return out
-
-
-def run_comment(run_dir: Path) -> str:
-    """The ``--comment`` of every job of a run: ``squeue -o '%.10i %.16j %k'`` shows which run a spare serves."""
-    return f"tmslurm run={Path(run_dir).name}"
 
 
 def executor(run_dir: Path, cfg: RunConfig, *, name: str, nodes: int, placement: Placement,

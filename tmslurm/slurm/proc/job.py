@@ -108,7 +108,7 @@ def _await_slurm_end(rundir: RunDir, limit_s: float = 600.0) -> None:
 def _label(job_id: str, run_dir: Path) -> None:
     """Give a main job submitted by hand (sbatch scripts/tmslurm.sbatch) the run's comment, as the
     spares have it; best effort (a job submitted by tmslurm-launch has it already)."""
-    from tmslurm.slurm.submit import run_comment
+    from tmslurm.slurm.runtag import run_comment
 
     try:
         subprocess.run(["scontrol", "update", f"jobid={job_id}", f"comment={run_comment(run_dir)}"],
