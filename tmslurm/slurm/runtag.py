@@ -16,7 +16,8 @@ Contract:
   tmslurm job) submitit's output file ``<run_dir>/submitit/<id>_0_log.out`` when that directory has
   the tag's run name. It raises :class:`~tmslurm.errors.TmslurmError` naming the job for a job that
   is not a tmslurm job or whose record does not say where its run is.
-- :func:`resolve_job` asks Slurm through a :class:`~tmslurm.slurm.api.SlurmClient`: slurmctld first,
+- :func:`resolve_job` asks Slurm through a :class:`~tmslurm.slurm.api.SlurmClient` (any
+  :class:`RecordSource`): slurmctld first,
   then accounting (a job slurmctld forgot). Every failure is a TmslurmError naming the job: not a
   job id, unknown to Slurm, Slurm's commands missing or failing (the client's message names the
   command), not a tmslurm job, or a run directory that does not exist on this machine.
@@ -30,13 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, unquote
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from tmslurm.errors import SlurmError, TmslurmError
 from tmslurm.slurm.parse import parse_error, scontrol_records
-
-if TYPE_CHECKING:
-    from tmslurm.slurm.api import SlurmClient
 
 _JOB_ID = re.compile(r"^\d+(?:[_+]\d+)?$")
 _SAFE = "/:@+,.~_-="
@@ -127,7 +125,15 @@ def run_dir_of(record: JobRecord) -> Path:
                        "the run directory is (a tmslurm older than dir= in the comment). Pass the run directory instead")
 
 
-def resolve_job(client: SlurmClient, job_id: str) -> Path:
+class RecordSource(Protocol):
+    """What :func:`resolve_job` asks: the two record queries of :class:`~tmslurm.slurm.api.SlurmClient`."""
+
+    def job_record(self, job_id: str | int) -> JobRecord | None: ...
+
+    def accounted_job(self, job_id: str | int) -> JobRecord | None: ...
+
+
+def resolve_job(client: RecordSource, job_id: str) -> Path:
     """The run directory of Slurm job ``job_id`` (the main job or any spare of the run)."""
     if not _JOB_ID.match(job_id):
         raise TmslurmError(f"{job_id!r} is not a Slurm job id (e.g. 1234)")
@@ -142,7 +148,7 @@ def resolve_job(client: SlurmClient, job_id: str) -> Path:
     return path
 
 
-def _accounted(client: SlurmClient, job_id: str) -> JobRecord:
+def _accounted(client: RecordSource, job_id: str) -> JobRecord:
     """A job slurmctld does not know: ask accounting."""
     try:
         record = client.accounted_job(job_id)
