@@ -1,5 +1,10 @@
 """The ``tmslurm`` command: ``status``, ``notify``, ``report``.
 
+``status RUN_DIR`` (or ``status --job JOBID``: any Slurm job of the run, resolved by
+:func:`tmslurm.slurm.runtag.resolve_job`) prints the run once (:mod:`tmslurm.statusview`), or with
+``--watch`` refreshes a live view every ``--interval`` seconds until the run finishes or Ctrl-C
+(exit 0 both ways; an unreachable controller is shown and retried).
+
 Contract: every sub-command prints a readable result (or ``--json``) and exits 0, or prints one
 ``error:`` line and exits non-zero: 2 for bad input (unknown node, bad deadline, wrong token),
 3 when the run's controller cannot be reached. ``notify`` signs with the cluster admin's Ed25519
@@ -11,53 +16,49 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
-from typing import Any
 
 from tmslurm.errors import TmslurmError
-from tmslurm.rundir import RunDir
 
 
 def _status(args: argparse.Namespace) -> int:
-    from tmslurm.wire.protocol import request
+    from tmslurm.runstatus import RunStatus, fetch
+    from tmslurm.statusview import Watch, format_status
 
-    run_dir = Path(args.run_dir)
-    try:
-        status = request(run_dir, {"type": "status"}, token=args.token)["status"]
-    except TmslurmError:
-        summary = RunDir(run_dir).summary
-        if not summary.is_file():
-            raise
-        status = json.loads(summary.read_text())
-        status.setdefault("mode", "finished")
-        status["step"] = status.get("steps")
-        status["loss"] = status.get("loss_last")
-        status["step_time_s"] = status.get("median_step_s")
+    run_dir = _status_run_dir(args)
+    if args.watch:
+        if args.json:
+            raise TmslurmError("--watch and --json do not combine: --json prints one status")
+        watch = Watch(lambda: RunStatus.from_dict(fetch(run_dir, args.token, timeout_s=5.0)), sys.stdout,
+                      interval_s=args.interval, tty=sys.stdout.isatty())
+        try:
+            return watch.run()
+        except BrokenPipeError:  # its reader went away (| head): the watch is over
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+            return 0
+    status = fetch(run_dir, args.token)
     if args.json:
         print(json.dumps(status, indent=1, default=str))
         return 0
-    print(format_status(status))
+    print(format_status(RunStatus.from_dict(status)))
     return 0
 
 
-def format_status(st: dict[str, Any]) -> str:
-    lines = [f"run {st.get('run_dir', st.get('run_id'))}  mode={st.get('mode')}  step={st.get('step')}/{st.get('steps', '?')}"
-             f"  step_time={st.get('step_time_s') or 0:.3f}s  loss={st.get('loss') or 0:.4f}"]
-    if st.get("main_job_id"):
-        lines.append(f"main job {st['main_job_id']} (incarnation {st.get('incarnation', 0)})  "
-                     f"spares {', '.join(map(str, st.get('spare_job_ids', []))) or '-'}")
-    for r in st.get("ranks", []):
-        lines.append(f"  rank {r['rank']:>3}  {r.get('role', ''):<6}  node {r.get('node')}  {'' if r.get('alive', True) else '(dead)'}")
-    for s in st.get("standbys", []):
-        lines.append(f"  standby {s.get('id')}  node {s.get('node')}  warm roles: {', '.join(s.get('roles', [])) or '-'}")
-    for ev in st.get("events", []):
-        down = ev.get("downtime_s")
-        parts = " ".join(f"{k[:-2]}={ev[k]:.3f}s" for k in ("detect_s", "pick_s", "phase1_s", "phase2_s", "transfer_s", "first_step_s")
-                         if isinstance(ev.get(k), (int, float)))
-        lines.append(f"  event {ev.get('kind')} ranks={ev.get('ranks')} node={ev.get('node')} "
-                     f"downtime={'?' if down is None else f'{down:.3f}s'} {parts}")
-    return "\n".join(lines)
+def _status_run_dir(args: argparse.Namespace) -> Path:
+    """RUN_DIR, or the run directory of Slurm job ``--job`` (exactly one of them)."""
+    if (args.run_dir is None) == (args.job is None):
+        raise TmslurmError("give a run directory or --job JOBID (one of them)")
+    if args.job is not None:
+        from tmslurm.slurm.client import CliSlurmClient
+        from tmslurm.slurm.runtag import resolve_job
+
+        return resolve_job(CliSlurmClient(), args.job)
+    path = Path(args.run_dir)
+    if not path.is_dir():
+        raise TmslurmError(f"{path} is not a run directory (no such directory)")
+    return path
 
 
 def _notify(args: argparse.Namespace) -> int:
@@ -93,8 +94,12 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="tmslurm", description="tmslurm user and admin commands")
     sub = ap.add_subparsers(dest="cmd", required=True)
     st = sub.add_parser("status", help="show a run: jobs, ranks, standbys, step, events")
-    st.add_argument("run_dir")
+    st.add_argument("run_dir", nargs="?", default=None, help="the run directory (or --job)")
+    st.add_argument("--job", default=None, metavar="JOBID",
+                    help="a Slurm job id of the run (main job or a spare) instead of RUN_DIR, from any directory")
     st.add_argument("--json", action="store_true")
+    st.add_argument("--watch", action="store_true", help="refresh a compact view until the run finishes (Ctrl-C ends it)")
+    st.add_argument("--interval", type=float, default=2.0, metavar="S", help="--watch refresh interval, seconds (default 2)")
     st.add_argument("--token", default=None)
     st.set_defaults(fn=_status)
     no = sub.add_parser("notify", help="deliver a maintenance or failure notice (admin hook)")

@@ -1,6 +1,8 @@
 """What a run reports: ``tmslurm status`` while it runs and ``summary.json`` at the end.
 
-Contract: :meth:`Summary.status` is a JSON-ready view of the run (ranks, standbys, step, events).
+Contract: :meth:`Summary.status` is a JSON-ready view of the run (ranks with their node, shape class
+and liveness; standbys with the shape classes they are warm for, out of ``shape_classes``; step,
+events, job ids).
 :meth:`Summary.write` builds ``summary.json``: the final hashes from every rank's ``done`` report
 (:func:`~tmslurm.controller.final.final_hashes`: ``final_params_sha256``, ``final_state_sha256``,
 ``replicas_equal``, ``diverging``; a divergence is journalled and logged as an error and gives
@@ -50,6 +52,7 @@ class Summary:
         for r in range(layout.world):
             agent = st.agent_of(r)
             ranks.append({"rank": r, "node": agent.node if agent else None, "role": layout.role(r),
+                          "shape_class": layout.shape_class(r).name,
                           "agent": agent.aid if agent else None, "alive": bool(agent and agent.alive)})
         standbys = [{"id": a.aid, "node": a.node, "roles": sorted(a.roles), "busy": a.busy,
                      "rss_mb": {k: v.get("rss_mb") for k, v in a.roles.items()}} for a in st.agents.values() if a.idle_standby]
@@ -57,7 +60,8 @@ class Summary:
         cluster = self.ctx.hooks.status()
         return {"run_dir": str(self.ctx.rundir.path), "mode": st.mode.value, "epoch": st.epoch, "step": st.step,
                 "steps": self.ctx.cfg.train.steps, "step_time_s": last.get("dt"), "loss": last.get("loss"),
-                "ranks": ranks, "standbys": standbys, "events": self.ctx.events.items, **cluster,
+                "shape_classes": list(layout.roles), "ranks": ranks, "standbys": standbys,
+                "events": self.ctx.events.items, **cluster,
                 "incarnation": len(job_chain(self.ctx.events.items, cluster.get("main_job_id"))) - 1}
 
     def memory(self) -> dict[str, float | None]:
