@@ -154,6 +154,14 @@ def test_kill_node_standby_takes_over(slurm, tmp_path, tmp_path_factory):
     ref = reference_hash(tmp_path_factory, "parallel.dp=2", "parallel.pp=2")
     run = SlurmRun(slurm, tmp_path / "run", ["parallel.dp=2", "parallel.pp=2", "standby.count=2", *COMMON])
     st = run.wait_step(8)
+    # an operator who knows only a job id, in another directory: the spare's id finds the same run
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    one = subprocess.run(["tmslurm", "status", "--job", st["spare_job_ids"][0], "--json"], cwd=elsewhere,
+                         capture_output=True, text=True, timeout=60)
+    assert one.returncode == 0 and json.loads(one.stdout)["main_job_id"] == run.job_id, one.stderr
+    watch = subprocess.Popen(["tmslurm", "status", "--watch", "--interval", "1", "--job", run.job_id], cwd=elsewhere,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     node = next(r["node"] for r in st["ranks"] if r["rank"] == 2)
     slurm.local_slurm("kill-node", node)
     run.wait_for(lambda e: e["type"] == "joined" and e["rank"] == 2, what="standby took rank 2")
@@ -163,6 +171,10 @@ def test_kill_node_standby_takes_over(slurm, tmp_path, tmp_path_factory):
     (ev,) = [e for e in s["events"] if e["kind"] == "unexpected"]
     assert ev["ranks"] == [2] and ev["node"] == node
     assert exact(s, ref), s
+    out, _ = watch.communicate(timeout=60)  # the watch ends by itself once the run has finished
+    assert watch.returncode == 0, out
+    assert "\x1b" not in out and f"jobs: main {run.job_id}" in out and "steps/s" in out, out[-2000:]
+    assert f"unexpected ranks=[2] node={node}" in out, out[-2000:]
 
 
 def test_maintenance_reservation_migrates_before_it_starts(slurm, tmp_path, tmp_path_factory):
