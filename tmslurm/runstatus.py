@@ -4,7 +4,9 @@ Contract: :func:`fetch` returns the raw status dict (what ``tmslurm status --jso
 controller's ``status`` reply, or for a finished run ``summary.json`` with ``mode`` ``finished`` and
 ``step``, ``loss``, ``step_time_s`` filled in. It raises :class:`~tmslurm.errors.TmslurmError`:
 "unreachable"/"not running" when no controller answers and no summary exists, the controller's own
-refusal (e.g. a wrong token) otherwise. :meth:`RunStatus.from_dict` turns either dict into a
+refusal (e.g. a wrong token) otherwise. A controller that answers that the run is ending (it
+takes no more requests) is followed by its ``summary.json``: :func:`fetch` waits for it, up to its
+timeout, then raises :class:`RunEnding`. :meth:`RunStatus.from_dict` turns either dict into a
 :class:`RunStatus`; missing fields (an older controller, a summary) read as unknown, never fail.
 """
 
@@ -12,9 +14,10 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tmslurm.errors import TmslurmError
 from tmslurm.rundir import RunDir
@@ -101,20 +104,33 @@ def _event(ev: dict[str, Any]) -> EventView:
                      float(down) if isinstance(down, (int, float)) else None, parts)
 
 
-def fetch(run_dir: Path, token: str | None, timeout_s: float = 10.0) -> dict[str, Any]:
-    """The run's status dict (see the module's contract); ``timeout_s`` bounds connecting and the reply."""
+class RunEnding(TmslurmError):
+    """The controller takes no more requests (the run is ending) and no summary.json appeared in time."""
+
+
+def fetch(run_dir: Path, token: str | None, timeout_s: float = 10.0, clock: Callable[[], float] = time.monotonic,
+          sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+    """The run's status dict (see the module's contract); ``timeout_s`` bounds connecting and the reply,
+    and how long a run that is ending may take to write its summary."""
     from tmslurm.wire.protocol import request
 
+    summary = RunDir(run_dir).summary
     try:
         reply = request(run_dir, {"type": "status"}, token=token, timeout_s=timeout_s)
     except TmslurmError:
-        summary = RunDir(run_dir).summary
         if not summary.is_file():
             raise
         return from_summary(json.loads(summary.read_text()))
-    if "status" not in reply:
+    if "status" in reply:
+        return reply["status"]
+    if not reply.get("ending"):
         raise TmslurmError(f"the controller refused the status request: {reply.get('error', reply)}")
-    return reply["status"]
+    deadline = clock() + timeout_s  # the summary is written right after requests close
+    while not summary.is_file():
+        if clock() >= deadline:
+            raise RunEnding(f"{reply.get('error')}; no summary.json yet")
+        sleep(0.1)
+    return from_summary(json.loads(summary.read_text()))
 
 
 def from_summary(summary: dict[str, Any]) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from tmslurm.errors import TmslurmError
-from tmslurm.runstatus import EventView, RankView, RunStatus, StandbyView
+from tmslurm.runstatus import EventView, RankView, RunEnding, RunStatus, StandbyView
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,8 @@ class Watch:
         try:
             st = self.fetch()
         except (TmslurmError, OSError) as exc:
-            if isinstance(exc, TmslurmError) and not any(w in str(exc) for w in _TRANSIENT):
+            transient = isinstance(exc, RunEnding) or any(w in str(exc) for w in _TRANSIENT)
+            if isinstance(exc, TmslurmError) and not transient:
                 raise
             log.debug("status refresh failed: %s", exc)
             line = f"controller unreachable: {exc}, retrying every {self.interval_s:g}s"

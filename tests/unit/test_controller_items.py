@@ -73,5 +73,5 @@ def test_a_failing_request_is_journalled_and_answered(tmp_path, monkeypatch):
     monkeypatch.setattr(h.ctl.intake, "request", broken)
     ch = FakeChannel()
     h.ctl.handle(RequestIn(StatusRequest(type="status", token="t"), ch))
-    assert ch.sent == [{"type": "error", "error": "internal error: RuntimeError('boom')"}] and ch.closed
+    assert ch.sent == [{"type": "error", "error": "internal error: RuntimeError('boom')", "ending": False}] and ch.closed
     assert [(e["item"], "boom" in e["error"]) for e in h.journal("handler_error")] == [("request", True)]

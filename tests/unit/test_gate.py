@@ -58,7 +58,7 @@ def test_after_close_requests_the_gate_answers_and_queues_nothing(gate):
     g, items, addr, journal = gate
     g.close_requests("the run has finished; it takes no more requests")
     reply = exchange(addr, {"type": "status", "token": TOKEN})
-    assert reply == {"type": "error", "error": "the run has finished; it takes no more requests"}
+    assert reply == {"type": "error", "error": "the run has finished; it takes no more requests", "ending": True}
     assert items.empty()
 
 

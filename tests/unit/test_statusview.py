@@ -10,7 +10,7 @@ import pytest
 
 from tests.unit.controller_harness import Harness
 from tmslurm.errors import AuthError, TmslurmError
-from tmslurm.runstatus import RunStatus, StandbyView, from_summary
+from tmslurm.runstatus import RunEnding, RunStatus, StandbyView, fetch, from_summary
 from tmslurm.statusview import CLEAR, RateMeter, Watch, _warmth, format_status, format_watch
 
 
@@ -150,6 +150,32 @@ def test_an_unreachable_controller_is_shown_and_retried():
     blocks = out.getvalue().split("\n\n")
     assert blocks[0] == f"controller unreachable: {gone}, retrying every 2s"
     assert blocks[2].startswith("controller unreachable: timed out, retrying every 2s\nrun runs/demo  running  step 10/900")
+
+
+def test_a_run_that_is_ending_is_waited_for(tmp_path, monkeypatch):
+    """The controller closes requests just before it writes summary.json (found on the lab): fetch waits
+    for the summary; without one in time it raises RunEnding, which the watch retries."""
+    ending = {"type": "error", "error": "the run has finished; it takes no more requests", "ending": True}
+    monkeypatch.setattr("tmslurm.wire.protocol.request", lambda *a, **k: ending)
+    t = [0.0]
+
+    def sleep(s: float) -> None:
+        t[0] += s
+        if t[0] >= 0.3:
+            (tmp_path / "summary.json").write_text('{"steps": 24, "loss_last": 1.5, "events": []}')
+
+    st = fetch(tmp_path, None, timeout_s=5, clock=lambda: t[0], sleep=sleep)
+    assert st["mode"] == "finished" and st["step"] == 24
+    (tmp_path / "summary.json").unlink()
+    with pytest.raises(RunEnding, match="no summary.json yet"):
+        fetch(tmp_path, None, timeout_s=0.2, clock=lambda: t[0], sleep=lambda s: t.__setitem__(0, t[0] + s))
+    monkeypatch.setattr("tmslurm.wire.protocol.request", lambda *a, **k: {**ending, "ending": False})
+    with pytest.raises(TmslurmError, match="refused the status request") as err:
+        fetch(tmp_path, None, timeout_s=0.2)
+    assert not isinstance(err.value, RunEnding)
+    script = Script(_status(step=10), RunEnding("the run has finished; no summary.json yet"), _status(mode="finished"))
+    watch, out = _watch(script, tty=False)
+    assert watch.run() == 0 and "controller unreachable: the run has finished" in out.getvalue()
 
 
 def test_a_refusal_is_not_retried():

@@ -322,7 +322,7 @@ class Gate(RelayFrames):
             if why is None:
                 self.submit(RequestIn(request, c.ch))
         if why is not None:
-            c.ch.send_now(ErrorReply(error=why))
+            c.ch.send_now(ErrorReply(error=why, ending=True))
             c.ch.close()
 
     # ---- an agent's lines -----------------------------------------------------------------------

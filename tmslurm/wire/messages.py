@@ -558,6 +558,8 @@ class Beat(Msg):
 class ErrorReply(Msg):
     type: Literal["error"] = "error"
     error: Text
+    ending: bool = False
+    """The run is ending and takes no more requests: its summary.json follows (or the next allocation)."""
 
 
 class OkReply(Msg):
