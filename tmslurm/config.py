@@ -228,6 +228,9 @@ class RuntimeConfig:
     metrics_port: int = 0
     """Serve Prometheus metrics from the controller on this port (0 = off; needs prometheus-client,
     ``pip install tmslurm[metrics]``). Read-only: every request gets the text exposition format."""
+    monitor_metrics_port: int = 0
+    """Each node monitor serves its node's Prometheus metrics on this port (0 = off; one monitor per
+    host on a real cluster; with cluster=local every node is this host and only the first binds)."""
     metrics_addr: str = "127.0.0.1"
     """Address the metrics endpoint binds to (``0.0.0.0`` to let a Prometheus server on another host scrape it)."""
     heartbeats: bool = True
@@ -501,11 +504,16 @@ def _validate_gray(cfg: RunConfig) -> None:
 
 
 def _validate_metrics(rt: RuntimeConfig) -> None:
-    if not 0 <= rt.metrics_port <= 65535:
-        raise ConfigError(f"runtime.metrics_port={rt.metrics_port} is not a port. Fix: pass runtime.metrics_port=<1..65535> (0 = off).")
-    if rt.metrics_port and importlib.util.find_spec("prometheus_client") is None:
-        raise ConfigError("runtime.metrics_port needs prometheus-client. Fix: pip install 'tmslurm[metrics]', "
-                          "or pass runtime.metrics_port=0.")
+    for name in ("metrics_port", "monitor_metrics_port"):
+        port = getattr(rt, name)
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"runtime.{name}={port} is not a port. Fix: pass runtime.{name}=<1..65535> (0 = off).")
+        if port and importlib.util.find_spec("prometheus_client") is None:
+            raise ConfigError(f"runtime.{name} needs prometheus-client. Fix: pip install 'tmslurm[metrics]', "
+                              f"or pass runtime.{name}=0.")
+    if rt.monitor_metrics_port and not rt.monitors:
+        raise ConfigError("runtime.monitor_metrics_port needs the node monitors. Fix: pass runtime.monitors=true "
+                          "or runtime.monitor_metrics_port=0.")
 
 
 def validate(cfg: RunConfig) -> RunConfig:

@@ -3,6 +3,8 @@ drain and a SIGKILL, then a scrape; what it reads matches the journal, and the r
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import time
 import urllib.request
@@ -65,3 +67,35 @@ def test_a_scrape_after_a_drain_and_a_kill_matches_the_journal(launch, baseline)
     assert exchange(addr_of(run), {"type": "stop", "token": read_token(run.run_dir)})["type"] == "ok"
     summary = run.wait()
     assert_exact(summary, baseline(*LAYOUT, f"train.steps={summary['steps']}"))
+
+
+def test_a_node_monitor_serves_its_node_and_counts_an_exit(launch):
+    """runtime.monitor_metrics_port: on cluster=local every node is this host, so the first monitor binds
+    and the others go on without metrics; the one that binds tells its port in monitors/<node>.metrics."""
+    port = _free_port()
+    run = launch(*LAYOUT, "standby.count=1", "standby.start_when_warm=true", "train.steps=1000000",
+                 "train.step_delay_s=0.05", "runtime.heartbeat_timeout_s=2.0", f"runtime.monitor_metrics_port={port}")
+    deadline = time.monotonic() + 120
+    while not (files := sorted((run.run_dir / "monitors").glob("*.metrics"))):
+        assert time.monotonic() < deadline and run.proc.poll() is None, run.output()[-3000:]
+        time.sleep(0.1)
+    node = files[0].stem
+    assert files[0].read_text().strip() == f"127.0.0.1:{port}"
+    up = run.wait_for(lambda e: e["type"] == "agent_up" and e["node"] == node and not e["agent"].startswith("mon"))
+
+    def scraped(name: str) -> float:
+        return _scrape(port).get((name, (("node", node),)), -1.0)
+
+    while scraped("tmslurm_node_watched_processes") != 1:  # the controller names the node's process to watch
+        assert time.monotonic() < deadline, _scrape(port)
+        time.sleep(0.1)
+    assert scraped("tmslurm_node_exits_reported_total") == 0
+    os.kill(up["pid"], signal.SIGKILL)
+    while scraped("tmslurm_node_exits_reported_total") != 1:
+        assert time.monotonic() < deadline, _scrape(port)
+        time.sleep(0.1)
+    assert scraped("tmslurm_node_stops_reported_total") == 0
+    assert scraped("tmslurm_node_monitor_start_time_seconds") > 0
+    run.wait_for(lambda e: e["type"] == "event")  # the run recovered from the exit the monitor reported
+    assert exchange(addr_of(run), {"type": "stop", "token": read_token(run.run_dir)})["type"] == "ok"
+    run.wait()

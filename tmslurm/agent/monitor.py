@@ -11,7 +11,8 @@ reported. A watched process that stays stopped (state ``T``/``t``: SIGSTOP, a de
 ``stop_after_s`` is reported once as ``stopped``; its heartbeat thread is stopped too, but this is
 seen sooner than any heartbeat timeout. It signals nothing. It ends on ``finish`` and, through its
 link, when the controller is lost; with ``runtime.relay`` it also runs the node's relay
-(:func:`run_monitor`); when its link rejoins a restarted controller it forgets every
+(:func:`run_monitor`), and with ``runtime.monitor_metrics_port`` it serves its node's Prometheus
+metrics (:mod:`tmslurm.agent.nodemetrics`); when its link rejoins a restarted controller it forgets every
 watch (agent ids belong to one controller incarnation) and the new controller names them again. Its silence together with the silence of every process on its node is how the controller
 tells a node that went dark (power, kernel, cut link) in under a second.
 """
@@ -25,11 +26,14 @@ import select
 import time
 from pathlib import Path
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tmslurm.wire.messages import Exited, Finish, Stopped, Watch
 from tmslurm.agent.link import Link
 from tmslurm.agent.relay import start_relay
+
+if TYPE_CHECKING:
+    from tmslurm.agent.nodemetrics import NodeMetrics
 
 log = logging.getLogger(__name__)
 RELAY_DRAIN_S = 5.0
@@ -39,8 +43,10 @@ REJOINED = object()
 
 
 class Monitor:
-    def __init__(self, run_dir: Path, link: Link, node: str, stop_after_s: float, poll_s: float = 0.05) -> None:
+    def __init__(self, run_dir: Path, link: Link, node: str, stop_after_s: float, poll_s: float = 0.05,
+                 metrics: NodeMetrics | None = None) -> None:
         self.run_dir = Path(run_dir)
+        self.metrics = metrics
         self.link = link
         self.node = node
         self.stop_after_s = stop_after_s
@@ -77,6 +83,8 @@ class Monitor:
                 return True
             if msg is REJOINED:
                 self._forget_all()
+                if self.metrics is not None:
+                    self.metrics.rejoins.inc()
             elif isinstance(msg, Watch):
                 self.watch(msg.agent, msg.pid)
 
@@ -91,7 +99,12 @@ class Monitor:
             return False
         self.watched[fd] = (agent, pid)
         self.poller.register(fd, select.POLLIN)
+        self._count_watched()
         return True
+
+    def _count_watched(self) -> None:
+        if self.metrics is not None:
+            self.metrics.watched.set(len(self.watched))
 
     def _forget_all(self) -> None:
         """Drop every watch: agent ids are per controller incarnation, the new one sends ``watch`` again."""
@@ -101,6 +114,7 @@ class Monitor:
         self.watched.clear()
         self.stopped_since.clear()
         self.reported.clear()
+        self._count_watched()
 
     def _check_stopped(self, now_m: float) -> None:
         for fd, (agent, pid) in self.watched.items():
@@ -113,6 +127,8 @@ class Monitor:
                 self.reported.add(fd)
                 log.warning("%s (pid %d) stopped for %.2fs", agent, pid, now_m - since)
                 self.link.send(Stopped(agent=agent, pid=pid, stopped_s=round(now_m - since, 4)))
+                if self.metrics is not None:
+                    self.metrics.stops.inc()
 
     def _exited(self, fd: int) -> None:
         self.stopped_since.pop(fd, None)
@@ -122,6 +138,9 @@ class Monitor:
         os.close(fd)
         log.info("%s (pid %d) exited", agent, pid)
         self.link.send(Exited(agent=agent, pid=pid))
+        self._count_watched()
+        if self.metrics is not None:
+            self.metrics.exits.inc()
 
 
 def is_stopped(pid: int) -> bool:
@@ -148,8 +167,14 @@ def is_agent_of(pid: int, run_dir: Path) -> bool:
 def run_monitor(run_dir: Path, link: Link, node: str, rt: dict[str, Any]) -> int:
     """The node's monitor, and its node relay (:mod:`tmslurm.agent.relay`) when ``runtime.relay`` is on."""
     relay = start_relay(run_dir, node, float(rt["heartbeat_interval_s"])) if rt.get("relay") else None
+    metrics = None
+    if rt.get("monitor_metrics_port"):
+        from tmslurm.agent.nodemetrics import NodeMetrics
+
+        metrics = NodeMetrics(run_dir, node)
+        metrics.serve(str(rt["metrics_addr"]), int(rt["monitor_metrics_port"]))
     try:
-        return Monitor(run_dir, link, node, float(rt["node_timeout_s"])).run()
+        return Monitor(run_dir, link, node, float(rt["node_timeout_s"]), metrics=metrics).run()
     finally:
         if relay is not None:
             relay.drain(RELAY_DRAIN_S)
