@@ -232,7 +232,8 @@ class RuntimeConfig:
     """Each node monitor serves its node's Prometheus metrics on this port (0 = off; one monitor per
     host on a real cluster; with cluster=local every node is this host and only the first binds)."""
     metrics_addr: str = "127.0.0.1"
-    """Address the metrics endpoint binds to (``0.0.0.0`` to let a Prometheus server on another host scrape it)."""
+    """Address the metrics endpoints (the controller's, the monitors') bind to (``0.0.0.0`` to let a
+    Prometheus server on another host scrape them)."""
     heartbeats: bool = True
     """Agents send heartbeats (off only to measure their cost; hangs are then not detected)."""
     commit_vote: bool = True
@@ -511,6 +512,9 @@ def _validate_metrics(rt: RuntimeConfig) -> None:
         if port and importlib.util.find_spec("prometheus_client") is None:
             raise ConfigError(f"runtime.{name} needs prometheus-client. Fix: pip install 'tmslurm[metrics]', "
                               f"or pass runtime.{name}=0.")
+    if rt.monitor_metrics_port and rt.monitor_metrics_port == rt.metrics_port:
+        raise ConfigError(f"runtime.monitor_metrics_port={rt.monitor_metrics_port} equals runtime.metrics_port: the batch "
+                          "host runs a controller and a monitor. Fix: pass another runtime.monitor_metrics_port.")
     if rt.monitor_metrics_port and not rt.monitors:
         raise ConfigError("runtime.monitor_metrics_port needs the node monitors. Fix: pass runtime.monitors=true "
                           "or runtime.monitor_metrics_port=0.")

@@ -4,6 +4,7 @@ scraped over HTTP on loopback: what the journal and the commits say is what a sc
 from __future__ import annotations
 
 import math
+import re
 import urllib.request
 
 import pytest
@@ -67,10 +68,17 @@ def test_a_scrape_reads_commits_events_nodes_and_standbys(tmp_path):
     assert not any("step" in dict(k[1]) for k in s), "no label may carry an unbounded value"
 
 
-def test_off_by_default_and_a_bad_port_is_refused():
-    assert compose_config([]).runtime.metrics_port == 0
-    with pytest.raises(ConfigError, match="runtime.metrics_port=70000"):
-        compose_config(["runtime.metrics_port=70000"])
+@pytest.mark.parametrize("overrides,named", [
+    (["runtime.metrics_port=70000"], "runtime.metrics_port=70000"),
+    (["runtime.monitor_metrics_port=-1"], "runtime.monitor_metrics_port=-1"),
+    (["runtime.metrics_port=9400", "runtime.monitor_metrics_port=9400"], "Fix: pass another runtime.monitor_metrics_port"),
+    (["runtime.monitor_metrics_port=9401", "runtime.monitors=false", "runtime.heartbeats=false"], "needs the node monitors"),
+])
+def test_off_by_default_and_bad_ports_are_refused(overrides, named):
+    rt = compose_config([]).runtime
+    assert rt.metrics_port == 0 and rt.monitor_metrics_port == 0
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        compose_config(overrides)
 
 
 def test_a_port_in_use_leaves_the_run_without_metrics(tmp_path):
