@@ -154,6 +154,11 @@ class SlurmConfig:
     """Slurm client backend: auto | cli | pyslurm."""
     watch: bool = True
     """Poll node states and reservations (off only to measure the watcher's cost)."""
+    spare_time: Optional[str] = None
+    """Time limit of each spare job (sbatch --time); None: slurm.time."""
+    spare_renew_s: int = 600
+    """Renew a spare this many seconds before its time limit: a fresh spare is submitted and warmed,
+    then the old one is cancelled (the warm count does not fall)."""
     signal_lead_s: int = 120
     """The main job asks Slurm for SIGUSR1 this many seconds before its time limit (sbatch
     --signal=USR1@N; Slurm may send it up to 60 s earlier): the run checkpoints at the next step

@@ -8,9 +8,12 @@ lists the chain of jobs.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tmslurm.slurm.runtag import RunTag, parse_run_tag
+from tmslurm.wire.protocol import request
 
 from tests.slurm.test_lab_faults import LAYOUT, SLOW, _requeues
 from tests.slurm.test_slurm_run import SlurmRun, exact, job_field, reference_hash
@@ -84,3 +87,50 @@ def test_a_preempted_job_is_requeued_by_slurm_and_ends_exact_with_its_losses_rep
     assert first["ended_by"] == "job_end_unfinished" or first["lost_steps"] == 0, s["jobs"]
     assert _requeues(slurm, run.job_id) == 1
     assert exact(s, ref), {k: v for k, v in s.items() if k != "step_log"}
+
+
+def _warm_standbys(run: SlurmRun) -> int:
+    st = run.status()
+    return sum(1 for s in st.get("standbys", []) if len(s["roles"]) >= 2 and not s.get("busy"))
+
+
+def test_a_spare_is_renewed_before_its_limit_and_a_cancelled_spare_is_replaced(slurm, tmp_path, tmp_path_factory):
+    """The spare's 2-minute limit: 60 s before it (slurm.spare_renew_s) a fresh spare is submitted and
+    warmed, and only then is the old one cancelled, so the run never lacks a warm standby (journal). A
+    drain right after switches warm, to the fresh standby. Then ``scancel`` of the spare that replaced
+    the one consumed: it is replaced too. The run, stopped after all that, ends exact."""
+    run = SlurmRun(slurm, tmp_path / "run", [*LAYOUT, "standby.count=1", *_steps(100000), "slurm.spare_time=00:02:00",
+                                             "slurm.spare_renew_s=60"])
+    st = run.wait_step(3)
+    first_spare = st["spare_job_ids"][0]
+    renewing = run.wait_for(lambda e: e["type"] == "standby_renewing", timeout=150, what="the spare's renewal")
+    retired = run.wait_for(lambda e: e["type"] == "standby_retired", timeout=120, what="the old spare let go")
+    assert retired["agent"] == renewing["agent"] and retired["warm"] >= 1, retired
+    journal = run.journal()
+    assert not [e for e in journal if e["type"] == "standby_lost"], "a standby was lost during the renewal"
+    slurm.wait_for(lambda: job_field(slurm.run("scontrol", "show", "job", first_spare, check=False).stdout,
+                                     "JobState") in ("CANCELLED", ""), 60, what=f"spare {first_spare} cancelled")
+    # a drain right after: the fresh standby takes the rank, warm
+    st = run.wait_step(run.status()["step"] + 2)
+    node = next(r["node"] for r in st["ranks"] if r["rank"] == 1)
+    slurm.run("scontrol", "update", f"nodename={node}", "state=drain", "reason=maint-after-renewal")
+    planned = run.wait_for(lambda e: e["type"] == "event" and e["kind"] == "planned", timeout=120, what="a warm switch")
+    assert planned["ranks"] == [1] and planned["node"] == node, planned
+    # the consumed standby is replaced; cancel that replacement once it is warm: it is replaced again
+    spare_ids = lambda: [int(j) for j in run.status().get("spare_job_ids", [])]  # noqa: E731 (Slurm's ids only grow)
+    newest = max(spare_ids())
+    deadline = time.monotonic() + 180
+    while max(spare_ids()) == newest or _warm_standbys(run) < 1:
+        assert time.monotonic() < deadline, run.status()
+        time.sleep(1)
+    replacement = max(spare_ids())
+    slurm.run("scancel", str(replacement))
+    run.wait_for(lambda e: e["type"] == "standby_lost", timeout=60, what="the cancelled spare's standby lost")
+    while max(spare_ids()) == replacement or _warm_standbys(run) < 1:
+        assert time.monotonic() < deadline + 120, run.status()
+        time.sleep(1)
+    assert request(run.run_dir, {"type": "stop"})["type"] == "ok"
+    s = run.summary()
+    slurm.run("scontrol", "update", f"nodename={node}", "state=resume")
+    assert [e["kind"] for e in s["events"]] == ["planned"], s["events"]
+    assert exact(s, reference_hash(tmp_path_factory, *LAYOUT, steps=s["steps"])), s["events"]

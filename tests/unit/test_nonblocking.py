@@ -57,7 +57,7 @@ class Hanging:
 
     def job(self, job_id):
         self.hang(f"scontrol show job {job_id}")
-        return SimpleNamespace(nodes=["s9"])
+        return SimpleNamespace(nodes=["s9"], end_time=None)
 
 
 @pytest.fixture

@@ -132,7 +132,7 @@ def test_a_pending_spare_may_use_a_node_once_it_healed(tmp_path, captured):
     updates: list[tuple[str, list[str]]] = []
     client = SimpleNamespace(
         nodes=lambda names: [NodeInfo(n, states[n], states[n], frozenset()) for n in names],
-        job=lambda job_id: SimpleNamespace(nodes=["n6"] if job_id == "92" else []),
+        job=lambda job_id: SimpleNamespace(nodes=["n6"] if job_id == "92" else [], end_time=None),
         update_job_excludes=lambda job_id, nodes: updates.append((job_id, list(nodes))))
     cfg = compose_config(["cluster=slurm", "parallel.dp=2", "parallel.pp=2"])
     spawner = sp.SlurmSpawner(tmp_path, cfg, client, "77", ["n1", "n3", "n4", "n7"], background=lambda w, n: w(),

@@ -32,8 +32,11 @@ log = logging.getLogger(__name__)
 
 def main(argv: list[str] | None = None) -> int:
     # Slurm sends SIGUSR1 to every step's processes when the main job's time limit is near
-    # (slurm.signal_lead_s); the controller acts on it, a rank carries on until told.
+    # (slurm.signal_lead_s); the controller acts on it, a rank carries on until told. SIGUSR2 is
+    # submitit's timeout signal to a spare job (90 s before its limit): the controller renews spares
+    # before that (slurm.spare_renew_s), and a spare it could not renew lives to its real limit.
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     ap = argparse.ArgumentParser(prog="tmslurm-agent")
     ap.add_argument("--run-dir", required=True, type=Path)
     who = ap.add_mutually_exclusive_group(required=True)

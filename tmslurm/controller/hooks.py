@@ -37,6 +37,10 @@ class ClusterHooks(Protocol):
         """Remember a node found dead (its monitor and processes silent) as bad, so that nothing
         started from now on (a restarted rank, a spare) lands there before it is healthy again."""
 
+    def expiring_standbys(self, now: float) -> list[int]:
+        """The standby ids whose allocation's time limit is within ``slurm.spare_renew_s`` of ``now``
+        (Unix time), each allocation named once; no cluster command (the answer is what is known)."""
+
     def requeue(self, exclude: list[str]) -> bool:
         """Requeue the run's own job away from ``exclude`` (sent in the background; :meth:`flush`
         waits for it); False when the cluster cannot."""
@@ -70,6 +74,9 @@ class LocalHooks:
 
     def node_lost(self, node: str) -> None:
         return None
+
+    def expiring_standbys(self, now: float) -> list[int]:
+        return []
 
     def requeue(self, exclude: list[str]) -> bool:
         return False

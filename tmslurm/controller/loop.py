@@ -61,6 +61,7 @@ from tmslurm.notices import Notice
 from tmslurm.rundir import RunDir
 from tmslurm.controller.events import EventLog
 from tmslurm.controller.journal import Journal
+from tmslurm.controller.renewal import SpareRenewal
 from tmslurm.controller.spawner import Spawner
 from tmslurm.signing import NoticeVerifier, load_public_key
 from tmslurm.topology import Layout
@@ -108,6 +109,7 @@ class Controller:
         self.intake = Intake(self.ctx, self.members, self.switches, self.recoveries, self.restarts, self.summary.status)
         self.deadlines = Deadlines(self.ctx, self.members, self.plans, self.recoveries, self.restarts, self.commits)
         self.monitors = NodeMonitors(self.ctx, self.members, self.recoveries)
+        self.renewal = SpareRenewal(self.ctx, self.members)
         self.handlers: dict[type, Callable[[Agent, Any], None]] = {
             m.Vote: self.commits.on_vote, m.Progress: self.commits.on_progress, m.Groups: self.commits.on_groups,
             m.Prepared: self.switches.on_prepared, m.ShadowReady: self.switches.on_shadow_ready, m.Switched: self.switches.on_switched, m.Left: self.switches.on_left,
@@ -185,6 +187,7 @@ class Controller:
                     self.adoption.tick()
                 self.deadlines.tick()
                 self.monitors.tick()
+                self.renewal.tick()
         return self.finish(server)
 
     def _offer_snapshot(self) -> None:

@@ -103,7 +103,7 @@ class Membership:
         if not self.replenishing or self.state.mode.ending:
             return
         standbys = self.state.standbys()
-        pool = [a for a in standbys if a.idle_standby]
+        pool = [a for a in standbys if a.idle_standby and a.aid not in self.state.retiring]
         starting = self.state.standbys_started - len(standbys)
         for _ in range(self.standby_target - len(pool) - max(0, starting)):
             self.spawn_standby()

@@ -105,6 +105,8 @@ class RunState:
     vote_t: dict[int, float] = field(default_factory=dict)
     """When each rank's vote in ``votes`` arrived (monotonic); read only for ranks in ``votes``."""
     step_log: list[dict[str, Any]] = field(default_factory=list)
+    retiring: set[str] = field(default_factory=set)
+    """Standby agents whose spare allocation is being renewed (:mod:`tmslurm.controller.renewal`)."""
     plan: PlannedSwitch | Recovery | None = None
     pending_notices: list[Notice] = field(default_factory=list)
     retry_notices: bool = False

@@ -116,6 +116,8 @@ class JobInfo:
     requeue: bool
     reason: str
     raw: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+    end_time: datetime | None = None
+    """When the job's time limit runs out (``EndTime``; None while Slurm does not know, e.g. pending)."""
 
 
 @dataclass(frozen=True)
@@ -317,9 +319,16 @@ def parse_jobs(text: str, cmd: str = "scontrol show job") -> list[JobInfo]:
             job_id=f["JobId"], state=f["JobState"], node_list=node_list,
             nodes=_nodes(node_list, cmd, line), batch_host=_null(f.get("BatchHost", "")) or None,
             restarts=int(f["Restarts"]), requeue=f.get("Requeue") == "1",
-            reason=_null(f.get("Reason", "")), raw=f,
+            reason=_null(f.get("Reason", "")), raw=f, end_time=_end_time(f, cmd, line),
         ))
     return jobs
+
+
+def _end_time(f: Mapping[str, str], cmd: str, line: str) -> datetime | None:
+    try:
+        return parse_time(f.get("EndTime", "Unknown"))
+    except ValueError:
+        raise parse_error(cmd, line, f"EndTime={f.get('EndTime')!r} is not a time") from None
 
 
 def parse_time(value: str) -> datetime | None:

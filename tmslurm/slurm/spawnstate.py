@@ -45,6 +45,10 @@ class Spare(_Rec):
     used_for_restart: bool = False
     exclude: list[str] = []
     """The nodes it was submitted to avoid (bad then); cleared of healed ones while it is pending."""
+    end: float | None = None
+    """When its time limit runs out (Unix time), learned once it runs."""
+    renewing: bool = False
+    """A replacement was asked for because ``end`` is near (``slurm.spare_renew_s``)."""
 
 
 class SpawnRecord(_Rec):

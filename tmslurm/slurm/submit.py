@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import logging
 import sys
 import subprocess
@@ -30,8 +31,9 @@ from tmslurm.slurm.runtag import run_comment
 log = logging.getLogger(__name__)
 
 
-def time_minutes(text: str) -> int:
-    """sbatch --time forms D-HH:MM:SS, HH:MM:SS, MM:SS, MM -> whole minutes (at least 1)."""
+def time_minutes(text: str, override: str = "slurm.time") -> int:
+    """sbatch --time forms D-HH:MM:SS, HH:MM:SS, MM:SS, MM -> whole minutes (at least 1); a bad one is
+    a ConfigError naming ``override``."""
     try:
         days, _, rest = text.rpartition("-")
         parts = [int(p) for p in rest.split(":")]
@@ -43,7 +45,7 @@ def time_minutes(text: str) -> int:
             minutes = parts[0]
         minutes += int(days) * 1440 if days else 0
     except ValueError:
-        raise ConfigError(f"slurm.time={text!r} is not a Slurm time (D-HH:MM:SS, HH:MM:SS, MM:SS or MM). Fix: pass slurm.time=00:30:00") from None
+        raise ConfigError(f"{override}={text!r} is not a Slurm time (D-HH:MM:SS, HH:MM:SS, MM:SS or MM). Fix: pass {override}=00:30:00") from None
     return max(1, math.ceil(minutes))  # never shorter than asked
 
 
@@ -57,7 +59,7 @@ def _extra_args(args: list[str]) -> dict[str, Any]:
 
 def executor(run_dir: Path, cfg: RunConfig, *, name: str, nodes: int, placement: Placement,
              extra: dict[str, Any] | None = None, exclude: str | None = None, srun_args: list[str] | None = None,
-             setup: list[str] | None = None) -> Any:
+             setup: list[str] | None = None, minutes: int | None = None) -> Any:
     """A submitit executor. Parameters, later ones winning: --no-kill --exclusive, the placement,
     ``slurm.extra_args``, ``extra``."""
     import submitit
@@ -65,7 +67,8 @@ def executor(run_dir: Path, cfg: RunConfig, *, name: str, nodes: int, placement:
     ex = submitit.AutoExecutor(folder=str(Path(run_dir) / "submitit"), cluster="slurm")
     params: dict[str, Any] = {"no_kill": True, "exclusive": True, "comment": run_comment(run_dir),
                               **placement.sbatch_params(), **_extra_args(cfg.slurm.extra_args), **(extra or {})}
-    kwargs: dict[str, Any] = dict(name=name, timeout_min=time_minutes(cfg.slurm.time), slurm_partition=placement.partition,
+    minutes = time_minutes(cfg.slurm.time) if minutes is None else minutes
+    kwargs: dict[str, Any] = dict(name=name, timeout_min=minutes, slurm_partition=placement.partition,
                                   nodes=nodes, tasks_per_node=1, slurm_additional_parameters=params)
     if exclude:
         kwargs["slurm_exclude"] = exclude
@@ -88,6 +91,7 @@ def main_executor(run_dir: Path, cfg: RunConfig, placement: Placement | None = N
     SIGUSR1 ``slurm.signal_lead_s`` before its time limit (to every step's processes; this replaces
     submitit's own USR2 signal, whose handler would end a job it cannot checkpoint). ``after``: a
     job of the same run this one must wait for (a resubmission, ``--dependency=afterany``)."""
+    spare_minutes(cfg)  # a spare that could not be renewed is refused before anything is submitted
     extra: dict[str, Any] = {"requeue": True, "signal": f"USR1@{cfg.slurm.signal_lead_s}"}
     if after is not None:
         extra["dependency"] = f"afterany:{after}"
@@ -103,10 +107,22 @@ def main_sbatch_text(run_dir: Path, cfg: RunConfig, after: str | None = None) ->
     return text.replace(str(Path(run_dir)), "RUN_DIR")
 
 
+def spare_minutes(cfg: RunConfig) -> int:
+    """A spare's time limit (``slurm.spare_time``, else ``slurm.time``) in minutes; ConfigError when
+    ``slurm.spare_renew_s`` leaves no time between a spare's warm-up and its renewal."""
+    override = "slurm.spare_time" if cfg.slurm.spare_time is not None else "slurm.time"
+    minutes = time_minutes(cfg.slurm.spare_time or cfg.slurm.time, override)
+    if not 60 <= cfg.slurm.spare_renew_s <= minutes * 30:
+        raise ConfigError(f"slurm.spare_renew_s={cfg.slurm.spare_renew_s} must be at least 60 and at most half a spare's "
+                          f"time limit ({override}: {minutes} min), or every spare is renewed as soon as it starts. "
+                          f"Fix: pass slurm.spare_renew_s={min(600, minutes * 30)} or a longer {override}.")
+    return minutes
+
+
 def spare_executor(run_dir: Path, cfg: RunConfig, job_index: int, exclude: list[str], placement: Placement | None = None) -> Any:
-    """A spare: one node, --no-requeue (a lost spare just ends and is replaced), bad nodes excluded,
-    the main job's placement, then ``slurm.spare_args``."""
-    return executor(run_dir, cfg, name=f"tmslurm-spare{job_index}", nodes=1,
+    """A spare: one node, ``slurm.spare_time`` (else ``slurm.time``), --no-requeue (a lost spare just
+    ends and is replaced), bad nodes excluded, the main job's placement, then ``slurm.spare_args``."""
+    return executor(run_dir, cfg, name=f"tmslurm-spare{job_index}", nodes=1, minutes=spare_minutes(cfg),
                     extra={"no_requeue": True, **_extra_args(cfg.slurm.spare_args)},
                     placement=placement or placement_from_config(cfg), exclude=",".join(exclude) if exclude else None)
 
@@ -125,7 +141,12 @@ def submit_spare(run_dir: Path, cfg: RunConfig, job_index: int, first_standby: i
 
 
 def spare_main(run_dir: str, first_standby: int, count: int, monitor: bool = True) -> int:
-    """Body of a spare job: run ``count`` standby agents (and the node's monitor) until they end."""
+    """Body of a spare job: run ``count`` standby agents (and the node's monitor) until they end.
+
+    submitit's handler of its timeout signal (SIGUSR2, 90 s before the time limit) would end a spare
+    it cannot checkpoint: it is ignored here (this runs in submitit's main thread), as in the agents;
+    the controller renews a spare ``slurm.spare_renew_s`` before its end."""
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     env = dict(os.environ)
     agent = [sys.executable, "-m", "tmslurm.agent.main", "--run-dir", run_dir]
     watcher = [subprocess.Popen([sys.executable, "-m", "tmslurm.slurm.proc.orphan", "--run-dir", run_dir], env=env)] if monitor else []

@@ -84,6 +84,9 @@ class SlurmHooks:
     def node_lost(self, node: str) -> None:
         self.spawner.add_bad_node(node, confirmed=False)
 
+    def expiring_standbys(self, now: float) -> list[int]:
+        return self.spawner.expiring(now)
+
     def can_requeue(self) -> bool:
         return True
 

@@ -127,6 +127,7 @@ def _batch_host_gone(client: SlurmClient, job_id: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # the job's time limit is near: the controller's business
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # submitit's timeout signal to a spare: renewed by the controller
     ap = argparse.ArgumentParser(prog="tmslurm-monitor")
     ap.add_argument("--run-dir", required=True, type=Path)
     ap.add_argument("--node", default=None)

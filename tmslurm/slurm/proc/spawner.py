@@ -202,6 +202,19 @@ class SlurmSpawner:
         if new:
             self._changed()
 
+    def expiring(self, now: float) -> list[int]:
+        """The standbys of running spare jobs whose time limit ends within ``slurm.spare_renew_s`` and
+        that were not named before (each spare once; no Slurm command: called from the loop)."""
+        lead, out = float(self.cfg.slurm.spare_renew_s), []
+        with self.lock:
+            for info in self.spares.values():
+                if info.get("end") is not None and not info.get("renewing") and info["end"] - now <= lead:
+                    info["renewing"] = True
+                    out += [info["index"] * self.rpn + i for i in range(self.rpn)]
+        if out:
+            self._changed()
+        return out
+
     def spare_job_ids(self) -> list[str]:
         with self.lock:
             return list(self.spares)
@@ -219,6 +232,7 @@ class SlurmSpawner:
             if job is not None and job.nodes:
                 with self.lock:
                     self.spares[job_id]["node"] = job.nodes[0]
+                    self.spares[job_id]["end"] = job.end_time.timestamp() if job.end_time else None
                 self._changed()
         with self.lock:
             unconfirmed = bool(self.unconfirmed)
