@@ -155,7 +155,9 @@ class SlurmConfig:
     watch: bool = True
     """Poll node states and reservations (off only to measure the watcher's cost)."""
     spare_time: Optional[str] = None
-    """Time limit of each spare job (sbatch --time); None: slurm.time."""
+    """Time limit of each spare job (sbatch --time); None: slurm.time. A standby that takes a rank
+    keeps running in its spare job: a spare_time shorter than slurm.time ends such a rank before the
+    main job (an unexpected failure, recovered like any other)."""
     spare_renew_s: int = 600
     """Renew a spare this many seconds before its time limit: a fresh spare is submitted and warmed,
     then the old one is cancelled (the warm count does not fall)."""

@@ -117,18 +117,19 @@ def test_a_spare_is_renewed_before_its_limit_and_a_cancelled_spare_is_replaced(s
     planned = run.wait_for(lambda e: e["type"] == "event" and e["kind"] == "planned", timeout=120, what="a warm switch")
     assert planned["ranks"] == [1] and planned["node"] == node, planned
     # the consumed standby is replaced; cancel that replacement once it is warm: it is replaced again
-    spare_ids = lambda: [int(j) for j in run.status().get("spare_job_ids", [])]  # noqa: E731 (Slurm's ids only grow)
-    newest = max(spare_ids())
-    deadline = time.monotonic() + 180
-    while max(spare_ids()) == newest or _warm_standbys(run) < 1:
+    spare_ids = lambda: {int(j) for j in run.status().get("spare_job_ids", [])}  # noqa: E731 (Slurm's ids only grow)
+    before = spare_ids()
+    deadline = time.monotonic() + 120
+    while not spare_ids() - before or _warm_standbys(run) < 1:
         assert time.monotonic() < deadline, run.status()
         time.sleep(1)
-    replacement = max(spare_ids())
+    replacement = min(spare_ids() - before)  # the first submitted since (a later one would be a renewal)
     slurm.run("scancel", str(replacement))
-    run.wait_for(lambda e: e["type"] == "standby_lost", timeout=60, what="the cancelled spare's standby lost")
+    lost = run.wait_for(lambda e: e["type"] == "standby_lost", timeout=60, what="the cancelled spare's standby lost")
     while max(spare_ids()) == replacement or _warm_standbys(run) < 1:
-        assert time.monotonic() < deadline + 120, run.status()
+        assert time.monotonic() < deadline + 60, run.status()
         time.sleep(1)
+    assert lost["cause"] == "process exit", lost
     assert request(run.run_dir, {"type": "stop"})["type"] == "ok"
     s = run.summary()
     slurm.run("scontrol", "update", f"nodename={node}", "state=resume")

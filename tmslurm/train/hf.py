@@ -30,13 +30,13 @@ from functools import lru_cache
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from tmslurm.config import ModelConfig, TrainConfig
 from tmslurm.errors import ConfigError
 from tmslurm.hfconfig import HFModel, read_hf_config
 from tmslurm.train.data import TokenCorpus, load_corpus
+from tmslurm.train.model import CorpusLM
 from tmslurm.train.task import StageSpec
 
 EMBED, POSITIONS, NORM, HEAD, BLOCK0 = 1, 2, 3, 4, 10
@@ -112,7 +112,7 @@ def _token_ids(data_path: str | None, tokenizer: str | None) -> np.ndarray:
     return np.asarray(ids, dtype=np.int64)
 
 
-class CausalLMTask:
+class CausalLMTask(CorpusLM):
     """A Hugging Face causal LM from ``model.hf_config``; AdamW (or SGD) over its stage's parameters."""
 
     def __init__(self, model: ModelConfig, train: TrainConfig) -> None:
@@ -173,17 +173,6 @@ class CausalLMTask:
         if missed:
             raise ConfigError(f"model.hf_config={self.m.hf_config!r}: CausalLMTask does not know how to initialise "
                               f"{', '.join(missed[:4])}. Fix: use a plain {self.hf.model_type} config.")
-
-    def build_optimizer(self, module: nn.Module) -> torch.optim.Optimizer:
-        if self.t.optimizer == "sgd":
-            return torch.optim.SGD(module.parameters(), lr=self.t.lr * 30, momentum=0.9, foreach=False)
-        return torch.optim.AdamW(module.parameters(), lr=self.t.lr, weight_decay=self.t.weight_decay, foreach=False)
-
-    def batch(self, step: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.corpus.batch(step, index)
-
-    def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(output.reshape(-1, output.shape[-1]), targets.reshape(-1))
 
     def activation_shape(self, micro_batch_size: int) -> tuple[int, ...]:
         return (micro_batch_size, self.m.seq_len, self.hf.width)

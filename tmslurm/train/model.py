@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tmslurm.config import ModelConfig, TrainConfig
-from tmslurm.train.data import ByteCorpus
+from tmslurm.train.data import ByteCorpus, TokenCorpus
 from tmslurm.train.task import StageSpec
 from tmslurm.train.tp import TPGroup, copy_to_tp, reduce_from_tp, shard_cols, shard_rows, unshard_cols, unshard_rows
 
@@ -136,7 +136,26 @@ def _init_(module: nn.Module, seed: int, key: int) -> None:
                 p.mul_(1.0 / math.sqrt(2.0))
 
 
-class ReferenceTask:
+class CorpusLM:
+    """What the language-model Tasks share: ``train.optimizer`` (AdamW, or SGD with momentum at lr x 30)
+    over a stage's parameters, the batches of ``self.corpus`` and next-token cross entropy."""
+
+    t: TrainConfig
+    corpus: TokenCorpus
+
+    def build_optimizer(self, module: nn.Module) -> torch.optim.Optimizer:
+        if self.t.optimizer == "sgd":
+            return torch.optim.SGD(module.parameters(), lr=self.t.lr * 30, momentum=0.9, foreach=False)
+        return torch.optim.AdamW(module.parameters(), lr=self.t.lr, weight_decay=self.t.weight_decay, foreach=False)
+
+    def batch(self, step: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.corpus.batch(step, index)
+
+    def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(output.reshape(-1, output.shape[-1]), targets.reshape(-1))
+
+
+class ReferenceTask(CorpusLM):
     """GPT-style byte-level LM over :class:`ByteCorpus`; AdamW; sizes from ``model`` presets; tensor-parallel."""
 
     supports_tp = True
@@ -167,17 +186,6 @@ class ReferenceTask:
         if self.m.compile:
             stage.forward = torch.compile(stage.forward, dynamic=False)
         return stage
-
-    def build_optimizer(self, module: nn.Module) -> torch.optim.Optimizer:
-        if self.t.optimizer == "sgd":
-            return torch.optim.SGD(module.parameters(), lr=self.t.lr * 30, momentum=0.9, foreach=False)
-        return torch.optim.AdamW(module.parameters(), lr=self.t.lr, weight_decay=self.t.weight_decay, foreach=False)
-
-    def batch(self, step: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.corpus.batch(step, index)
-
-    def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(output.reshape(-1, output.shape[-1]), targets.reshape(-1))
 
     def activation_shape(self, micro_batch_size: int) -> tuple[int, ...]:
         return (micro_batch_size, self.m.seq_len, self.m.d_model)
