@@ -111,19 +111,19 @@ def test_a_spare_is_renewed_before_its_limit_and_a_cancelled_spare_is_replaced(s
     slurm.wait_for(lambda: job_field(slurm.run("scontrol", "show", "job", first_spare, check=False).stdout,
                                      "JobState") in ("CANCELLED", ""), 60, what=f"spare {first_spare} cancelled")
     # a drain right after: the fresh standby takes the rank, warm
+    spare_ids = lambda: {int(j) for j in run.status().get("spare_job_ids", [])}  # noqa: E731 (Slurm's ids only grow)
+    before = spare_ids()
     st = run.wait_step(run.status()["step"] + 2)
     node = next(r["node"] for r in st["ranks"] if r["rank"] == 1)
     slurm.run("scontrol", "update", f"nodename={node}", "state=drain", "reason=maint-after-renewal")
     planned = run.wait_for(lambda e: e["type"] == "event" and e["kind"] == "planned", timeout=120, what="a warm switch")
     assert planned["ranks"] == [1] and planned["node"] == node, planned
     # the consumed standby is replaced; cancel that replacement once it is warm: it is replaced again
-    spare_ids = lambda: {int(j) for j in run.status().get("spare_job_ids", [])}  # noqa: E731 (Slurm's ids only grow)
-    before = spare_ids()
     deadline = time.monotonic() + 120
     while not spare_ids() - before or _warm_standbys(run) < 1:
         assert time.monotonic() < deadline, run.status()
         time.sleep(1)
-    replacement = min(spare_ids() - before)  # the first submitted since (a later one would be a renewal)
+    replacement = min(spare_ids() - before)  # the first submitted since the drain (a later one: a renewal)
     slurm.run("scancel", str(replacement))
     lost = run.wait_for(lambda e: e["type"] == "standby_lost", timeout=60, what="the cancelled spare's standby lost")
     while max(spare_ids()) == replacement or _warm_standbys(run) < 1:
