@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import os
 import sys
 from pathlib import Path
@@ -33,6 +34,9 @@ def _status(args: argparse.Namespace) -> int:
             raise TmslurmError("--watch and --json do not combine: --json prints one status")
         watch = Watch(lambda: RunStatus.from_dict(fetch(run_dir, args.token, timeout_s=5.0)), sys.stdout,
                       interval_s=args.interval, tty=sys.stdout.isatty())
+        # Ctrl-C ends the watch (exit 0) even where SIGINT came in ignored: a shell without job control
+        # starts background commands so, and Python then installs no KeyboardInterrupt handler
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             return watch.run()
         except BrokenPipeError:  # its reader went away (| head): the watch is over

@@ -158,9 +158,10 @@ class SlurmConfig:
     """Time limit of each spare job (sbatch --time); None: slurm.time. A standby that takes a rank
     keeps running in its spare job: a spare_time shorter than slurm.time ends such a rank before the
     main job (an unexpected failure, recovered like any other)."""
-    spare_renew_s: int = 600
+    spare_renew_s: Optional[int] = None
     """Renew a spare this many seconds before its time limit: a fresh spare is submitted and warmed,
-    then the old one is cancelled (the warm count does not fall)."""
+    then the old one is cancelled (the warm count does not fall). Given: 60 to half the spare's limit.
+    None: 600 s for a spare whose limit is at least 20 minutes, no renewal for a shorter one."""
     signal_lead_s: int = 120
     """The main job asks Slurm for SIGUSR1 this many seconds before its time limit (sbatch
     --signal=USR1@N; Slurm may send it up to 60 s earlier): the run checkpoints at the next step

@@ -9,7 +9,7 @@ from tests.unit.controller_harness import FakeCluster, FakeSpawner, Harness
 from tmslurm.config import compose_config
 from tmslurm.errors import ConfigError
 from tmslurm.slurm.proc.spawner import SlurmSpawner
-from tmslurm.slurm.submit import spare_minutes
+from tmslurm.slurm.submit import main_sbatch_text, spare_minutes, spare_renew_lead
 
 
 class Expiring(FakeCluster):
@@ -121,3 +121,15 @@ def test_a_renewal_lead_that_leaves_no_time_is_refused(overrides, named):
     with pytest.raises(ConfigError, match=named.replace("(", r"\(")):
         spare_minutes(compose_config(["cluster=slurm", *overrides]))
     assert spare_minutes(compose_config(["cluster=slurm", "slurm.spare_time=00:10:00", "slurm.spare_renew_s=300"])) == 10
+
+
+@pytest.mark.parametrize("overrides,lead", [
+    ([], 600),                                                   # slurm.time 00:30:00
+    (["slurm.time=00:15:00"], None),                             # too short for the default: not renewed (and not refused)
+    (["slurm.time=00:15:00", "slurm.spare_renew_s=120"], 120),
+    (["slurm.time=00:15:00", "slurm.spare_time=1-00:00:00"], 600),
+])
+def test_the_default_lead_renews_long_spares_only(tmp_path, overrides, lead):
+    cfg = compose_config(["cluster=slurm", *overrides])
+    assert spare_renew_lead(cfg) == lead
+    assert "#SBATCH" in main_sbatch_text(tmp_path / "run", cfg)  # the main job's submission accepts it

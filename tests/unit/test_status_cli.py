@@ -35,9 +35,11 @@ def test_watch_of_a_finished_run_prints_one_plain_block_and_ends(tmp_path):
     assert "standby0.123       spare0         warm: first, last" in p.stdout
 
 
-def _watch(run_dir: Path) -> subprocess.Popen:
+def _watch(run_dir: Path, sigint_ignored: bool = False) -> subprocess.Popen:
+    """``sigint_ignored``: start it as a shell without job control starts a background command."""
     return subprocess.Popen([sys.executable, "-c", CLI, "status", "--watch", "--interval", "0.2", str(run_dir)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None)
 
 
 def _first_line(proc: subprocess.Popen) -> str:
@@ -61,10 +63,11 @@ def test_watch_waits_through_an_absent_controller_and_ends_with_the_run(tmp_path
     assert "run finished-run  finished" in out and "\x1b" not in out
 
 
-def test_ctrl_c_ends_the_watch_with_0(tmp_path):
+@pytest.mark.parametrize("sigint_ignored", [False, True], ids=["foreground", "started-with-sigint-ignored"])
+def test_ctrl_c_ends_the_watch_with_0(tmp_path, sigint_ignored):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    proc = _watch(run_dir)
+    proc = _watch(run_dir, sigint_ignored)
     try:
         assert "controller unreachable" in _first_line(proc)
         proc.send_signal(signal.SIGINT)

@@ -26,7 +26,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 from tmslurm.controller.context import Context
 from tmslurm.controller.items import Released
@@ -172,18 +173,11 @@ class Restarts:
         was complete (a preemption's grace time too short): record it as an event whose redone steps
         are the last commit (``snapshot.json``) minus the checkpoint this job resumes from."""
         rd, st = self.ctx.rundir, self.state
-        try:
-            told = json.loads(rd.job_ending.read_text())
-        except FileNotFoundError:
-            return
-        except (OSError, ValueError) as exc:
-            log.warning("ignoring an unreadable %s: %s", rd.job_ending, exc)
+        told = self._take_note(rd.job_ending, rd.job_ending_archive)
+        if told is None:
             return
         t = float(told.get("t", time.time()))
-        rd.job_ending.rename(rd.job_ending_archive(t))
-        snap = read_snapshot(rd.snapshot) or {}
-        target = int(snap.get("step", st.step))
-        self.ctx.events.last_commit_t = snap.get("last_commit_t")
+        target, _snap = self._last_commit()
         cause = f"{told.get('reason', '?')}; the job ended before its checkpoint was complete"
         rec = self._record("job_end_unfinished", "planned", cause, [], t, t, target, st.step)
         rec["reschedule_s"] = time.time() - t
@@ -198,17 +192,10 @@ class Restarts:
         record that as an unexpected event whose redone steps are the previous incarnation's last
         commit (``snapshot.json``) minus the checkpoint this one resumes from."""
         rd, st = self.ctx.rundir, self.state
-        try:
-            claim = json.loads(rd.controller_lost.read_text())
-        except FileNotFoundError:
+        claim = self._take_note(rd.controller_lost, rd.controller_lost_archive)
+        if claim is None:
             return False
-        except (OSError, ValueError) as exc:
-            log.warning("ignoring an unreadable %s: %s", rd.controller_lost, exc)
-            return False
-        rd.controller_lost.rename(rd.controller_lost_archive(float(claim.get("t", time.time()))))
-        snap = read_snapshot(rd.snapshot) or {}
-        target = int(snap.get("step", st.step))
-        self.ctx.events.last_commit_t = snap.get("last_commit_t")
+        target, snap = self._last_commit()
         st.fired = set(snap.get("fired", [])) | {e["index"] for e in read_journal(rd.events)
                                                    if e.get("type") in ("fault", "fault_firing") and "index" in e}
         cause = f"controller lost ({claim.get('why', '?')}); requeued by the monitor of {claim.get('node', '?')}"
@@ -223,6 +210,27 @@ class Restarts:
         log.warning("the previous incarnation lost its controller after step %d; resuming from checkpoint step %d",
                     target, st.step)
         return True
+
+    @staticmethod
+    def _take_note(path: Path, archive: Callable[[float], Path]) -> dict[str, Any] | None:
+        """Read a note the previous incarnation left and move it to ``archive(its t)``; None when there is
+        none or it cannot be read (logged, left in place)."""
+        try:
+            note = json.loads(path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring an unreadable %s: %s", path, exc)
+            return None
+        path.rename(archive(float(note.get("t", time.time()))))
+        return note
+
+    def _last_commit(self) -> tuple[int, dict[str, Any]]:
+        """The previous incarnation's last committed step (``snapshot.json``; this one's step when
+        there is none) and the snapshot; the event log's last commit time is taken from it."""
+        snap = read_snapshot(self.ctx.rundir.snapshot) or {}
+        self.ctx.events.last_commit_t = snap.get("last_commit_t")
+        return int(snap.get("step", self.state.step)), snap
 
     def checkpoint_and_requeue(self, node: str, reason: str) -> None:
         if self.state.checkpoint_then is not None:

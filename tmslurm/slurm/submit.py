@@ -107,16 +107,30 @@ def main_sbatch_text(run_dir: Path, cfg: RunConfig, after: str | None = None) ->
     return text.replace(str(Path(run_dir)), "RUN_DIR")
 
 
+RENEW_S = 600
+"""The renewal lead of a spare when slurm.spare_renew_s is not given (for limits of 2 x RENEW_S and more)."""
+
+
 def spare_minutes(cfg: RunConfig) -> int:
-    """A spare's time limit (``slurm.spare_time``, else ``slurm.time``) in minutes; ConfigError when
-    ``slurm.spare_renew_s`` leaves no time between a spare's warm-up and its renewal."""
+    """A spare's time limit (``slurm.spare_time``, else ``slurm.time``) in minutes; ConfigError when a
+    given ``slurm.spare_renew_s`` leaves no time between a spare's warm-up and its renewal."""
     override = "slurm.spare_time" if cfg.slurm.spare_time is not None else "slurm.time"
     minutes = time_minutes(cfg.slurm.spare_time or cfg.slurm.time, override)
-    if not 60 <= cfg.slurm.spare_renew_s <= minutes * 30:
-        raise ConfigError(f"slurm.spare_renew_s={cfg.slurm.spare_renew_s} must be at least 60 and at most half a spare's "
+    lead = cfg.slurm.spare_renew_s
+    if lead is not None and not 60 <= lead <= minutes * 30:
+        raise ConfigError(f"slurm.spare_renew_s={lead} must be at least 60 and at most half a spare's "
                           f"time limit ({override}: {minutes} min), or every spare is renewed as soon as it starts. "
-                          f"Fix: pass slurm.spare_renew_s={min(600, minutes * 30)} or a longer {override}.")
+                          f"Fix: pass slurm.spare_renew_s={max(60, min(RENEW_S, minutes * 30))}, a longer {override}, "
+                          "or leave slurm.spare_renew_s unset.")
     return minutes
+
+
+def spare_renew_lead(cfg: RunConfig) -> int | None:
+    """Seconds before a spare's time limit at which it is renewed; None: spares are not renewed (no
+    slurm.spare_renew_s and a limit under 2 x :data:`RENEW_S`)."""
+    if cfg.slurm.spare_renew_s is not None:
+        return cfg.slurm.spare_renew_s
+    return RENEW_S if spare_minutes(cfg) * 60 >= 2 * RENEW_S else None
 
 
 def spare_executor(run_dir: Path, cfg: RunConfig, job_index: int, exclude: list[str], placement: Placement | None = None) -> Any:

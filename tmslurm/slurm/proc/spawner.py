@@ -42,7 +42,7 @@ from tmslurm.slurm.lane import Lane
 from tmslurm.slurm.parse import OK, classify
 from tmslurm.slurm.spawnstate import RecordWriter, Spare, SpawnRecord
 from tmslurm.slurm.placement import Placement, placement_from_config
-from tmslurm.slurm.submit import submit_spare
+from tmslurm.slurm.submit import spare_renew_lead, submit_spare
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,8 @@ class SlurmSpawner:
         it went silent is not healed (Slurm notices only after SlurmdTimeout); it heals once Slurm
         has called it unhealthy and then fine again."""
         self.monitored: set[tuple[str, str]] = set()  # (job, node) with a monitor step
+        self.renew_lead = spare_renew_lead(cfg)
+        """Seconds before a spare's limit at which :meth:`expiring` names it; None: no renewal."""
         if record is not None:  # a restarted controller takes over what its predecessor launched
             self._restore(record)
         self.writer = RecordWriter(RunDir(self.run_dir).spawner)
@@ -203,9 +205,11 @@ class SlurmSpawner:
             self._changed()
 
     def expiring(self, now: float) -> list[int]:
-        """The standbys of running spare jobs whose time limit ends within ``slurm.spare_renew_s`` and
+        """The standbys of running spare jobs whose time limit ends within the renewal lead and
         that were not named before (each spare once; no Slurm command: called from the loop)."""
-        lead, out = float(self.cfg.slurm.spare_renew_s), []
+        lead, out = self.renew_lead, []
+        if lead is None:
+            return out
         with self.lock:
             for info in self.spares.values():
                 if info.get("end") is not None and not info.get("renewing") and info["end"] - now <= lead:
