@@ -133,3 +133,22 @@ def test_the_default_lead_renews_long_spares_only(tmp_path, overrides, lead):
     cfg = compose_config(["cluster=slurm", *overrides])
     assert spare_renew_lead(cfg) == lead
     assert "#SBATCH" in main_sbatch_text(tmp_path / "run", cfg)  # the main job's submission accepts it
+
+
+def test_the_standbys_of_one_spare_job_are_let_go_together(tmp_path):
+    """ranks_per_node=2: both standbys of the expiring spare job retire at once (its cancellation
+    ends both), so neither is left behind to be reported lost."""
+    h = Harness(tmp_path, 2, 2, 2, "standby.replenish=true", "parallel.ranks_per_node=2",
+                cluster=lambda cfg: (FakeSpawner(), Expiring()))
+    h.ctl.members.standby_target = 2  # one spare job of two standbys (the harness counts processes)
+    old = {h.aid("s0"), h.aid("s1")}
+    h.cluster.due = [0, 1]
+    _tick(h, 1.0)
+    assert h.state.retiring == old and h.spawner.standbys == [0, 1, 2, 3]
+    _warm(h, "s2", 2, "s2")
+    _tick(h, 2.0)
+    assert h.state.retiring == old  # one fresh standby of two: both old ones stay
+    _warm(h, "s3", 3, "s2")
+    _tick(h, 3.0)
+    assert not h.state.retiring and sorted(h.spawner.fenced) == [("standby", 0), ("standby", 1)]
+    assert [e["warm"] for e in _journal(h, "standby_retired")] == [2, 2]

@@ -59,6 +59,10 @@ class SpareRenewal:
         self.members.replenish()
 
     def _retire(self) -> None:
+        """Let go every retiring standby at once when their replacements are warm: the standbys of one
+        spare job (``ranks_per_node`` of them) end together when it is cancelled, so none of them may
+        be left behind to be reported lost."""
+        warm = self._fresh_warm() if self.state.retiring else 0
         for aid in sorted(self.state.retiring):
             agent = self.state.agents.get(aid)
             if agent is None or not agent.alive:
@@ -66,7 +70,7 @@ class SpareRenewal:
             elif not agent.idle_standby:
                 self.state.retiring.discard(aid)
                 self.ctx.journal.write("standby_renewal_abandoned", agent=aid, node=agent.node, rank=agent.rank)
-            elif (warm := self._fresh_warm()) >= self.members.standby_target:
+            elif warm >= self.members.standby_target:
                 self._let_go(agent, warm)
 
     def _fresh_warm(self) -> int:
