@@ -10,6 +10,11 @@ abort flag the moment an ``abort`` arrives, so a rank blocked in a collective st
 If the controller goes away the agent exits (status 3): a rank never trains on without it.
 SIGUSR1 (Slurm's notice that the main job's time limit is near) is ignored: the controller acts on it;
 so is SIGTERM by a rank in a Slurm job (a preemption's grace time is for the controller's checkpoint).
+The process ends with :func:`exit_now` (logs and standard streams flushed, then ``os._exit``), not
+through interpreter finalization: a daemon thread still blocked in a c10d ``Work.wait`` (a collective
+abandoned when its peer's node went silent) would otherwise be ended by CPython with
+``pthread_exit`` while it re-takes the GIL, and the forced unwind through pybind11's frame calls
+``std::terminate`` (SIGABRT and a core file at every such exit).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from tmslurm.errors import TmslurmError
 from tmslurm.logs import LOG_CONTEXT, setup_logging
 from tmslurm.agent.link import hello, node_name
 
-__all__ = ["main", "setup_logging"]
+__all__ = ["exit_now", "main", "setup_logging"]
 
 log = logging.getLogger(__name__)
 
@@ -77,5 +82,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def exit_now(rc: int) -> None:
+    """End the process with ``rc`` once logs and standard streams are flushed, skipping
+    finalization (see the module's contract). Every thread of an agent is a daemon, and what a rank
+    must leave behind (checkpoints, the final shards) is written before its loop returns."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(rc)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
