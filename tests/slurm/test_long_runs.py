@@ -8,6 +8,7 @@ lists the chain of jobs.
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -27,21 +28,27 @@ def _steps(n: int) -> list[str]:
 
 def test_a_time_limit_then_a_batch_host_drain_three_jobs_no_step_lost(slurm, tmp_path, tmp_path_factory):
     """Job 1 runs into its 2-minute limit: SIGUSR1 (30 s before it, give or take Slurm's resolution),
-    a checkpoint at the next boundary, ``scontrol requeue``. Job 2 resumes there; its batch host is
-    drained, so it checkpoints and requeues without it. Job 3 ends the run (or its own limit does
-    the same again). Spares carry the run's comment and the main job's partition."""
+    a checkpoint at the next boundary, and ``slurm.on_limit=resubmit``: job 2 is a new job that
+    waits for job 1 (``afterany``) in the same run directory. Job 2 resumes there; its batch host is
+    drained, so it checkpoints and requeues itself (``scontrol requeue``, the same job id) without
+    it. Job 3 ends the run (or its own limit does the same again). Spares carry the run's comment
+    and the main job's partition."""
     steps = 200  # more than one 2-minute job can do at 0.4 s a step
     ref = reference_hash(tmp_path_factory, *LAYOUT, steps=steps)
     run = SlurmRun(slurm, tmp_path / "run", [*LAYOUT, "standby.count=1", *_steps(steps), "slurm.time=00:02:00",
-                                             "slurm.signal_lead_s=30"])
+                                             "slurm.signal_lead_s=30", "slurm.on_limit=resubmit"])
+    first = run.job_id
     st = run.wait_step(3)
     jobs = slurm.run("squeue", "-h", "-o", "%i|%j|%P|%k").stdout.splitlines()
     ours = [j.split("|", 3) for j in jobs if parse_run_tag(j.split("|", 3)[3]) == RunTag(run.run_dir.name, run.run_dir)]
     names = sorted(j[1] for j in ours)
     assert names[0] == "tmslurm-main" and names[1].startswith("tmslurm-spare") and {j[2] for j in ours} == {"debug"}, jobs
     ending = run.wait_for(lambda e: e["type"] == "job_ending", timeout=150, what="Slurm's SIGUSR1 before the limit")
-    assert ending["end"] == "time_limit" and ending["then"] == "requeue", ending
+    assert ending["end"] == "time_limit" and ending["then"] == "resubmit", ending
     resumed = run.wait_for(lambda e: e["type"] == "resumed_after_requeue", timeout=150, what="job 2 to resume")
+    chain_ids = json.loads((run.run_dir / "jobs.json").read_text())["chain"]
+    assert chain_ids[0] == first and len(chain_ids) == 2 and chain_ids[1] != first, chain_ids
+    run.job_id = chain_ids[1]
     st = run.wait_step(resumed["from_step"] + 3)
     batch = next(r["node"] for r in st["ranks"] if r["rank"] == 0)
     assert job_field(run.job(), "BatchHost") == batch and st["incarnation"] == 1, st
@@ -53,9 +60,10 @@ def test_a_time_limit_then_a_batch_host_drain_three_jobs_no_step_lost(slurm, tmp
     # the drained node cannot be allocated anyway)
     assert job_field(run.job(), "BatchHost") != batch
     chain = s["jobs"]
-    assert [j["ended_by"] for j in chain[:2]] == ["job_end_requeue", "batch_host_requeue"], chain
+    assert [j["ended_by"] for j in chain[:2]] == ["job_end_resubmit", "batch_host_requeue"], chain
     assert all(j["lost_steps"] == 0 for j in chain[:-1]), chain  # a checkpoint at each boundary
-    assert {j["job_id"] for j in chain} == {run.job_id} and _requeues(slurm, run.job_id) == len(chain) - 1, chain
+    assert [j["job_id"] for j in chain[:3]] == [first, run.job_id, run.job_id], chain
+    assert _requeues(slurm, first) == 0 and _requeues(slurm, run.job_id) >= 1, chain
     assert s["steps"] == steps and exact(s, ref), {k: v for k, v in s.items() if k != "step_log"}
 
 
