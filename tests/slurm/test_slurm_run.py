@@ -117,6 +117,14 @@ def node_state(slurm, node: str) -> str:
     return slurm.run("sinfo", "-h", "-n", node, "-o", "%T").stdout.strip().lower().split("\n")[0]  # a line per partition
 
 
+def _read(p: Path) -> str:
+    """A pid file's text ("" while it is being rewritten: a rebooting node's slurmd has none)."""
+    try:
+        return p.read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
 def _check_same_job_kept_running(run: SlurmRun, node: str) -> None:
     job = run.job()
     assert job_field(job, "JobState") == "RUNNING", job
@@ -124,9 +132,17 @@ def _check_same_job_kept_running(run: SlurmRun, node: str) -> None:
     assert node not in run.slurm.run("scontrol", "show", "hostnames", job_field(job, "NodeList")).stdout.split()
 
 
-def test_drain_migrates_releases_the_node_and_refills_the_pool(slurm, tmp_path, tmp_path_factory):
-    ref = reference_hash(tmp_path_factory, "parallel.dp=2", "parallel.pp=2")
-    run = SlurmRun(slurm, tmp_path / "run", ["parallel.dp=2", "parallel.pp=2", "standby.count=2", *COMMON])
+def test_drain_and_reboot_asap_move_off_give_the_nodes_back_and_refill_the_pool(slurm, tmp_path, tmp_path_factory):
+    """Rank 1's node is drained: its rank moves to a warm standby (a live shadow), the node is cut out
+    of the job and becomes DRAINED, and the consumed spare's replacement excludes it. Then the admin
+    asks for rank 2's node to be rebooted the way Slurm offers, ``scontrol reboot ASAP
+    nextstate=RESUME``: REBOOT_REQUESTED is a planned move too, and once the run gives the node back
+    Slurm reboots it (the lab's RebootProgram), it returns IDLE and the pool refills onto it. The
+    same job runs on throughout, and the result is exact."""
+    steps = 400  # >= 60 s: the reboot and a spare warming on the rebooted node took 6 s on the lab
+    ref = reference_hash(tmp_path_factory, "parallel.dp=2", "parallel.pp=2", steps=steps)
+    run = SlurmRun(slurm, tmp_path / "run", ["parallel.dp=2", "parallel.pp=2", "standby.count=2",
+                                             *[o if not o.startswith("train.steps=") else f"train.steps={steps}" for o in COMMON]])
     st = run.wait_step(8)
     node = next(r["node"] for r in st["ranks"] if r["rank"] == 1)
     slurm.run("scontrol", "update", f"nodename={node}", "state=drain", "reason=maint")
@@ -140,11 +156,25 @@ def test_drain_migrates_releases_the_node_and_refills_the_pool(slurm, tmp_path, 
         time.sleep(0.5)
     spare = run.status()["spare_job_ids"][2]
     assert node in slurm.run("scontrol", "show", "job", spare).stdout.split("ExcNodeList=")[1].split()[0]
+
+    other = next(r["node"] for r in run.status()["ranks"] if r["rank"] == 2)
+    pidfile = slurm.state_dir / "run" / f"slurmd-{other}.pid"
+    slurmd_before = _read(pidfile)
+    slurm.run("scontrol", "reboot", "ASAP", "nextstate=RESUME", "reason=kernel-update", other)
+    run.wait_for(lambda e: e["type"] == "node_released" and e["node"] == other, what="release of the node to reboot")
+    _check_same_job_kept_running(run, other)
+    slurm.wait_for(lambda: _read(pidfile) not in ("", slurmd_before) and "drain" not in node_state(slurm, other)
+                   and "reboot" not in node_state(slurm, other), 90, what=f"{other} rebooted and back in service")
+    deadline = time.monotonic() + 180  # a replacement spare starts on the rebooted node and warms there
+    while not any(sb["node"] == other and len(sb["roles"]) >= 2 for sb in run.status().get("standbys", [])):
+        assert time.monotonic() < deadline and not (run.run_dir / "summary.json").exists(), \
+            f"no warm standby on the rebooted {other}: {run.status().get('standbys')}"
+        time.sleep(0.5)
     s = run.summary()
     ev = [e for e in s["events"] if e["kind"] == "planned"]
-    assert len(ev) == 1 and ev[0]["ranks"] == [1] and ev[0]["node"] == node
+    assert [(e["ranks"], e["node"]) for e in ev] == [([1], node), ([2], other)], ev
     assert ev[0]["shadowed"] is True and ev[0]["shadow_matched"] is True and ev[0]["transfer_s"] == 0.0, ev  # a live shadow
-    assert s["main_job_id"] == run.job_id and len(s["spare_job_ids"]) >= 3
+    assert s["main_job_id"] == run.job_id and len(s["spare_job_ids"]) >= 4
     assert exact(s, ref), s
     sacct = slurm.run("sacct", "-j", run.job_id, "-X", "-n", "-P", "-o", "JobID,State").stdout
     assert "REQUEUE" not in sacct
