@@ -133,11 +133,18 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--observe", type=int, default=40, help="steps to watch a slowed node that is not moved off")
     g.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the eviction at most")
     g.add_argument("--json", default="docs/bench/gray.json")
+    tl = sub.add_parser("timelimit", help="a main job's time limit: pause and parts, slurm.on_limit requeue vs resubmit (local Slurm)")
+    tl.add_argument("--modes", default="requeue,resubmit")
+    tl.add_argument("--boundaries", type=int, default=3, help="time-limit boundaries per mode (one 2-minute job each)")
+    tl.add_argument("--model", default="small")
+    tl.add_argument("--step-delay-s", type=float, default=0.2, help="pace each step (train.step_delay_s)")
+    tl.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for one boundary at most")
+    tl.add_argument("--json", default="docs/bench/timelimit.json")
     t = sub.add_parser("tables", help="render docs/bench/*.json as markdown")
     t.add_argument("--dir", default="docs/bench")
     sub.add_parser("project", help="wasted GPU-hours per week at scale, tmslurm's downtime modelled part by part; "
                                    "options are benchmarks.sim.projection's")
-    for sp in (d, s, o, m, r, c, k, so, cr, sb, ss, z, g):
+    for sp in (d, s, o, m, r, c, k, so, cr, sb, ss, z, g, tl):
         sp.add_argument("--out", default=f"runs/bench-{stamp}")
     return ap
 
