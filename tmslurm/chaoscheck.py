@@ -2,8 +2,8 @@
 
 Contract: :func:`check_run` reads only what a finished run left in its run directory (through
 :class:`~tmslurm.rundir.RunDir`): the journal ``events.jsonl``, the step log ``steps.jsonl``,
-``summary.json`` and the archived notes of earlier Slurm jobs (``requeue-*.json``,
-``controller-lost-*.json``, ``job-ending-*.json``). It never signals or changes anything. It checks:
+``summary.json`` and the notes earlier Slurm jobs archived (``requeue-*.json``,
+``controller-lost-*.json``: when a job ended). It never signals or changes anything. It checks:
 
 1. ``commits``: every step from the start step to the last is in the step log exactly once per
    incarnation chain; a step logged again is legitimate only as the redo that an event started at
@@ -35,6 +35,7 @@ CLI: ``python -m tmslurm.chaoscheck RUN_DIR [--reference-summary PATH] [--pid PI
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import logging
 import sys
@@ -56,7 +57,8 @@ REQUIRES_EVENT = ("kill", "stop", "hang", "drain", "node_down", "power_off", "pa
 corrupt_shadow, a driver's own kinds) may cause one or none."""
 JOB_STARTS = ("requeue", "resumed_after_requeue", "resumed_after_lost_controller", "resumed_after_unfinished_end")
 """Journal records at a Slurm job boundary: the next job's controller starts again at epoch 0."""
-NOTE_GLOBS = ("requeue-*.json", "controller-lost-*.json", "job-ending-*.json")
+NOTES = {"requeue-*.json": "requeue_t", "controller-lost-*.json": "t"}
+"""Archived notes of a job's end and the key of its time (after the job's last commit)."""
 HANDED_OUT = ("event_begin", "abort", "recover", "restart")
 SLACK_S = 1.0
 """How far before its fault an event may be stamped (the journal's writers take time separately)."""
@@ -151,7 +153,9 @@ def load_run(run_dir: Path) -> RunFiles:
     _require_jsonl(rd.steps)
     summary = read_json(rd.summary, "run summary")
     require_hashes(summary, rd.summary)
-    notes = [read_json(p, "archived note") for g in NOTE_GLOBS for p in sorted(rd.path.glob(g))]
+    notes = [{"t": read_json(p, "archived note").get(key), "note": p.name}
+             for glob, key in NOTES.items() for p in sorted(rd.path.glob(glob))]
+    log.debug("%s: %d archived notes of earlier jobs", rd.path, len(notes))
     return RunFiles(journal=read_journal(rd.events), steps=read_steps(rd.steps), summary=summary, notes=notes)
 
 
@@ -204,46 +208,44 @@ def _ints(rec: dict[str, Any], *keys: str) -> bool:
 
 # ---- 2. epochs -------------------------------------------------------------------------------
 def job_start_times(files: RunFiles) -> list[float]:
-    """When each later Slurm job of the run took over (journal records and archived notes)."""
-    ts = [e["t"] for e in files.journal if e.get("type") in JOB_STARTS and isinstance(e.get("t"), (int, float))]
-    return sorted(ts)
+    """When Slurm jobs of the run ended and the next took over (journal records, archived notes)."""
+    recs = [*(e for e in files.journal if e.get("type") in JOB_STARTS), *files.notes]
+    return sorted(float(e["t"]) for e in recs if isinstance(e.get("t"), (int, float)))
+
+
+def with_jobs(recs: list[dict[str, Any]], starts: list[float], key: str = "t") -> Iterable[tuple[int, dict[str, Any]]]:
+    """Each record with its Slurm job (how many job boundaries lie before its time ``key``)."""
+    job = 0
+    for rec in recs:
+        t = rec.get(key)
+        job = bisect.bisect_left(starts, t) if isinstance(t, (int, float)) else job
+        yield job, rec
 
 
 def check_epochs(files: RunFiles) -> Check:
-    bad: list[dict[str, Any]] = []
-    prev: dict[str, Any] | None = None
-    plans: dict[int, dict[str, Any]] = {}
-    for e in files.journal:
-        if e.get("type") in JOB_STARTS:
-            prev, plans = None, {}
-            continue
-        if e.get("type") not in HANDED_OUT or not isinstance(e.get("epoch"), int):
-            continue
-        if e["type"] == "event_begin" and e.get("kind") == "controller_restart":
-            continue  # carries the epoch in force, not a new one
-        if prev is not None and e["epoch"] < prev["epoch"]:
-            bad.append({"problem": "journal epoch went down", "before": prev, "record": e})
+    starts = job_start_times(files)
+    handed = [e for e in files.journal if e.get("type") in HANDED_OUT and isinstance(e.get("epoch"), int)
+              and not (e["type"] == "event_begin" and e.get("kind") == "controller_restart")]  # the epoch in force
+    bad = _went_down(with_jobs(handed, starts), "journal epoch went down")
+    plans: dict[tuple[int, int], dict[str, Any]] = {}
+    for job, e in with_jobs(handed, starts):
         if e["type"] in ("event_begin", "restart"):
-            if e["epoch"] in plans:
-                bad.append({"problem": "epoch handed out twice", "first": plans[e["epoch"]], "record": e})
-            plans[e["epoch"]] = e
-        prev = e
-    bad += _step_epochs_down(files.steps, job_start_times(files))
-    n = sum(1 for e in files.journal if e.get("type") in HANDED_OUT)
+            if (job, e["epoch"]) in plans:
+                bad.append({"problem": "epoch handed out twice", "first": plans[job, e["epoch"]], "record": e})
+            plans[job, e["epoch"]] = e
+    steps = [e for e in files.steps if isinstance(e.get("epoch"), int)]
+    bad += _went_down(with_jobs(steps, starts, "t_end"), "step log epoch went down")
     return Check(name="epochs", status="FAIL" if bad else "PASS", offending=bad,
-                 detail=f"{n} journal records with a handed-out epoch, {len(files.steps)} step log entries")
+                 detail=f"{len(handed)} journal records with a handed-out epoch, {len(steps)} step log entries, "
+                        f"{len(starts)} job boundary records")
 
 
-def _step_epochs_down(steps: list[dict[str, Any]], job_starts: list[float]) -> list[dict[str, Any]]:
-    bad, prev, job = [], None, 0
-    for entry in steps:
-        if not isinstance(entry.get("epoch"), int):
-            continue
-        t = entry.get("t_end")
-        now = sum(1 for s in job_starts if isinstance(t, (int, float)) and s < t)
-        if prev is not None and now == job and entry["epoch"] < prev["epoch"]:
-            bad.append({"problem": "step log epoch went down", "before": prev, "entry": entry})
-        prev, job = entry, now
+def _went_down(recs: Iterable[tuple[int, dict[str, Any]]], problem: str) -> list[dict[str, Any]]:
+    bad, prev, prev_job = [], None, 0
+    for job, rec in recs:
+        if prev is not None and job == prev_job and rec["epoch"] < prev["epoch"]:
+            bad.append({"problem": problem, "before": prev, "record": rec})
+        prev, prev_job = rec, job
     return bad
 
 
@@ -253,16 +255,15 @@ def process_of(aid: str) -> str:
     return aid.split("#", 1)[0]
 
 
-def serving_claims(journal: list[dict[str, Any]]) -> list[tuple[tuple[int, int, int], str, dict[str, Any]]]:
+def serving_claims(journal: list[dict[str, Any]], starts: list[float]) -> list[tuple[tuple[int, int, int], str, dict]]:
     """((job, epoch, rank), process, record) for every record saying a process serves a rank in an
     epoch; a worker's ``agent_up`` serves its own rank in the epoch in force (the last ``restart``,
     ``adopted`` or ``joined``; 0 when a Slurm job starts)."""
-    out, epoch, job = [], 0, 0
-    for e in journal:
+    out, epoch, last_job = [], 0, 0
+    for job, e in with_jobs(journal, starts):
         kind, aid = e.get("type"), e.get("agent")
-        if kind in JOB_STARTS:
-            epoch, job = 0, job + (kind != "requeue")
-        elif kind in ("restart", "adopted", "joined") and isinstance(e.get("epoch"), int):
+        epoch, last_job = (0 if job != last_job else epoch), job
+        if kind in ("restart", "adopted", "joined") and isinstance(e.get("epoch"), int):
             epoch = e["epoch"]
         if kind == "agent_up" and isinstance(aid, str) and aid.startswith("worker"):
             rank = aid[len("worker"):].split(".", 1)[0]
@@ -277,7 +278,7 @@ def serving_claims(journal: list[dict[str, Any]]) -> list[tuple[tuple[int, int, 
 def check_slots(files: RunFiles) -> Check:
     seen: dict[tuple[int, int, int], dict[str, dict[str, Any]]] = {}
     bad: list[dict[str, Any]] = []
-    claims = serving_claims(files.journal)
+    claims = serving_claims(files.journal, job_start_times(files))
     for slot, proc, rec in claims:
         seen.setdefault(slot, {}).setdefault(proc, rec)
     for (job, epoch, rank), procs in sorted(seen.items()):

@@ -63,11 +63,46 @@ def restart_run() -> dict[str, Any]:
     return run
 
 
+def requeue_run() -> dict[str, Any]:
+    """A drain of rank 3 at step 5 (planned switch, epoch 1); a kill of rank 0 after step 12 with
+    runtime.restart_mode=requeue_restart: the next Slurm job starts again at epoch 0 with new
+    workers, resumes from checkpoint 8 and redoes 8..12 (its note archived as requeue-<t>.json)."""
+    run = switch_run()
+    planned = _event("planned", 1, [3], T0 + 5.0)
+    requeue = _event("requeue_restart", 0, [0], T0 + 13.1, from_checkpoint_step=8, lost_steps=5, target_step=13)
+    j = run["journal"][:4]
+    j += [{"t": T0 + 5.0, "type": "fault_firing", "index": 0, "kind": "drain", "rank": 3, "ranks": [3]},
+          {"t": T0 + 5.1, "type": "event_begin", **planned},
+          {"t": T0 + 5.5, "type": "joined", "agent": "standby0.500#5", "rank": 3, "epoch": 1},
+          {"t": T0 + 5.9, "type": "event", **planned},
+          {"t": T0 + 13.1, "type": "fault", "index": 1, "rank": 0, "step": 13, "kind": "kill"},
+          {"t": T0 + 13.5, "type": "requeue", "cause": "process exit", "target_step": 13, "kind": "requeue_restart"},
+          {"t": T0 + 30.0, "type": "resumed_after_requeue", "from_step": 8, "reschedule_s": 16.5}]
+    j += [{"t": T0 + 31, "type": "agent_up", "agent": f"worker{r}.{300 + r}#{r}", "pid": 300 + r} for r in range(4)]
+    j.append({"t": T0 + 40, "type": "event", **requeue})
+    steps = [{"step": s, "t_end": T0 + s + 0.9, "epoch": 0 if s < 6 else 1} for s in range(13)]
+    steps += [{"step": s, "t_end": T0 + 30 + s, "epoch": 0} for s in range(8, 20)]
+    run.update(journal=j, steps=steps, note={"requeue_t": T0 + 13.5, "target_step": 13})
+    run["summary"].update(events=[planned, requeue], resumed_from_step=8)
+    return run
+
+
+def _no_journal_boundary(r):
+    r["journal"] = [e for e in r["journal"] if e["type"] not in ("requeue", "resumed_after_requeue")]
+
+
+def _no_boundary(r):
+    _no_journal_boundary(r)
+    del r["note"]
+
+
 def write_run(root: Path, run: dict[str, Any]) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     (root / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in run["journal"]))
     (root / "steps.jsonl").write_text("".join(json.dumps(e) + "\n" for e in run["steps"]))
     (root / "summary.json").write_text(json.dumps(run["summary"]))
+    if "note" in run:
+        (root / f"requeue-{int(run['note']['requeue_t'])}.json").write_text(json.dumps(run["note"]))
     return root
 
 
@@ -135,17 +170,23 @@ CASES: list[tuple[str, Callable[[], dict], Callable | None, str, str]] = [
     ("log ends early", switch_run, _short, "commits", "FAIL"),
     ("redo not from its checkpoint", restart_run, _redo_wrong_start, "commits", "FAIL"),
     ("redo twice", restart_run, _redo_twice, "commits", "FAIL"),
+    ("requeue redo passes", requeue_run, None, "commits", "PASS"),
     ("epochs pass", switch_run, None, "epochs", "PASS"),
+    ("requeue starts at epoch 0 again", requeue_run, None, "epochs", "PASS"),
+    ("job boundary from the archived note", requeue_run, _no_journal_boundary, "epochs", "PASS"),
+    ("epoch 0 again without a job boundary", requeue_run, _no_boundary, "epochs", "FAIL"),
     ("restart epochs pass", restart_run, None, "epochs", "PASS"),
     ("journal epoch goes down", switch_run, _epoch_down_journal, "epochs", "FAIL"),
     ("step log epoch goes down", switch_run, _epoch_down_steps, "epochs", "FAIL"),
     ("epoch handed out twice", switch_run, _epoch_twice, "epochs", "FAIL"),
     ("slots pass (rejoin is one process)", switch_run, None, "slots", "PASS"),
     ("restart slots pass", restart_run, None, "slots", "PASS"),
+    ("requeue slots pass", requeue_run, None, "slots", "PASS"),
     ("two agents in one slot and epoch", switch_run, _two_in_slot, "slots", "FAIL"),
     ("two worker processes for a rank", switch_run, _two_workers, "slots", "FAIL"),
     ("faults pass", switch_run, None, "faults", "PASS"),
     ("restart faults pass", restart_run, None, "faults", "PASS"),
+    ("requeue faults pass", requeue_run, None, "faults", "PASS"),
     ("hiccup needs no event", switch_run, _hiccup_no_event, "faults", "PASS"),
     ("fault without event", switch_run, _fault_without_event, "faults", "FAIL"),
     ("event without fault", switch_run, _event_without_fault, "faults", "FAIL"),
