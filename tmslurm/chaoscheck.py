@@ -1,34 +1,25 @@
 """The invariant checker of a chaos soak: did a run that took random faults stay correct?
 
-Contract: :func:`check_run` reads only what a finished run left in its run directory (through
-:class:`~tmslurm.rundir.RunDir`): the journal ``events.jsonl``, the step log ``steps.jsonl``,
-``summary.json`` and the notes earlier Slurm jobs archived (``requeue-*.json``,
-``controller-lost-*.json``: when a job ended). It never signals or changes anything. It checks:
-
-1. ``commits``: every step from the start step to the last is in the step log exactly once per
-   incarnation chain; a step logged again is legitimate only as the redo that an event started at
-   its checkpoint (``restart``/``resumed_after_*`` journal records, events with
-   ``from_checkpoint_step`` and ``lost_steps``), each such redo used once;
-2. ``epochs``: within one Slurm job (a requeue starts at epoch 0 again) the epochs the controller
-   hands out (``event_begin``, ``abort``, ``recover``, ``restart``) never go down, each plan's is
-   new, and the step log's epochs never go down;
-3. ``slots``: no rank is served by two processes in one epoch (a worker's ``agent_up``, ``joined``,
-   ``late_join`` adopted; a process is its agent id without the connection, ``worker1.4242``);
-4. ``faults``: every injected fault (journal ``fault``/``fault_firing`` by index, plus the driver's
-   :class:`InjectedFault` list) of a kind that must cause one has an event on an overlapping rank or
-   node within ``max_lag_s`` after it, and every event has a fault: one without is a false alarm,
-   listed with its cause;
-5. ``processes``: no process outlives the run. The run does not record every process's end, so
-   this is checked only with the pids a driver collected (``/proc/<pid>`` exists and is not a
-   zombie: ``os.kill(pid, 0)`` semantics, nothing is signalled) and the report says so; without
-   pids it is SKIP;
-6. ``final_state``: ``final_state_sha256`` and ``final_params_sha256`` equal the reference
-   (uninterrupted) run's summary; SKIP without a reference.
+Contract: :func:`check_run` reads only what a finished run left in its run directory
+(:class:`~tmslurm.rundir.RunDir`): ``events.jsonl``, ``steps.jsonl``, ``summary.json`` and the notes
+earlier Slurm jobs archived (``requeue-*.json``, ``controller-lost-*.json``); it signals nothing.
+Invariants (docs/chaos.md): 1. ``commits``: each step from the start to the last is logged once per
+incarnation chain, a step logged again only as the redo a restart/requeue started at its checkpoint
+(``from_step``/``from_checkpoint_step`` + ``lost_steps``/``redo_steps``), each redo used once;
+2. ``epochs``: within a Slurm job the epochs handed out (``event_begin``, ``abort``, ``recover``,
+``restart``) and the step log's never go down, and no two plans share one; 3. ``slots``: no rank is
+served by two processes (agent id without its connection) in one epoch; 4. ``faults``: each injected
+fault (journal ``fault``/``fault_firing`` per index, plus a driver's :class:`InjectedFault` list) of
+a kind in :data:`REQUIRES_EVENT` has an event on an overlapping rank or node within ``max_lag_s``,
+and each event has a fault (else a false alarm, listed with its cause); 5. ``processes``: no process
+outlives the run, checked by pid only (the run does not record every process's end): each pid a
+driver passes must be gone or a zombie in ``/proc`` (``os.kill(pid, 0)`` semantics, no signal),
+SKIP without pids; 6. ``final_state``: both final hashes equal the reference run's (SKIP without one).
 
 Failure behaviour: a missing file, a line of ``events.jsonl``/``steps.jsonl`` that is not a JSON
-object (a torn line included), or a summary without the hash keys raises :class:`ChaosInputError`
-naming the file (and line); the CLI prints it and exits 2. A violated invariant is a FAIL with its
-offending records in the :class:`CheckReport` (CLI exit 1); SKIP never fails a run.
+object (a torn line too), or a summary without the hash keys raises :class:`ChaosInputError` naming
+the file (and line); the CLI prints it and exits 2. A violated invariant is a FAIL with its
+offending records (CLI exit 1); SKIP fails nothing.
 CLI: ``python -m tmslurm.chaoscheck RUN_DIR [--reference-summary PATH] [--pid PID ...] [--json]``.
 """
 
@@ -178,19 +169,18 @@ def check_commits(files: RunFiles, events: list[dict[str, Any]]) -> Check:
     steps, summary = files.steps, files.summary
     if not steps:
         return Check(name="commits", status="FAIL", detail="the step log is empty", offending=[])
-    last = summary.get("steps", steps[-1]["step"] + 1) - 1
+    last = (summary["steps"] if _ints(summary, "steps") else steps[-1]["step"] + 1) - 1
     expected = min(steps[0]["step"], int(summary.get("resumed_from_step") or 0))
     start, bad = expected, []
     allowed = redo_allowances(files, events)
     for i, entry in enumerate(steps):
         s = entry["step"]
         if s > expected:
-            bad.append({"problem": "gap", "missing": [expected, s - 1], "next_logged": entry, "line": i + 1})
+            bad.append({"problem": "gap", "missing": [expected, s - 1], "next_logged": entry, "index": i})
         elif s < expected:
             redo = next(((a, b) for a, b in sorted(allowed) if a == s and a < expected <= b), None)
             if redo is None:
-                bad.append({"problem": "duplicate", "step": s, "logged_up_to": expected - 1, "entry": entry,
-                            "line": i + 1})
+                bad.append({"problem": "duplicate", "step": s, "logged_up_to": expected - 1, "entry": entry, "index": i})
             else:
                 allowed.discard(redo)
         expected = s + 1
@@ -300,7 +290,7 @@ def journal_faults(journal: list[dict[str, Any]]) -> list[InjectedFault]:
     for index, recs in sorted(by_index.items()):
         ranks = {r for e in recs for r in (e.get("ranks") or [e.get("rank")]) if isinstance(r, int)}
         nodes = {n for e in recs for n in (e.get("nodes") or [e.get("node")]) if isinstance(n, str) and n}
-        t = min(float(e.get("at") or e["t"]) for e in recs)
+        t = min(float(e.get("at") or e.get("t") or 0.0) for e in recs)
         out.append(InjectedFault(t=t, kind=str(recs[0].get("kind")), ranks=tuple(sorted(ranks)),
                                  nodes=tuple(sorted(nodes)), index=index, source="journal"))
     return out
@@ -393,12 +383,11 @@ def check_final(summary: dict[str, Any], reference: dict[str, Any] | None) -> Ch
 
 # ---- the report ------------------------------------------------------------------------------
 def quantile(xs: list[float], q: float) -> float | None:
+    """Linear interpolation between the closest ranks (numpy's default)."""
     if not xs:
         return None
-    xs = sorted(xs)
-    pos = q * (len(xs) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
+    xs, pos = sorted(xs), q * (len(xs) - 1)
+    lo, hi = int(pos), min(int(pos) + 1, len(xs) - 1)
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
