@@ -7,7 +7,7 @@ Invariants (docs/chaos.md): 1. ``commits``: each step from the start to the last
 incarnation chain, a step logged again only as the redo a restart/requeue started at its checkpoint
 (``from_step``/``from_checkpoint_step`` + ``lost_steps``/``redo_steps``), each redo used once;
 2. ``epochs``: within a Slurm job the epochs handed out (``event_begin``, ``abort``, ``recover``,
-``restart``) and the step log's never go down, and no two plans share one; 3. ``slots``: no rank is
+``restart``), each rank's ``groups`` and the step log's never go down, no two plans share one; 3. ``slots``: no rank is
 served by two processes (agent id without its connection) in one epoch; 4. ``faults``: each injected
 fault (journal ``fault``/``fault_firing`` per index, plus a driver's :class:`InjectedFault` list) of
 a kind in :data:`REQUIRES_EVENT` has an event on an overlapping rank or node within ``max_lag_s``,
@@ -225,9 +225,12 @@ def check_epochs(files: RunFiles) -> Check:
             plans[job, e["epoch"]] = e
     steps = [e for e in files.steps if isinstance(e.get("epoch"), int)]
     bad += _went_down(with_jobs(steps, starts, "t_end"), "step log epoch went down")
+    groups = [e for e in files.journal if e.get("type") == "groups" and _ints(e, "rank", "epoch")]
+    for rank in sorted({e["rank"] for e in groups}):  # each rank's groups, built for the epoch in force
+        bad += _went_down(with_jobs([e for e in groups if e["rank"] == rank], starts), f"rank {rank}'s groups epoch went down")
     return Check(name="epochs", status="FAIL" if bad else "PASS", offending=bad,
-                 detail=f"{len(handed)} journal records with a handed-out epoch, {len(steps)} step log entries, "
-                        f"{len(starts)} job boundary records")
+                 detail=f"{len(handed)} handed-out epochs, {len(groups)} groups records, {len(steps)} step log "
+                        f"entries, {len(starts)} job boundary records")
 
 
 def _went_down(recs: Iterable[tuple[int, dict[str, Any]]], problem: str) -> list[dict[str, Any]]:

@@ -134,6 +134,17 @@ def _epoch_down_steps(r):
     r["steps"][17]["epoch"] = 1
 
 
+def _groups_epoch_down(r):
+    r["journal"] += [{"t": T0 + 16, "type": "groups", "rank": 3, "step": 16, "epoch": 2},
+                     {"t": T0 + 17, "type": "groups", "rank": 0, "step": 16, "epoch": 2},
+                     {"t": T0 + 17, "type": "groups", "rank": 3, "step": 17, "epoch": 1}]
+
+
+def _groups_interleaved(r):
+    r["journal"] += [{"t": T0 + 16, "type": "groups", "rank": 3, "step": 16, "epoch": 2},
+                     {"t": T0 + 17, "type": "groups", "rank": 0, "step": 16, "epoch": 1}]
+
+
 def _epoch_twice(r):
     r["journal"].append({"t": T0 + 17, "type": "restart", "epoch": 2, "from_step": 17, "lost_steps": 0})
 
@@ -179,6 +190,8 @@ CASES: list[tuple[str, Callable[[], dict], Callable | None, str, str]] = [
     ("journal epoch goes down", switch_run, _epoch_down_journal, "epochs", "FAIL"),
     ("step log epoch goes down", switch_run, _epoch_down_steps, "epochs", "FAIL"),
     ("epoch handed out twice", switch_run, _epoch_twice, "epochs", "FAIL"),
+    ("ranks' groups epochs interleave", switch_run, _groups_interleaved, "epochs", "PASS"),
+    ("a rank's groups epoch goes down", switch_run, _groups_epoch_down, "epochs", "FAIL"),
     ("slots pass (rejoin is one process)", switch_run, None, "slots", "PASS"),
     ("restart slots pass", restart_run, None, "slots", "PASS"),
     ("requeue slots pass", requeue_run, None, "slots", "PASS"),
@@ -289,3 +302,32 @@ def test_cli(tmp_path, capsys):
     assert main([str(bad), "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["passed"] is False and data["checks"][0]["offending"][0]["problem"] == "gap"
+
+
+LOCAL = ["cluster=local", "parallel.dp=2", "parallel.pp=1", "model=tiny", "train.steps=24"]
+FAULTS = ("standby.count=2", "standby.start_when_warm=true", "train.step_delay_s=0.05",
+          "runtime.heartbeat_timeout_s=2.0", "faults=[{step:8,kind:kill,rank:1},{step:16,kind:drain,rank:0}]")
+
+
+def _launch(run_dir: Path, *overrides: str) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "tmslurm.launch", f"run_dir={run_dir}", *LOCAL, *overrides]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+@pytest.mark.dist
+def test_real_local_run_with_a_kill_and_a_drain_passes(tmp_path):
+    ref = _launch(tmp_path / "ref")  # one after the other: a run of its own takes the 2 CPUs of a laptop
+    _launch(tmp_path / "chaos", *FAULTS)
+    journal = [json.loads(line) for line in (tmp_path / "chaos" / "events.jsonl").read_text().splitlines()]
+    pids = [e["pid"] for e in journal if e["type"] in ("agent_up", "monitor_up")]  # every process is on this host
+    pids.append(json.loads((tmp_path / "chaos" / "controller.json").read_text())["pid"])
+    report = check_run(tmp_path / "chaos", reference=ref, pids=pids)
+    assert report.passed, report.to_json()
+    assert all(c.status == "PASS" for c in report.checks), [(c.name, c.status) for c in report.checks]
+    assert report.faults_by_kind == {"kill": 1, "drain": 1} and not report.false_alarms
+    assert sum(report.events_by_kind.values()) >= 2 and report.downtime_s["n"] >= 2
+    broken = copy.deepcopy(ref)
+    broken["final_params_sha256"] = "00" * 32
+    assert not check_run(tmp_path / "chaos", reference=broken).passed
