@@ -151,18 +151,18 @@ def load_run(run_dir: Path) -> RunFiles:
 
 
 # ---- 1. commits ------------------------------------------------------------------------------
-def redo_allowances(files: RunFiles, events: list[dict[str, Any]]) -> set[tuple[int, int]]:
-    """(checkpoint step, step reached before) of every redo a restart or requeue started."""
-    out: set[tuple[int, int]] = set()
+def redo_allowances(files: RunFiles, events: list[dict[str, Any]]) -> Counter[tuple[int, int]]:
+    """How many redos from (checkpoint step, step reached before) restarts and requeues started:
+    the most either source lists (the journal has every job's records, the events may lack some)."""
+    journal: Counter[tuple[int, int]] = Counter()
     for e in files.journal:
         if e.get("type") == "restart" and _ints(e, "from_step", "lost_steps"):
-            out.add((e["from_step"], e["from_step"] + e["lost_steps"]))
-        elif e.get("type", "").startswith("resumed_after_") and _ints(e, "from_step", "redo_steps"):
-            out.add((e["from_step"], e["from_step"] + e["redo_steps"]))
-    for ev in events:
-        if _ints(ev, "from_checkpoint_step", "lost_steps"):
-            out.add((ev["from_checkpoint_step"], ev["from_checkpoint_step"] + ev["lost_steps"]))
-    return {(a, b) for a, b in out if b > a}
+            journal[e["from_step"], e["from_step"] + e["lost_steps"]] += 1
+        elif str(e.get("type")).startswith("resumed_after_") and _ints(e, "from_step", "redo_steps"):
+            journal[e["from_step"], e["from_step"] + e["redo_steps"]] += 1
+    evs = Counter((e["from_checkpoint_step"], e["from_checkpoint_step"] + e["lost_steps"])
+                  for e in events if _ints(e, "from_checkpoint_step", "lost_steps"))
+    return Counter({k: n for k, n in (journal | evs).items() if k[1] > k[0]})
 
 
 def check_commits(files: RunFiles, events: list[dict[str, Any]]) -> Check:
@@ -170,7 +170,7 @@ def check_commits(files: RunFiles, events: list[dict[str, Any]]) -> Check:
     if not steps:
         return Check(name="commits", status="FAIL", detail="the step log is empty", offending=[])
     last = (summary["steps"] if _ints(summary, "steps") else steps[-1]["step"] + 1) - 1
-    expected = min(steps[0]["step"], int(summary.get("resumed_from_step") or 0))
+    expected = min(steps[0]["step"], summary["resumed_from_step"] if _ints(summary, "resumed_from_step") else 0)
     start, bad = expected, []
     allowed = redo_allowances(files, events)
     for i, entry in enumerate(steps):
@@ -178,11 +178,11 @@ def check_commits(files: RunFiles, events: list[dict[str, Any]]) -> Check:
         if s > expected:
             bad.append({"problem": "gap", "missing": [expected, s - 1], "next_logged": entry, "index": i})
         elif s < expected:
-            redo = next(((a, b) for a, b in sorted(allowed) if a == s and a < expected <= b), None)
+            redo = next(((a, b) for a, b in sorted(+allowed) if a == s and a < expected <= b), None)
             if redo is None:
                 bad.append({"problem": "duplicate", "step": s, "logged_up_to": expected - 1, "entry": entry, "index": i})
             else:
-                allowed.discard(redo)
+                allowed[redo] -= 1
         expected = s + 1
     if expected - 1 < last:
         bad.append({"problem": "gap", "missing": [expected, last], "at": "end of the step log"})

@@ -122,6 +122,17 @@ def _redo_wrong_start(r):
     r["steps"] = [s for s in r["steps"] if not (s["epoch"] == 1 and s["step"] == 8)]  # redo starts at 9
 
 
+def _restart_twice(r):
+    """A second kill at step 13 of the redo: a second restart from the same checkpoint to the same step."""
+    i = next(i for i, s in enumerate(r["steps"]) if s["epoch"] == 1 and s["step"] == 13)
+    r["steps"][i:i] = [{"step": s, "t_end": T0 + 10 + s, "epoch": 1} for s in range(8, 13)]
+    for k, entry in enumerate(r["steps"][i:], i):
+        r["steps"][k] = dict(entry, epoch=2, t_end=T0 + 15 + entry["step"])
+    r["journal"] += [{"t": T0 + 22.1, "type": "fault", "index": 1, "rank": 0, "step": 13, "kind": "kill"},
+                     {"t": T0 + 22.5, "type": "restart", "epoch": 2, "from_step": 8, "lost_steps": 5}]
+    r["summary"]["events"].append(_event("restart", 2, [0], T0 + 22.1, from_checkpoint_step=8, lost_steps=5))
+
+
 def _redo_twice(r):
     r["steps"] += [dict(s, epoch=1) for s in r["steps"] if 8 <= s["step"] < 20 and s["epoch"] == 1]
 
@@ -181,6 +192,7 @@ CASES: list[tuple[str, Callable[[], dict], Callable | None, str, str]] = [
     ("log ends early", switch_run, _short, "commits", "FAIL"),
     ("redo not from its checkpoint", restart_run, _redo_wrong_start, "commits", "FAIL"),
     ("redo twice", restart_run, _redo_twice, "commits", "FAIL"),
+    ("two restarts from one checkpoint", restart_run, _restart_twice, "commits", "PASS"),
     ("requeue redo passes", requeue_run, None, "commits", "PASS"),
     ("epochs pass", switch_run, None, "epochs", "PASS"),
     ("requeue starts at epoch 0 again", requeue_run, None, "epochs", "PASS"),
