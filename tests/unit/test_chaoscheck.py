@@ -316,6 +316,21 @@ def test_cli(tmp_path, capsys):
     assert data["passed"] is False and data["checks"][0]["offending"][0]["problem"] == "gap"
 
 
+
+def test_cli_driver_faults_and_pids(tmp_path, capsys):
+    run = switch_run()
+    _event_without_fault(run)
+    path = write_run(tmp_path / "run", run)
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps([{"t": T0 + 10.0, "kind": "sigkill_by_driver", "ranks": [1]}]))
+    assert main([str(path), "--faults", str(faults), "--pid", str(os.getpid())]) == 1  # this process lives
+    out = capsys.readouterr().out
+    assert "PASS  faults" in out and "FAIL  processes: checked by pid" in out
+    faults.write_text(json.dumps([{"kind": "no time"}]))
+    assert main([str(path), "--faults", str(faults)]) == 2
+    assert "faults.json" in capsys.readouterr().err
+
+
 LOCAL = ["cluster=local", "parallel.dp=2", "parallel.pp=1", "model=tiny", "train.steps=24"]
 FAULTS = ("standby.count=2", "standby.start_when_warm=true", "train.step_delay_s=0.05",
           "runtime.heartbeat_timeout_s=2.0", "faults=[{step:8,kind:kill,rank:1},{step:16,kind:drain,rank:0}]")
