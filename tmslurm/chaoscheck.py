@@ -130,8 +130,9 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
     return data
 
 
-def require_hashes(summary: dict[str, Any], path: Path | str) -> None:
-    missing = [k for k in HASH_KEYS if k not in summary]
+def require_hashes(summary: dict[str, Any], path: Path | str, null_ok: bool = True) -> None:
+    """Both hash keys are there (a null one, a run whose replicas diverged, only where ``null_ok``)."""
+    missing = [k for k in HASH_KEYS if k not in summary or (summary[k] is None and not null_ok)]
     if missing:
         raise ChaosInputError(f"{path}: summary without {', '.join(missing)} (not a finished run's summary.json?)")
 
@@ -375,7 +376,7 @@ def check_processes(journal: list[dict[str, Any]], pids: Iterable[int] | None) -
 def check_final(summary: dict[str, Any], reference: dict[str, Any] | None) -> Check:
     if reference is None:
         return Check(name="final_state", status="SKIP", detail="no reference summary given")
-    require_hashes(reference, "the reference summary")
+    require_hashes(reference, "the reference summary", null_ok=False)
     bad = [{"problem": f"{k} differs", "run": summary.get(k), "reference": reference.get(k)}
            for k in HASH_KEYS if summary.get(k) is None or summary.get(k) != reference.get(k)]
     if bad and summary.get("diverging"):
@@ -452,6 +453,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         ref = read_json(args.reference_summary, "reference summary") if args.reference_summary else None
+        if ref is not None:
+            require_hashes(ref, args.reference_summary, null_ok=False)
         faults = driver_faults(args.faults) if args.faults else None
         report = check_run(args.run_dir, reference=ref, faults=faults, pids=args.pid, max_lag_s=args.max_lag_s)
     except ChaosInputError as exc:

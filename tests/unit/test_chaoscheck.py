@@ -253,6 +253,16 @@ def test_final_state(tmp_path):
     bad = check_run(path, reference=dict(H, final_state_sha256="cc" * 32))
     assert bad.checks[-1].status == "FAIL" and not bad.passed
     assert bad.checks[-1].offending[0]["problem"] == "final_state_sha256 differs"
+    with pytest.raises(ChaosInputError, match="reference"):
+        check_run(path, reference=dict(H, final_params_sha256=None))
+
+
+def test_cli_reference_without_hashes_names_it(tmp_path, capsys):
+    path = write_run(tmp_path / "run", switch_run())
+    ref = tmp_path / "ref-summary.json"
+    ref.write_text(json.dumps({"steps": 20}))
+    assert main([str(path), "--reference-summary", str(ref)]) == 2
+    assert "ref-summary.json" in capsys.readouterr().err
 
 
 def test_processes_checked_by_pid(tmp_path):
