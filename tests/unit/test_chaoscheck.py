@@ -341,6 +341,30 @@ def test_cli_driver_faults_and_pids(tmp_path, capsys):
     assert "faults.json" in capsys.readouterr().err
 
 
+
+RECORDED = Path(__file__).parent.parent / "fixtures" / "chaos" / "controller-restart"
+"""Files of a real local run (dp=2, 60 steps, a drain at step 40) whose controller a driver killed
+with SIGKILL after step 14 (faults.json): the supervisor restarted it, it adopted the live processes."""
+
+
+def test_recorded_controller_restart(tmp_path):
+    (driver,) = json.loads((RECORDED / "faults.json").read_text())
+    fault = InjectedFault(t=driver["t"], kind=driver["kind"])
+    report = check_run(RECORDED, faults=[fault])
+    assert report.passed and [c.status for c in report.checks] == ["PASS"] * 4 + ["SKIP"] * 2, report.to_json()
+    assert report.events_by_kind == {"controller_restart": 1, "planned": 1}
+    alarm = check_run(RECORDED)  # the run cannot see its controller killed: without the driver's fault, a false alarm
+    assert [(a["kind"], a["cause"]) for a in alarm.false_alarms] == [("controller_restart", "the controller process died")]
+    copy_ = tmp_path / "run"
+    copy_.mkdir()
+    for name in ("events.jsonl", "summary.json"):
+        (copy_ / name).write_text((RECORDED / name).read_text())
+    lines = (RECORDED / "steps.jsonl").read_text().splitlines(keepends=True)
+    (copy_ / "steps.jsonl").write_text("".join(lines[:15] + lines[14:]))  # step 14 logged twice across the restart
+    (bad,) = [c for c in check_run(copy_, faults=[fault]).checks if c.name == "commits"]
+    assert bad.status == "FAIL" and bad.offending[0]["step"] == 14
+
+
 LOCAL = ["cluster=local", "parallel.dp=2", "parallel.pp=1", "model=tiny", "train.steps=24"]
 FAULTS = ("standby.count=2", "standby.start_when_warm=true", "train.step_delay_s=0.05",
           "runtime.heartbeat_timeout_s=2.0", "faults=[{step:8,kind:kill,rank:1},{step:16,kind:drain,rank:0}]")
