@@ -365,6 +365,27 @@ def test_recorded_controller_restart(tmp_path):
     assert bad.status == "FAIL" and bad.offending[0]["step"] == 14
 
 
+
+def test_recorded_restart_and_drain(tmp_path):
+    """A real local run (dp=2 pp=2, 40 steps): a kill of rank 1 at step 10 before the standby was warm
+    (every rank restarted from step 0, 10 steps redone), a drain of rank 2 at step 25 (planned switch)."""
+    recorded = RECORDED.parent / "restart-and-drain"
+    report = check_run(recorded)
+    assert report.passed and [c.status for c in report.checks] == ["PASS"] * 4 + ["SKIP"] * 2, report.to_json()
+    assert (report.switches, report.checkpoint_fallbacks, report.faults_by_kind) == (1, 1, {"kill": 1, "drain": 1})
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "steps.jsonl").write_text((recorded / "steps.jsonl").read_text())
+    journal = [line for line in (recorded / "events.jsonl").read_text().splitlines(keepends=True)
+               if '"type": "restart"' not in line]
+    (run / "events.jsonl").write_text("".join(journal))
+    summary = json.loads((recorded / "summary.json").read_text())
+    summary["events"][0]["lost_steps"] = 9  # the redo is 10 steps: nothing else allows the tenth
+    (run / "summary.json").write_text(json.dumps(summary))
+    (bad,) = [c for c in check_run(run).checks if c.name == "commits"]
+    assert bad.status == "FAIL" and bad.offending[0]["problem"] == "duplicate", bad.offending
+
+
 LOCAL = ["cluster=local", "parallel.dp=2", "parallel.pp=1", "model=tiny", "train.steps=24"]
 FAULTS = ("standby.count=2", "standby.start_when_warm=true", "train.step_delay_s=0.05",
           "runtime.heartbeat_timeout_s=2.0", "faults=[{step:8,kind:kill,rank:1},{step:16,kind:drain,rank:0}]")
