@@ -405,7 +405,9 @@ def check_run(run_dir: Path, *, reference: dict[str, Any] | None = None, faults:
     """Check the six invariants on ``run_dir``; raises :class:`ChaosInputError` on bad input."""
     files = load_run(Path(run_dir))
     events = run_events(files)
-    all_faults = journal_faults(files.journal) + list(faults or [])
+    recorded = journal_faults(files.journal)
+    known = {f.index for f in recorded}
+    all_faults = recorded + [f for f in faults or [] if f.index is None or f.index not in known]  # each fault once
     fault_check, alarms = check_faults(all_faults, events, max_lag_s)
     checks = [check_commits(files, events), check_epochs(files), check_slots(files), fault_check,
               check_processes(files.journal, pids), check_final(files.summary, reference)]

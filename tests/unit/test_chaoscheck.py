@@ -244,6 +244,8 @@ def test_driver_fault_explains_an_event(tmp_path):
     fault = InjectedFault(t=T0 + 10.0, kind="sigkill_by_driver", ranks=(1,))
     report = check_run(write_run(tmp_path / "run", run), faults=[fault])
     assert report.passed and report.faults_by_kind == {"drain": 1, "sigkill_by_driver": 1}
+    again = InjectedFault(t=T0 + 15.0, kind="drain", ranks=(2,), index=1)  # the journal has it: counted once
+    assert check_run(tmp_path / "run", faults=[fault, again]).faults_by_kind == {"drain": 1, "sigkill_by_driver": 1}
 
 
 def test_final_state(tmp_path):
