@@ -105,9 +105,13 @@ class RunFiles:
 # ---- reading ---------------------------------------------------------------------------------
 def _require_jsonl(path: Path) -> None:
     """Every non-empty line of ``path`` is a JSON object, or a ChaosInputError names the line."""
-    if not path.is_file():
-        raise ChaosInputError(f"{path}: missing (is this a run directory of a finished run?)")
-    for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        raise ChaosInputError(f"{path}: missing (is this the run directory of a finished run?)") from None
+    except OSError as exc:
+        raise ChaosInputError(f"{path}: unreadable: {exc}") from None
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:

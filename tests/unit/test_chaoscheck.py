@@ -299,6 +299,8 @@ BAD_INPUT = [
     ("torn journal line", _torn, "events.jsonl:"),
     ("summary without hashes", lambda p: (p / "summary.json").write_text(json.dumps({"steps": 20})), "summary.json"),
     ("summary not JSON", lambda p: (p / "summary.json").write_text("{"), "summary.json"),
+    ("journal is a directory", lambda p: ((p / "events.jsonl").unlink(), (p / "events.jsonl").mkdir()), "events.jsonl"),
+    ("not a run directory", lambda p: [f.unlink() for f in p.iterdir()] and p.rmdir(), "run: not a directory"),
 ]
 
 
