@@ -390,6 +390,16 @@ def test_recorded_restart_and_drain(tmp_path):
     assert bad.status == "FAIL" and bad.offending[0]["problem"] == "duplicate", bad.offending
 
 
+
+def test_recorded_kill_during_recovery():
+    """A real local run (dp=2, 30 steps, a checkpoint every 5): rank 1 killed at step 12, then rank 0,
+    the recovery's state source, killed in that recovery; the recovery was dropped (event_cancelled)
+    and every rank restarted from checkpoint 10, redoing 10 and 11: one event for two faults."""
+    report = check_run(RECORDED.parent / "kill-during-recovery")
+    assert report.passed and [c.status for c in report.checks] == ["PASS"] * 4 + ["SKIP"] * 2, report.to_json()
+    assert (report.faults_by_kind, report.events_by_kind) == ({"kill": 2}, {"restart": 1})
+
+
 LOCAL = ["cluster=local", "parallel.dp=2", "parallel.pp=1", "model=tiny", "train.steps=24"]
 # A lenient heartbeat timeout: on a loaded 2-CPU host processes importing torch went silent for 2 s and
 # the checker rightly reported the restart that followed as a false alarm; a kill is seen by its exit.
