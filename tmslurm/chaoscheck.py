@@ -50,6 +50,9 @@ JOB_STARTS = ("requeue", "resumed_after_requeue", "resumed_after_lost_controller
 """Journal records at a Slurm job boundary: the next job's controller starts again at epoch 0."""
 NOTES = {"requeue-*.json": "requeue_t", "controller-lost-*.json": "t"}
 """Archived notes of a job's end and the key of its time (after the job's last commit)."""
+FROM_SNAPSHOT = ("resumed_after_lost_controller", "resumed_after_unfinished_end", "controller_lost_requeue",
+                 "job_end_unfinished")
+"""Redos counted from ``snapshot.json``, which may miss the last commit the step log has: one more allowed."""
 HANDED_OUT = ("event_begin", "abort", "recover", "restart")
 SLACK_S = 1.0
 """How far before its fault an event may be stamped (the journal's writers take time separately)."""
@@ -164,8 +167,8 @@ def redo_allowances(files: RunFiles, events: list[dict[str, Any]]) -> Counter[tu
         if e.get("type") == "restart" and _ints(e, "from_step", "lost_steps"):
             journal[e["from_step"], e["from_step"] + e["lost_steps"]] += 1
         elif str(e.get("type")).startswith("resumed_after_") and _ints(e, "from_step", "redo_steps"):
-            journal[e["from_step"], e["from_step"] + e["redo_steps"]] += 1
-    evs = Counter((e["from_checkpoint_step"], e["from_checkpoint_step"] + e["lost_steps"])
+            journal[e["from_step"], e["from_step"] + e["redo_steps"] + (e["type"] in FROM_SNAPSHOT)] += 1
+    evs = Counter((e["from_checkpoint_step"], e["from_checkpoint_step"] + e["lost_steps"] + (e.get("kind") in FROM_SNAPSHOT))
                   for e in events if _ints(e, "from_checkpoint_step", "lost_steps"))
     return Counter({k: n for k, n in (journal | evs).items() if k[1] > k[0]})
 

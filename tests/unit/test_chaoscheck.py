@@ -87,6 +87,19 @@ def requeue_run() -> dict[str, Any]:
     return run
 
 
+def _lost_controller(r, logged_beyond: int):
+    """The requeue was a node monitor's after the controller was lost: its redo counted from a
+    snapshot that missed the last ``logged_beyond`` commits the step log has."""
+    _no_journal_boundary(r)
+    j = [e for e in r["journal"] if e.get("kind") != "requeue_restart"]
+    j.insert(-5, {"t": T0 + 30.0, "type": "resumed_after_lost_controller", "from_step": 8,
+                  "redo_steps": 5 - logged_beyond, "last_committed": 13 - logged_beyond})
+    r["journal"] = j
+    ev = r["summary"]["events"][1]
+    ev.update(kind="controller_lost_requeue", lost_steps=5 - logged_beyond, target_step=13 - logged_beyond)
+    r["journal"].append({"t": T0 + 40, "type": "event", **ev})
+
+
 def _no_journal_boundary(r):
     r["journal"] = [e for e in r["journal"] if e["type"] not in ("requeue", "resumed_after_requeue")]
 
@@ -194,6 +207,8 @@ CASES: list[tuple[str, Callable[[], dict], Callable | None, str, str]] = [
     ("redo twice", restart_run, _redo_twice, "commits", "FAIL"),
     ("two restarts from one checkpoint", restart_run, _restart_twice, "commits", "PASS"),
     ("requeue redo passes", requeue_run, None, "commits", "PASS"),
+    ("lost controller: snapshot one commit behind", requeue_run, lambda r: _lost_controller(r, 1), "commits", "PASS"),
+    ("lost controller: snapshot two commits behind", requeue_run, lambda r: _lost_controller(r, 2), "commits", "FAIL"),
     ("epochs pass", switch_run, None, "epochs", "PASS"),
     ("requeue starts at epoch 0 again", requeue_run, None, "epochs", "PASS"),
     ("job boundary from the archived note", requeue_run, _no_journal_boundary, "epochs", "PASS"),
