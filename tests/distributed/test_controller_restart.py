@@ -15,6 +15,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.distributed.test_controller_lost import children, running, wait_gone
 from tmslurm.wire.protocol import request
 
@@ -142,3 +144,37 @@ def test_kill_9_in_the_middle_of_a_recovery_redoes_it_and_ends_exact(launch, bas
     assert summary["steps"] == 40 and [e["step"] for e in summary["step_log"]] == list(range(40))
     assert summary["final_params_sha256"] == base["final_params_sha256"]
     assert summary["final_state_sha256"] == base["final_state_sha256"]
+
+
+@pytest.mark.parametrize("moment", ["phase 2", "first step"])
+def test_kill_9_past_phase_1_of_a_planned_switch_completes_it_and_ends_exact(launch, baseline, moment):
+    """A drain of rank 1 at step 10, switched without a shadow, so the leaver sends its state in the
+    pause; it stalls 3 s in the middle of that send (fault hiccup, when: transfer). ``phase 2``: the
+    controller is killed then, when the decision that carried the switch has reached the ranks and
+    the joiner is receiving. ``first step``: it is killed once the joiner's ``joined`` is journalled,
+    while the first step after the switch runs (or right after it committed). The restarted
+    controller completes the switch instead of refusing it; the run ends bit-identical."""
+    layout = ("parallel.dp=2", "parallel.pp=2", "standby.count=1", "model=tiny", "train.steps=40",
+              "standby.start_when_warm=true", "runtime.shadow=false")
+    base = baseline(*layout)
+    run = launch(*layout, "train.step_delay_s=0.05",
+                 "faults=[{step:10,kind:drain,rank:1},{step:10,kind:hiccup,rank:1,when:transfer,amount:'3'}]")
+    if moment == "phase 2":
+        run.wait_for(lambda e: e["type"] == "fault" and e.get("kind") == "hiccup", timeout=120)
+    else:
+        run.wait_for(lambda e: e["type"] == "joined" and e.get("rank") == 1, timeout=120)
+    pid = controller_pid(run)
+    agents = children(run.proc.pid) - {pid}
+    os.kill(pid, signal.SIGKILL)
+    summary = run.wait()
+    journal = run.journal()
+    assert not [e for e in journal if e["type"] in ("adoption_refused", "abort", "fenced")], journal[-8:]
+    (adopted,) = [e for e in journal if e["type"] == "adopted"]
+    if moment == "phase 2":
+        assert adopted.get("completed_switch") is not None and adopted["activated"] == [], adopted
+    planned = [e for e in summary["events"] if e["kind"] == "planned"]
+    assert len(planned) == 1 and planned[0]["status"] == "done" and planned[0]["ranks"] == [1], summary["events"]
+    assert summary["steps"] == 40 and [e["step"] for e in summary["step_log"]] == list(range(40))
+    assert summary["final_params_sha256"] == base["final_params_sha256"]
+    assert summary["final_state_sha256"] == base["final_state_sha256"]
+    wait_gone(agents, 30)  # no agent outlives the run, the leaver included

@@ -16,7 +16,7 @@ import pytest
 from tests.unit.controller_harness import ADDRESS, FakeChannel, FakeCluster, FakeSpawner, Harness, _config
 from tmslurm.controller import Controller
 from tmslurm.controller.adoption import AdoptOrder
-from tmslurm.controller.items import HelloIn, MessageIn
+from tmslurm.controller.items import Disconnected, HelloIn, MessageIn
 from tmslurm.controller.snapshot import read_steps
 from tmslurm.controller.state import Mode
 from tmslurm.wire.messages import Hello, Rejoin, decode_agent
@@ -217,18 +217,146 @@ def test_a_planned_switch_caught_in_phase_1_is_rolled_back_and_planned_again(tmp
     assert (again.kind, again.rank, again.reason) == ("maintenance", 1, "psu") and st.retry_notices
 
 
-@pytest.mark.parametrize("case", ["the joiner was activated"])
-def test_a_plan_past_phase_1_is_still_refused(tmp_path, case):
-    """A planned switch whose joiner is receiving the state (phase 2) is neither rolled back nor redone."""
+# ---- a planned switch past phase 1: its decision (step 3, epoch 1: rank 1 -> standby 0) went out --------------
+JOINER = "standby0.0#7"  # the standby's agent id under the dead controller: same process, another connection
+SWITCH = {"epoch": 1, "moves": [{"rank": 1, "joiner": JOINER}]}
+PREPARED = (0, 1, 3)  # the ranks of the groups rank 1's move rebuilds (dp/stage1, pp/replica0/0-1)
+
+
+def rank_report(rank: int, how: str, **decision: Any) -> Rejoin:
+    """One rank's rejoin: ``applied`` (got the switch's decision and applied it), ``pending`` (got it,
+    not applied yet), ``leaving`` (the leaver: got it, handing over), ``missed`` (voted step 3, got
+    nothing since step 2), ``bare`` (missed it and prepared nothing)."""
+    got = {"type": "decision", "step": 3, "epoch": 1, "switch": SWITCH, **decision}
+    prep = [1] if rank in PREPARED and how in ("pending", "missed") else []
+    if how == "missed" or how == "bare":
+        return rejoin(rank, 2, 3).model_copy(update={"in_plan": bool(prep), "prepared": prep, "step": 3})
+    epoch, step = (1, 4) if how == "applied" else (0, 4 if how == "leaving" else 3)
+    return Rejoin.model_validate({"rank": rank, "epoch": epoch, "decision": got, "vote": None, "in_plan": bool(prep),
+                                  "prepared": prep, "step": step})
+
+
+def joiner_report(how: str, epoch: int = 1) -> Rejoin:
+    """``prepared`` (phase 1 done, never activated), ``activated`` (receiving the state), ``joined`` (rank 1)."""
+    if how == "joined":
+        return Rejoin.model_validate({"rank": 1, "epoch": epoch, "decision": None, "vote": None, "in_plan": False, "step": 4})
+    return Rejoin.model_validate({"rank": None, "epoch": epoch, "decision": None, "vote": None, "in_plan": True,
+                                  "prepared": [epoch] if how == "prepared" else []})
+
+
+def joined_msg() -> dict[str, Any]:
+    return {"type": "joined", "epoch": 1, "rank": 1, "joiner": 0, "step": 4, "transfer_s": 0.1, "phase1_s": 0.2,
+            "bytes": 10, "rss_mb": 1.0}
+
+
+def switch_caught(tmp_path, ranks: dict[int, str], joiner: str | None, **decision: Any) -> Restarted:
+    """The dead controller committed step 3 with the switch; the live processes rejoin as reported."""
+    first_incarnation(tmp_path)
+    _begin_planned(tmp_path, 1, [1])
+    alive = [("worker", r) for r in sorted(ranks)] + ([("standby", 0)] if joiner else [])
+    r = Restarted(tmp_path, alive)
+    if joiner is not None:
+        r.hello("s0", "standby", 0, joiner_report("activated" if joiner == "joins while adopting" else joiner))
+    for rank, how in sorted(ranks.items()):
+        r.hello(rank, "worker", rank, rank_report(rank, how, **decision))
+    if joiner == "joins while adopting":
+        r.ctl.handle(MessageIn(r.conns["s0"], decode_agent(joined_msg())))
+        r.ctl.handle(MessageIn(r.conns["s0"], decode_agent(vote(1, 4, epoch=1))))
+    return r
+
+
+# (each rank's report, the joiner's) -> (ranks sent the decision again, joiner sent its activate)
+COMPLETED = {
+    "every rank got it, the joiner awaits its activate": ({0: "applied", 1: "leaving", 2: "applied", 3: "applied"},
+                                                          "prepared", [], True),
+    "ranks 0 and 1 got it, the joiner was activated": ({0: "applied", 1: "leaving", 2: "missed", 3: "missed"},
+                                                       "activated", [2, 3], False),
+    "only the leaver got it": ({0: "missed", 1: "leaving", 2: "missed", 3: "missed"}, "prepared", [0, 2, 3], True),
+    "the leaver missed it": ({0: "applied", 1: "missed", 2: "applied", 3: "pending"}, "prepared", [1], True),
+    "the joiner had joined, the leaver exited": ({0: "applied", 2: "applied", 3: "applied"}, "joined", [], False),
+    "the joiner joined while the controller adopted": ({0: "applied", 1: "leaving", 2: "applied", 3: "pending"},
+                                                       "joins while adopting", [], False),
+}
+
+
+@pytest.mark.parametrize("case", list(COMPLETED))
+def test_a_planned_switch_whose_decision_went_out_is_completed(tmp_path, case):
+    ranks, joiner, resent, activated = COMPLETED[case]
+    r = switch_caught(tmp_path, ranks, joiner)
+    r.ctl.adoption.tick()
+    st = r.ctl.state
+    assert not r.journal("adoption_refused") and not r.journal("abort")
+    (adopted,) = r.journal("adopted")
+    assert adopted["completed_switch"] == 1 and adopted["resent_decision"] == resent
+    assert adopted["activated"] == ([1] if activated else [])
+    for rank in ranks:
+        decisions = [m for m in r.channels[rank].sent if m["type"] == "decision"]
+        assert decisions == ([{"type": "decision", "step": 3, "decision": "commit", "epoch": 1, "switch": SWITCH,
+                               "checkpoint": False, "final": False}] if rank in resent else [])
+    assert ({"type": "activate", "epoch": 1} in r.channels["s0"].sent) is activated
+    assert st.mode is Mode.RUNNING and st.step == 4 and st.epoch == 1
+    # the rest goes as after any phase 2: the leaver leaves, the joiner joins, step 4 commits with it
+    joiner_aid = r.ctl.state.conn_agent[r.conns["s0"]]
+    if 1 in ranks:
+        leaver = st.agents[st.conn_agent[r.conns[1]]]
+        assert st.owns_slot(leaver, 1) is (ranks[1] == "missed")  # only a leaver that must apply it still serves it
+        assert leaver.expected_exit is (ranks[1] != "missed") and leaver.rank == 1
+        leave = {"type": "left", "rank": 1, "step": 4, "transfer_s": 0.1, "phase2_s": 0.01, "bytes": 10}
+        r.ctl.handle(MessageIn(r.conns[1], decode_agent(leave)))
+        r.ctl.handle(Disconnected(r.conns[1]))  # it exits
+        assert [e["rank"] for e in r.journal("left")] == [1] and not r.journal("standby_lost")
+    if joiner in ("prepared", "activated"):
+        assert st.plan is not None and st.plan.waiting >= {joiner_aid}
+        r.ctl.handle(MessageIn(r.conns["s0"], decode_agent(joined_msg())))
+    assert st.plan is None and st.slots[1] == joiner_aid  # the switch is finished
+    for rank in (0, 2, 3):
+        r.ctl.handle(MessageIn(r.conns[rank], decode_agent(vote(rank, 4, epoch=1))))
+    r.ctl.handle(MessageIn(r.conns["s0"], decode_agent(vote(1, 4, epoch=1))))
+    assert st.step == 5
+    (planned,) = [e for e in r.ctl.ctx.events.items if e["kind"] == "planned"]
+    assert planned["status"] == "done" and planned["epoch"] == 1 and planned["completed_by_incarnation"] == 1
+    assert planned["cause"] == "psu" and planned["target_step"] == 4
+
+
+# what makes a switch past phase 1 impossible to complete -> the reason journalled
+REFUSED = {
+    "the joiner did not come back": (dict(ranks={0: "applied", 1: "leaving", 2: "applied", 3: "applied"}, joiner=None),
+                                     "did not come back"),
+    "a rank that missed it prepared nothing": (dict(ranks={0: "applied", 1: "leaving", 2: "applied", 3: "bare"},
+                                                    joiner="prepared"), "holds no groups prepared for epoch 1"),
+    "the decision also carried a checkpoint": (dict(ranks={0: "applied", 1: "leaving", 2: "applied", 3: "applied"},
+                                                    joiner="prepared", checkpoint=True), "also carried a checkpoint"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_a_switch_past_phase_1_that_cannot_be_completed_is_refused(tmp_path, case):
+    kw, why = REFUSED[case]
+    r = switch_caught(tmp_path, **kw)
+    r.ctl.adoption.tick()
+    assert r.ctl.state.mode is Mode.FINISHED and why in r.journal("adoption_refused")[0]["why"]
+
+
+def test_a_joiner_in_another_epoch_is_not_taken_for_the_switchs(tmp_path):
     first_incarnation(tmp_path)
     r = Restarted(tmp_path, ALL)
-    joiner = {"rank": None, "epoch": 0, "in_plan": True, "prepared": [] if case == "the joiner was activated" else [1],
-              "decision": None, "vote": None}
-    r.hello("s0", "standby", 0, Rejoin.model_validate(joiner))
+    r.hello("s0", "standby", 0, joiner_report("activated", epoch=2))
+    for rank, how in {0: "applied", 1: "leaving", 2: "applied", 3: "applied"}.items():
+        r.hello(rank, "worker", rank, rank_report(rank, how))
+    r.ctl.adoption.tick()
+    assert "is not joining the switch of epoch 1" in r.journal("adoption_refused")[0]["why"]
+
+
+def test_an_activated_joiner_with_no_decision_anywhere_is_still_refused(tmp_path):
+    """A joiner receiving the state while no rank holds the decision that carried the switch: the
+    activate could only follow that decision, so nothing here is explained; nothing is guessed."""
+    first_incarnation(tmp_path)
+    r = Restarted(tmp_path, ALL)
+    r.hello("s0", "standby", 0, joiner_report("activated"))
     for rank in range(4):
         rj = rejoin(rank, 2)
         if rank == 1:
-            rj = rj.model_copy(update={"in_plan": True, "prepared": [1], "aborting": case == "a rank saw an abort"})
+            rj = rj.model_copy(update={"in_plan": True, "prepared": [1]})
         r.hello(rank, "worker", rank, rj)
     r.ctl.adoption.tick()
     assert r.ctl.state.mode is Mode.FINISHED and r.journal("adoption_refused")[0]["why"] == "a switch or recovery was in flight"
@@ -253,6 +381,25 @@ def test_a_recovery_caught_by_the_controllers_death_is_redone_from_its_start(tmp
     assert st.mode is Mode.RECOVERING and st.step == 3
     for rank in (0, 1, 3):
         assert {"type": "abort", "epoch": 2, "step": 3} in r.channels[rank].sent
+
+
+def test_a_recovery_join_that_finishes_while_adopting_is_ignored_as_before(tmp_path):
+    """Only a committed switch's joiner takes its slot from a ``joined`` sent while adopting; a
+    recovery's joiner does not: the recovery is redone with its rank dead."""
+    first_incarnation(tmp_path)
+    alive = [k for k in ALL if k != ("worker", 2)]
+    r = Restarted(tmp_path, alive)
+    r.hello("s0", "standby", 0, Rejoin.model_validate({"rank": None, "epoch": 1, "in_plan": True, "prepared": [],
+                                                       "decision": None, "vote": None}))
+    for rank in (0, 1, 3):
+        r.hello(rank, "worker", rank, rejoin(rank, 2).model_copy(update={"in_plan": True, "aborting": True}))
+    r.ctl.handle(MessageIn(r.conns["s0"], decode_agent({**joined_msg(), "rank": 2, "step": 3})))
+    r.ctl.handle(MessageIn(r.conns["s0"], decode_agent(vote(2, 3, epoch=1))))
+    assert r.ctl.state.slots[2] == r.ctl.state.conn_agent[r.conns["s0"]]  # meanwhile its votes are kept
+    r.ctl.adoption.tick()
+    (abort,) = r.journal("abort")
+    assert abort["dead"] == [2] and r.journal("adopted")[0]["resumed_recovery"] is True
+    assert r.ctl.state.agents[r.ctl.state.conn_agent[r.conns["s0"]]].rank is None
 
 
 def test_a_recovery_is_not_redone_over_decisions_that_differ(tmp_path):

@@ -11,13 +11,26 @@ the listed processes. The live agents reconnect with a :class:`~tmslurm.wire.mes
 process said hello, or ``runtime.controller_lost_s`` after the start (the agents give up then):
 
 - **Adopted** when every rank's slot is claimed once, no claim is inside a plan (but one caught in
-  phase 1 of a planned switch, below), every rank is in the same epoch, no decision carried a
-  switch or a checkpoint, and the ranks' last decisions are
-  at most one step apart. The dead controller had decided a step when any rank received its
-  decision, so the ranks that did not get it receive it again (no step applied twice, none lost),
-  votes that were waiting count, and the run goes on (``adopted`` in the journal, a
-  ``controller_restart`` event whose parts add up to its gap). Listed processes that never came
-  back are fenced; a rank among them fails as an unexpected failure (the usual recovery).
+  phase 1 of a planned switch, or the switch completed below), every rank is in the same epoch (or,
+  completing a switch, in its epoch or the one before), no decision carried a checkpoint, and the
+  ranks' last decisions are at most one step apart. The dead controller had decided a step when any
+  rank received its decision, so the ranks that did not get it receive it again (no step applied
+  twice, none lost), votes that were waiting count, and the run goes on (``adopted`` in the
+  journal, a ``controller_restart`` event whose parts add up to its gap). Listed processes that
+  never came back are fenced; a rank among them fails as an unexpected failure (the usual recovery).
+- **Completed** (:mod:`tmslurm.controller.adoptswitch`), when the last decision any live process
+  holds carried a planned switch (phase 2 or its first step: it reached at least one rank, the
+  leaver included): the switch was committed, and every copy of that decision is identical. It
+  is sent again, like any decision, to the ranks that missed it; a joiner whose join was never
+  activated gets ``activate``; a leaver that holds it takes no slot and is expected to exit after
+  its hand-over; the joiner takes the slot with its ``joined`` (one that arrives while adopting is
+  kept for it, and its vote counts); the dead controller's planned event is taken back and
+  completes at the first step after the switch (``adopted`` with ``completed_switch``). A decision
+  followed by a later commit was completed by the dead controller already (that commit needed the
+  joiner's vote): a plain adoption. Refused, with the reason: two different decisions for one step,
+  a switch decision that also carried a checkpoint, a joiner that did not come back or is not
+  joining that epoch, a rank that missed the decision without groups prepared for it, or a process
+  inside another plan.
 - **Rolled back** first, when the only plans in flight are planned switches caught in phase 1 (every
   agent inside a plan only prepared groups or holds a join not yet activated; no abort, no decision
   with a switch): each is cancelled everywhere (``cancel``), and its ranks are noticed again, so the
@@ -25,9 +38,12 @@ process said hello, or ``runtime.controller_lost_s`` after the start (the agents
 - **Redone**, when a recovery was under way (a rank saw an abort newer than its epoch) and every
   rank's last decision is the same step, with no switch or checkpoint: joiners still receiving
   state are cancelled, and a new recovery under a new epoch aborts the step on every live rank and
-  moves the ranks whose process is gone (``adopted`` with ``resumed_recovery``).
+  moves the ranks whose process is gone (``adopted`` with ``resumed_recovery``). A recovery's
+  ``joined`` that arrives while adopting is ignored (the recovery is redone without it).
 - **Refused** otherwise: nothing is guessed. The run ends failed (``adoption_refused``, the
-  reason in ``summary.json``) and the agents are told to finish.
+  reason in ``summary.json``) and the agents are told to finish. A decision that carried a
+  checkpoint is always refused: the checkpoint-then-restart (or requeue) it belongs to is not
+  taken over.
 
 Nothing here raises.
 """
@@ -39,14 +55,18 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from tmslurm.controller import adoptswitch
+from tmslurm.controller.adoptswitch import Claim, Completion
 from tmslurm.controller.commits import Commits
 from tmslurm.controller.context import Context
 from tmslurm.controller.membership import Membership
 from tmslurm.controller.recoveries import Recoveries
 from tmslurm.controller.snapshot import read_snapshot, read_steps
+from tmslurm.controller.plans import PlannedSwitch
 from tmslurm.controller.state import Agent, Mode
+from tmslurm.controller.switches import Switches
 from tmslurm.notices import Notice
-from tmslurm.wire.messages import Cancel, Decision, Rejoin
+from tmslurm.wire.messages import Cancel, Decision, Joined, Rejoin
 from tmslurm.controller.journal import read_journal
 
 log = logging.getLogger(__name__)
@@ -68,22 +88,21 @@ class AdoptOrder:
 
 
 @dataclass
-class Claim:
-    agent: Agent
-    rejoin: Rejoin | None
-
-
-@dataclass
 class Adoption:
     ctx: Context
     members: Membership
     commits: Commits
     recoveries: Recoveries
+    switches: Switches
     order: AdoptOrder
     started_m: float = field(default_factory=time.monotonic)
     started_t: float = field(default_factory=time.time)
     claims: dict[str, Claim] = field(default_factory=dict)
     open: bool = True
+    completion: Completion | None = None
+    """A planned switch whose decision went out before the death, to complete (:mod:`.adoptswitch`)."""
+    joins: dict[str, Joined] = field(default_factory=dict)
+    """``joined`` reports that arrived while adopting, by agent id: handled once the switch is taken back."""
 
     # ---- before the loop ----------------------------------------------------------------------
     def restore(self) -> None:
@@ -110,8 +129,20 @@ class Adoption:
 
     # ---- while adopting -----------------------------------------------------------------------
     def on_hello(self, agent: Agent, rejoin: Rejoin | None) -> None:
-        if self.open:
-            self.claims[agent.aid] = Claim(agent, rejoin)
+        if not self.open:
+            return
+        self.claims[agent.aid] = Claim(agent, rejoin)
+        if rejoin is not None and rejoin.leaving:  # it hands its slot over and exits (it took no slot)
+            agent.rank, agent.expected_exit = rejoin.rank, True
+
+    def on_joined(self, agent: Agent, msg: Joined) -> None:
+        """A joiner finished while adopting (only a committed switch activates one): it serves the rank
+        from now on, so that its votes count; its report waits for the switch to be taken back."""
+        self.joins[agent.aid] = msg
+        st = self.ctx.state
+        if agent.rank is None and st.agent_of(msg.rank) is None:
+            agent.rank = msg.rank
+            st.slots[msg.rank] = agent.aid
 
     def tick(self) -> None:
         if not self.open:
@@ -121,6 +152,14 @@ class Adoption:
             return
         self.open = False
         recovering = self._recovering()
+        workers = self._workers()
+        found = None if recovering or self._missing(workers) else adoptswitch.find(
+            self.claims.values(), workers, self._last_step, self.ctx.layout, self.ctx.cfg.runtime.switch_mode == "full")
+        if isinstance(found, str):
+            self._refuse(found)
+            return
+        self.completion = found
+        self._drop_stray_joins()
         why = self._resume_refusal() if recovering else self._refusal()
         if why is not None:
             self._refuse(why)
@@ -129,9 +168,31 @@ class Adoption:
         else:
             self._adopt()
 
+    def _drop_stray_joins(self) -> None:
+        """A ``joined`` while adopting that is not the completed switch's (a recovery's join): the slot
+        it was given meanwhile, and its vote, are taken back; it is ignored, as before a restart."""
+        st = self.ctx.state
+        ours = {j.agent.aid for j in self.completion.joiners.values()} if self.completion is not None else set()
+        for aid, msg in self.joins.items():
+            if aid not in ours and st.slots.get(msg.rank) == aid:
+                del st.slots[msg.rank]
+                st.votes.pop(msg.rank, None)
+                st.agents[aid].rank = None
+
     # ---- the decision -------------------------------------------------------------------------
     def _workers(self) -> dict[int, Claim]:
-        return {c.agent.rank: c for c in self.claims.values() if c.agent.rank is not None}
+        """The claims that serve a slot by what they reported: a fresh worker by its id, a rejoin by its
+        rank (not a leaver handing its slot over, nor a joiner that joined while adopting)."""
+        return {c.agent.rank: c for c in self.claims.values() if c.agent.rank is not None
+                and (c.rejoin is None or (c.rejoin.rank is not None and not c.rejoin.leaving))}
+
+    def _lead(self, workers: dict[int, Claim]) -> tuple[int, Decision | None]:
+        """The last step decided and its decision, None when no live process holds it."""
+        if self.completion is not None:
+            return self.completion.decision.step, self.completion.decision
+        last = max(self._last_step(c) for c in workers.values())
+        return last, next((c.rejoin.decision for c in workers.values() if c.rejoin.decision is not None
+                           and c.rejoin.decision.step == last), None)
 
     def _last_step(self, c: Claim) -> int:
         """The last step decided for this rank: its last decision's, else (a standby that joined and got
@@ -155,22 +216,24 @@ class Adoption:
         workers = self._workers()
         if (why := self._missing(workers)) is not None:
             return why
-        if any(c.rejoin.in_plan for c in self.claims.values() if c.rejoin is not None) and self._rollback() is None:
+        in_plan = any(c.rejoin.in_plan for c in self.claims.values() if c.rejoin is not None)
+        if self.completion is None and in_plan and self._rollback() is None:
             return "a switch or recovery was in flight"
-        if len({c.rejoin.epoch for c in workers.values()}) > 1:
+        switched = {self.completion.epoch} if self.completion is not None else set()
+        if len({c.rejoin.epoch for c in workers.values()} - switched) > 1:
             return "the ranks are in different epochs"
-        steps = {self._last_step(c) for c in workers.values()}
+        last, lead = self._lead(workers)
+        steps = {self._last_step(c) for c in workers.values()} | {last}
         if max(steps) - min(steps) > 1:
             return f"the ranks' last decisions are more than one step apart: {sorted(steps)}"
-        if len(steps) > 1 and not any(c.rejoin.decision is not None and c.rejoin.decision.step == max(steps)
-                                      for c in workers.values()):
-            return f"no rank holds decision {max(steps)} to send again"
+        if len(steps) > 1 and lead is None:
+            return f"no rank holds decision {last} to send again"
         for c in workers.values():
             d = c.rejoin.decision
-            if d is not None and (d.switch is not None or d.checkpoint):
-                return "the last decision carried a switch or a checkpoint"
-            if self._last_step(c) < max(steps) and (c.rejoin.vote is None or c.rejoin.vote.step != max(steps)):
-                return f"rank {c.agent.rank} missed decision {max(steps)} without having voted for it"
+            if d is not None and d.checkpoint:
+                return "the last decision carried a checkpoint (a checkpoint-then-restart is not taken over)"
+            if self._last_step(c) < last and (c.rejoin.vote is None or c.rejoin.vote.step != last):
+                return f"rank {c.agent.rank} missed decision {last} without having voted for it"
         return None
 
     def _recovering(self) -> bool:
@@ -187,6 +250,8 @@ class Adoption:
             return f"a recovery was in flight and the ranks' last decisions differ: {sorted({d.step for d in decisions})}"
         if any(d.switch is not None or d.checkpoint for d in decisions):
             return "the last decision carried a switch or a checkpoint"
+        if any(c.rejoin is not None and c.rejoin.leaving for c in self.claims.values()):
+            return "a recovery was in flight while a rank was handing its slot over in a switch"
         return None
 
     def _resume_recovery(self) -> None:
@@ -251,15 +316,13 @@ class Adoption:
 
     def _adopt(self) -> None:
         st, now = self.ctx.state, time.time()
-        rollback = self._rollback() or set()
+        rollback = (self._rollback() or set()) if self.completion is None else set()
         workers = self._workers()
-        last = max(self._last_step(c) for c in workers.values())
-        lead = next((c.rejoin.decision for c in workers.values() if c.rejoin.decision is not None
-                     and c.rejoin.decision.step == last), None)
+        last, lead = self._lead(workers)
         resent = [r for r, c in sorted(workers.items()) if self._last_step(c) < last]
         for r in resent:
             workers[r].agent.channel.try_send(lead)
-        epoch = next(iter(workers.values())).rejoin.epoch
+        epoch = self.completion.epoch if self.completion is not None else next(iter(workers.values())).rejoin.epoch
         st.epoch, st.epochs = epoch, max(st.epochs, epoch)
         self._complete_log(lead, workers, now)
         st.step, st.mode = last + 1, Mode.RUNNING
@@ -269,21 +332,28 @@ class Adoption:
             if vote.step == st.step and vote.epoch == epoch:
                 st.votes[vote.rank] = vote
                 st.vote_t[vote.rank] = time.monotonic()
+        completed = {} if self.completion is None else adoptswitch.complete(
+            self.completion, self.ctx, self.switches, self.joins, self.order.incarnation, now)
         self._open_event(now)
         missing = self._fence_missing()
         self.ctx.journal.write("adopted", incarnation=self.order.incarnation, step=st.step, epoch=epoch,
                                resent_decision=resent, votes=sorted(st.votes), missing=missing,
-                               adopt_s=round(now - self.started_t, 4))
+                               adopt_s=round(now - self.started_t, 4), **completed)
         log.warning("adopted %d agents at step %d (decision %d sent again to ranks %s)", len(self.claims), st.step,
                     last, resent)
         if rollback:
             self._roll_back(rollback, now)
-        dead = {r for r in range(self.ctx.layout.world) if not st.rank_alive(r)}
+        dead = {r for r in range(self.ctx.layout.world) if not st.rank_alive(r)} - self._handed_over()
         if dead:
             self.recoveries.fail(dead, "lost with the controller", now)
         else:
             self.commits.maybe_commit()
         st.retry_notices = True
+
+    def _handed_over(self) -> set[int]:
+        """The ranks a completed switch is still moving to their joiners: nobody serves them meanwhile."""
+        plan = self.ctx.state.plan
+        return {m.rank for m in plan.moves if m.joiner in plan.waiting} if isinstance(plan, PlannedSwitch) else set()
 
     def _complete_log(self, lead: Decision | None, workers: dict[int, Claim], now: float) -> None:
         """A decided step the dead controller had no time to log gets an entry (its losses are gone)."""

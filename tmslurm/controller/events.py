@@ -73,6 +73,10 @@ class EventLog:
         self.items.append(rec)
         self.journal.write("event_begin", **rec)
 
+    def take_back(self, rec: dict[str, Any]) -> None:
+        """An event a dead controller began (its ``event_begin`` is in the journal), open again in its successor."""
+        self.items.append(rec)
+
     def restore(self, done: list[dict[str, Any]], last_commit_t: float | None) -> None:
         """A restarted controller takes back the completed events (journal ``event`` lines) and the last commit."""
         self.items = [{k: v for k, v in rec.items() if k not in ("t", "type")} for rec in done]

@@ -113,7 +113,7 @@ class Controller:
         self.handlers: dict[type, Callable[[Agent, Any], None]] = {
             m.Vote: self.commits.on_vote, m.Progress: self.commits.on_progress, m.Groups: self.commits.on_groups,
             m.Prepared: self.switches.on_prepared, m.ShadowReady: self.switches.on_shadow_ready, m.Switched: self.switches.on_switched, m.Left: self.switches.on_left,
-            m.Joined: self.switches.on_joined, m.JoinFailed: self.switches.on_join_failed,
+            m.Joined: self._on_joined, m.JoinFailed: self.switches.on_join_failed,
             m.Aborted: self.recoveries.on_aborted, m.Recovered: self.recoveries.on_recovered,
             m.CommErrorReport: self.recoveries.on_comm_error, m.FaultFired: self.recoveries.on_fault,
             m.Started: lambda agent, msg: self.restarts.on_started(msg), m.Ready: self._on_ready, m.Done: self._on_done,
@@ -125,7 +125,7 @@ class Controller:
         }
         """Queue item type -> its handler (:mod:`tmslurm.controller.items`), as ``handlers`` is for messages."""
         self.restarts.resume_after_requeue()
-        self.adoption = Adoption(self.ctx, self.members, self.commits, self.recoveries, adopt) if adopt else None
+        self.adoption = Adoption(self.ctx, self.members, self.commits, self.recoveries, self.switches, adopt) if adopt else None
         if self.adoption is not None:
             self.adoption.restore()
         self.logged = len(state.step_log)
@@ -282,6 +282,12 @@ class Controller:
                                largest_rank_peak_rss_mb=self.commits.largest_rank_rss())
         self.commits.maybe_commit()
         self.state.retry_notices = True
+
+    def _on_joined(self, agent: Agent, msg: m.Joined) -> None:
+        if self.adoption is not None and self.adoption.open:  # a switch the adoption may take back
+            self.adoption.on_joined(agent, msg)
+        else:
+            self.switches.on_joined(agent, msg)
 
     def _on_done(self, agent: Agent, msg: m.Done) -> None:
         if self.state.owns_slot(agent, msg.rank):

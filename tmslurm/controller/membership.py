@@ -72,7 +72,10 @@ class Membership:
 
     def _claimed_rank(self, msg: Hello) -> int | None:
         """The slot this hello takes: a worker's own rank, or the one a rejoining joined standby serves;
-        -1 when a rejoin claims a slot that is not its to take (another rank, an out-of-range or held one)."""
+        -1 when a rejoin claims a slot that is not its to take (another rank, an out-of-range or held one).
+        A process whose last decision moved its slot to a joiner takes none: it only hands over and exits."""
+        if msg.rejoin is not None and msg.rejoin.leaving:
+            return None
         if msg.rejoin is None or msg.rejoin.rank is None:
             return msg.id if msg.kind == "worker" else None
         rank = msg.rejoin.rank

@@ -487,6 +487,13 @@ class Rejoin(Msg):
     step: Count | None = None
     """The step a rank computes next (a joiner that received no decision yet is placed by it)."""
 
+    @property
+    def leaving(self) -> bool:
+        """Its last decision moved the slot it serves to a joiner (a planned switch): it hands its
+        state over and exits, so it serves that slot no longer."""
+        d = self.decision
+        return self.rank is not None and d is not None and d.switch is not None and any(m.rank == self.rank for m in d.switch.moves)
+
 
 class Abort(Msg):
     type: Literal["abort"] = "abort"
