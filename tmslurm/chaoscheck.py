@@ -38,6 +38,7 @@ from typing import Any, Iterable
 from tmslurm.controller.journal import read_journal
 from tmslurm.controller.snapshot import read_steps
 from tmslurm.errors import TmslurmError
+from tmslurm.jsonfile import read_json_object
 from tmslurm.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -126,15 +127,7 @@ def _require_jsonl(path: Path) -> None:
 
 
 def read_json(path: Path, what: str) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ChaosInputError(f"{path}: missing ({what})") from None
-    except (OSError, ValueError) as exc:
-        raise ChaosInputError(f"{path}: unreadable {what}: {exc}") from None
-    if not isinstance(data, dict):
-        raise ChaosInputError(f"{path}: {what} is not a JSON object")
-    return data
+    return read_json_object(path, what, ChaosInputError)
 
 
 def require_hashes(summary: dict[str, Any], path: Path | str, null_ok: bool = True) -> None:

@@ -21,7 +21,6 @@ need matplotlib (the ``report`` extra), imported lazily and drawn with the Agg c
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import statistics
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from tmslurm.errors import TmslurmError
+from tmslurm.jsonfile import read_json_object
 from tmslurm.rundir import RunDir
 from tmslurm.controller.events import pause_parts
 
@@ -62,18 +62,6 @@ def _num(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def _read_json(path: Path, what: str) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise TmslurmError(f"{what} {path}: file not found") from None
-    except (OSError, ValueError) as exc:
-        raise TmslurmError(f"{what} {path}: not readable JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise TmslurmError(f"{what} {path}: expected a JSON object, got {type(data).__name__}")
-    return data
-
-
 def _list_of_dicts(data: dict, key: str, path: Path, what: str) -> list[dict]:
     value = data.get(key, [])
     if value is None:
@@ -85,7 +73,7 @@ def _list_of_dicts(data: dict, key: str, path: Path, what: str) -> list[dict]:
 
 def load_summary(path: Path) -> dict:
     """Read and check a run's summary.json; TmslurmError naming the file if it is unusable."""
-    data = _read_json(path, "run summary")
+    data = read_json_object(path, "run summary")
     data["step_log"] = _list_of_dicts(data, "step_log", path, "run summary")
     data["events"] = _list_of_dicts(data, "events", path, "run summary")
     if not isinstance(data.get("layout", {}), (dict, type(None))):
@@ -98,7 +86,7 @@ def load_bench(path: Path | str | None, what: str) -> dict | None:
     if path is None:
         return None
     path = Path(path)
-    data = _read_json(path, what)
+    data = read_json_object(path, what)
     data["rows"] = _list_of_dicts(data, "rows", path, what)
     return data
 

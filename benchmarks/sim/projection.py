@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Sequence
 
 from tmslurm.errors import ConfigError
+from tmslurm.jsonfile import read_json_object
 from benchmarks.sim import parts as pt
 from benchmarks.sim.model import (ASSUMPTIONS, BEYOND_RULES, DEFAULT_GPUS, HOURS_PER_WEEK,  # noqa: F401
                                MTTF_ANCHORS, MTTF_RULES, RESTART_BREAKDOWN_MIN, STRATEGIES,
@@ -72,14 +73,7 @@ def read_measured_downtimes(path: Path, flag: str = "--downtime-json") -> tuple[
     ``medians[tmslurm][kind]``), else takes the median of the tmslurm rows. Raises ConfigError
     naming ``path`` and ``flag`` when the file is missing, corrupt or holds neither.
     """
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{flag} {path}: file not found") from None
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{flag} {path}: cannot read JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{flag} {path}: expected a JSON object at the top level")
+    data = read_json_object(Path(path), f"the file given to {flag}", ConfigError)
     return _measured(data, "planned", path, flag), _measured(data, "unexpected", path, flag)
 
 

@@ -362,16 +362,22 @@ def test_an_activated_joiner_with_no_decision_anywhere_is_still_refused(tmp_path
     assert r.ctl.state.mode is Mode.FINISHED and r.journal("adoption_refused")[0]["why"] == "a switch or recovery was in flight"
 
 
-def test_a_recovery_caught_by_the_controllers_death_is_redone_from_its_start(tmp_path):
-    """Rank 2 died, the dead controller had aborted step 3 (epoch 1) and the standby was receiving
-    rank 2's state: the new controller cancels that join and runs the recovery again, epoch 2."""
+def _restarted_in_recovery(tmp_path, aborting: tuple[int, ...]) -> "Restarted":
+    """Rank 2 died; the dead controller had aborted step 3 (epoch 1) and standby s0 was receiving rank
+    2's state. The ranks in ``aborting`` saw that abort."""
     first_incarnation(tmp_path)
-    alive = [k for k in ALL if k != ("worker", 2)]
-    r = Restarted(tmp_path, alive)
+    r = Restarted(tmp_path, [k for k in ALL if k != ("worker", 2)])
     r.hello("s0", "standby", 0, Rejoin.model_validate({"rank": None, "epoch": 1, "in_plan": True, "prepared": [],
                                                        "decision": None, "vote": None}))
     for rank in (0, 1, 3):
-        r.hello(rank, "worker", rank, rejoin(rank, 2).model_copy(update={"in_plan": True, "aborting": rank != 3}))
+        r.hello(rank, "worker", rank, rejoin(rank, 2).model_copy(update={"in_plan": True, "aborting": rank in aborting}))
+    return r
+
+
+def test_a_recovery_caught_by_the_controllers_death_is_redone_from_its_start(tmp_path):
+    """Rank 2 died, the dead controller had aborted step 3 (epoch 1) and the standby was receiving
+    rank 2's state: the new controller cancels that join and runs the recovery again, epoch 2."""
+    r = _restarted_in_recovery(tmp_path, aborting=(0, 1))
     r.ctl.adoption.tick()
     st = r.ctl.state
     assert not r.journal("adoption_refused") and r.journal("adopted")[0]["resumed_recovery"] is True
@@ -386,13 +392,7 @@ def test_a_recovery_caught_by_the_controllers_death_is_redone_from_its_start(tmp
 def test_a_recovery_join_that_finishes_while_adopting_is_ignored_as_before(tmp_path):
     """Only a committed switch's joiner takes its slot from a ``joined`` sent while adopting; a
     recovery's joiner does not: the recovery is redone with its rank dead."""
-    first_incarnation(tmp_path)
-    alive = [k for k in ALL if k != ("worker", 2)]
-    r = Restarted(tmp_path, alive)
-    r.hello("s0", "standby", 0, Rejoin.model_validate({"rank": None, "epoch": 1, "in_plan": True, "prepared": [],
-                                                       "decision": None, "vote": None}))
-    for rank in (0, 1, 3):
-        r.hello(rank, "worker", rank, rejoin(rank, 2).model_copy(update={"in_plan": True, "aborting": True}))
+    r = _restarted_in_recovery(tmp_path, aborting=(0, 1, 3))
     r.ctl.handle(MessageIn(r.conns["s0"], decode_agent({**joined_msg(), "rank": 2, "step": 3})))
     r.ctl.handle(MessageIn(r.conns["s0"], decode_agent(vote(2, 3, epoch=1))))
     assert r.ctl.state.slots[2] == r.ctl.state.conn_agent[r.conns["s0"]]  # meanwhile its votes are kept
