@@ -37,6 +37,7 @@ from typing import Any, Iterable
 
 from tmslurm.controller.journal import read_journal
 from tmslurm.controller.snapshot import read_steps
+from tmslurm.controller.state import process_of
 from tmslurm.errors import TmslurmError
 from tmslurm.jsonfile import read_json_object
 from tmslurm.rundir import RunDir
@@ -244,11 +245,6 @@ def _went_down(recs: Iterable[tuple[int, dict[str, Any]]], problem: str) -> list
 
 
 # ---- 3. slots --------------------------------------------------------------------------------
-def process_of(aid: str) -> str:
-    """An agent id without its connection: the same process after a rejoin has the same one."""
-    return aid.split("#", 1)[0]
-
-
 def serving_claims(journal: list[dict[str, Any]], starts: list[float]) -> list[tuple[tuple[int, int, int], str, dict]]:
     """((job, epoch, rank), process, record) for every record saying a process serves a rank in an
     epoch; a worker's ``agent_up`` serves its own rank in the epoch in force (the last ``restart``,

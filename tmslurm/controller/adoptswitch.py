@@ -32,7 +32,7 @@ from tmslurm.controller import switchplan as sw
 from tmslurm.controller.context import Context
 from tmslurm.controller.journal import read_journal
 from tmslurm.controller.plans import Move, Plan, PlannedSwitch
-from tmslurm.controller.state import Agent
+from tmslurm.controller.state import Agent, process_of
 from tmslurm.controller.switches import Switches
 from tmslurm.topology import Layout
 from tmslurm.wire.messages import Activate, Decision, Joined, Rejoin
@@ -59,11 +59,6 @@ class Completion:
     def epoch(self) -> int:
         assert self.decision.switch is not None
         return self.decision.switch.epoch
-
-
-def process_of(aid: str) -> str:
-    """The process an agent id names (``<kind><id>.<pid>``), whichever connection it came on."""
-    return aid.rsplit("#", 1)[0]
 
 
 def switch_groups(layout: Layout, full: bool, ranks: list[int]) -> list[str]:

@@ -19,7 +19,7 @@ import time
 
 from tmslurm.config import to_dict
 from tmslurm.controller.context import Context
-from tmslurm.controller.state import Agent, Mode
+from tmslurm.controller.state import Agent, Mode, agent_id
 from tmslurm.wire.messages import Address, ErrorReply, Hello, Welcome
 from tmslurm.wire.protocol import LineChannel
 
@@ -57,7 +57,7 @@ class Membership:
             ch.close()
             return None
         self.state.expected.discard((msg.kind, msg.id))
-        agent = Agent(f"{msg.kind}{msg.id}.{msg.pid}#{conn}", msg.kind, msg.id, msg.pid, msg.node, ch, time.monotonic(), host=msg.host)
+        agent = Agent(agent_id(msg.kind, msg.id, msg.pid, conn), msg.kind, msg.id, msg.pid, msg.node, ch, time.monotonic(), host=msg.host)
         self.state.agents[agent.aid] = agent
         self.state.conn_agent[conn] = agent.aid
         if rank is not None:

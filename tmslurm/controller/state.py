@@ -35,6 +35,16 @@ class Mode(enum.Enum):
         return self in (Mode.DRAINING, Mode.FINISHED)
 
 
+def agent_id(kind: str, ident: int, pid: int, conn: int) -> str:
+    """An agent's id: ``<kind><id>.<pid>#<connection>`` (a rejoin is a new connection of the same process)."""
+    return f"{kind}{ident}.{pid}#{conn}"
+
+
+def process_of(aid: str) -> str:
+    """The process an agent id names, whichever connection it came on: the id without ``#<connection>``."""
+    return aid.split("#", 1)[0]
+
+
 @dataclass
 class Agent:
     aid: str
