@@ -178,3 +178,31 @@ def test_kill_9_past_phase_1_of_a_planned_switch_completes_it_and_ends_exact(lau
     assert summary["final_params_sha256"] == base["final_params_sha256"]
     assert summary["final_state_sha256"] == base["final_state_sha256"]
     wait_gone(agents, 30)  # no agent outlives the run, the leaver included
+
+
+def test_kill_9_in_the_middle_of_a_checkpoint_restart_restarts_again_and_ends_exact(launch, baseline):
+    """No standby: rank 2 is killed at step 12 and every rank restarts from checkpoint 10. The
+    controller is killed as soon as that restart is journalled, while the new rank processes are
+    still starting (importing torch, loading the checkpoint): they had not joined, so the rejoins
+    cannot settle where the run stands. The restarted controller says so (``adoption_refused`` with
+    ``fallback: checkpoint_restart``), stops them and restarts every rank from the latest complete
+    checkpoint again, in the same run; it ends bit-identical instead of failed."""
+    layout = ("parallel.dp=2", "parallel.pp=2", "standby.count=0", "model=tiny", "train.steps=30", "train.checkpoint_every=10")
+    base = baseline(*layout)
+    run = launch(*layout, "train.step_delay_s=0.05", "faults=[{step:12,kind:kill,rank:2}]")
+    run.wait_for(lambda e: e["type"] == "restart", timeout=120)
+    pid = controller_pid(run)
+    agents = children(run.proc.pid) - {pid}
+    os.kill(pid, signal.SIGKILL)
+    summary = run.wait()
+    journal = run.journal()
+    (refused,) = [e for e in journal if e["type"] == "adoption_refused"]
+    assert refused["fallback"] == "checkpoint_restart" and "had not joined yet" in refused["why"], refused
+    restarts = [e for e in journal if e["type"] == "restart"]
+    assert [r["from_step"] for r in restarts] == [10, 10], restarts
+    redo = [e for e in summary["events"] if "could not adopt" in str(e.get("cause"))]
+    assert len(redo) == 1 and redo[0]["ranks"] == [] and redo[0]["status"] == "done", summary["events"]
+    assert summary["steps"] == 30 and summary["replicas_equal"] is True
+    assert summary["final_params_sha256"] == base["final_params_sha256"]
+    assert summary["final_state_sha256"] == base["final_state_sha256"]
+    wait_gone(agents, 30)

@@ -65,6 +65,22 @@ class Restarted:
         return [e for e in read_journal(self.ctl.ctx.rundir.events) if e["type"] == etype]
 
 
+def restarted_after_refusal(r: "Restarted", why: str | None = None) -> bool:
+    """Refused, and instead of ending, every rank restarts from the latest complete checkpoint (none
+    here: step 0) in the same job: the workers that came back are fenced, four new ones are spawned,
+    the journal says why, and the restart is one job-wide event that redoes the committed steps."""
+    st = r.ctl.state
+    (refused,) = r.journal("adoption_refused")
+    (restart,) = r.journal("restart")
+    came_back = {("worker", int(k)) for k in r.channels if isinstance(k, int)}
+    ev = r.ctl.ctx.events.items[-1]
+    return (refused["fallback"] == "checkpoint_restart" and (why is None or why in refused["why"])
+            and st.mode is Mode.RUNNING and st.failed_reason is None and st.step == 0
+            and restart["from_step"] == 0 and restart["lost_steps"] == COMMITTED
+            and came_back <= set(r.spawner.fenced) and sorted(r.spawner.workers)[-4:] == [(k, st.incarnation) for k in range(4)]
+            and ev["ranks"] == [] and ev["from_checkpoint_step"] == 0 and "could not adopt" in ev["cause"])
+
+
 ALL = [("standby", 0), ("worker", 0), ("worker", 1), ("worker", 2), ("worker", 3)]
 
 
@@ -102,8 +118,7 @@ def test_adoption_decides_from_what_the_ranks_received(tmp_path, case):
     r.ctl.adoption.tick()
     st = r.ctl.state
     if outcome == "refused":
-        assert st.mode is Mode.FINISHED and "cannot adopt" in st.failed_reason
-        assert r.journal("adoption_refused")
+        assert restarted_after_refusal(r)
         return
     last = max(d for d, _ in reports.values())
     adopted = r.journal("adopted")[0]
@@ -148,7 +163,7 @@ def test_adoption_refuses_what_it_cannot_know(tmp_path, bad):
             kw["switch"] = {"epoch": 1, "moves": [{"rank": 0, "joiner": "standby0.1#1"}]}
         r.hello(rank, "worker", rank, rejoin(rank, 2, epoch=1 if bad == "epochs" and rank == 1 else 0, **kw))
     r.ctl.adoption.tick()
-    assert r.ctl.state.mode is Mode.FINISHED and r.journal("adoption_refused")
+    assert restarted_after_refusal(r)
 
 
 def test_a_process_that_never_rejoins_is_fenced_and_its_rank_recovered(tmp_path, monkeypatch):
@@ -334,7 +349,7 @@ def test_a_switch_past_phase_1_that_cannot_be_completed_is_refused(tmp_path, cas
     kw, why = REFUSED[case]
     r = switch_caught(tmp_path, **kw)
     r.ctl.adoption.tick()
-    assert r.ctl.state.mode is Mode.FINISHED and why in r.journal("adoption_refused")[0]["why"]
+    assert restarted_after_refusal(r, why)
 
 
 def test_a_joiner_in_another_epoch_is_not_taken_for_the_switchs(tmp_path):
@@ -344,7 +359,7 @@ def test_a_joiner_in_another_epoch_is_not_taken_for_the_switchs(tmp_path):
     for rank, how in {0: "applied", 1: "leaving", 2: "applied", 3: "applied"}.items():
         r.hello(rank, "worker", rank, rank_report(rank, how))
     r.ctl.adoption.tick()
-    assert "is not joining the switch of epoch 1" in r.journal("adoption_refused")[0]["why"]
+    assert restarted_after_refusal(r, "is not joining the switch of epoch 1")
 
 
 def test_an_activated_joiner_with_no_decision_anywhere_is_still_refused(tmp_path):
@@ -359,7 +374,7 @@ def test_an_activated_joiner_with_no_decision_anywhere_is_still_refused(tmp_path
             rj = rj.model_copy(update={"in_plan": True, "prepared": [1]})
         r.hello(rank, "worker", rank, rj)
     r.ctl.adoption.tick()
-    assert r.ctl.state.mode is Mode.FINISHED and r.journal("adoption_refused")[0]["why"] == "a switch or recovery was in flight"
+    assert restarted_after_refusal(r, "a switch or recovery was in flight")
 
 
 def _restarted_in_recovery(tmp_path, aborting: tuple[int, ...]) -> "Restarted":
@@ -409,7 +424,7 @@ def test_a_recovery_is_not_redone_over_decisions_that_differ(tmp_path):
     for rank in range(4):
         r.hello(rank, "worker", rank, rejoin(rank, 2 if rank else 1).model_copy(update={"in_plan": True, "aborting": True}))
     r.ctl.adoption.tick()
-    assert r.ctl.state.mode is Mode.FINISHED and "decisions differ" in r.journal("adoption_refused")[0]["why"]
+    assert restarted_after_refusal(r, "decisions differ")
 
 
 def test_a_standby_that_joined_and_got_no_decision_yet_is_placed_by_its_step(tmp_path):

@@ -40,10 +40,12 @@ process said hello, or ``runtime.controller_lost_s`` after the start (the agents
   state are cancelled, and a new recovery under a new epoch aborts the step on every live rank and
   moves the ranks whose process is gone (``adopted`` with ``resumed_recovery``). A recovery's
   ``joined`` that arrives while adopting is ignored (the recovery is redone without it).
-- **Refused** otherwise: nothing is guessed. The run ends failed (``adoption_refused``, the
-  reason in ``summary.json``) and the agents are told to finish. A decision that carried a
-  checkpoint is always refused: the checkpoint-then-restart (or requeue) it belongs to is not
-  taken over.
+- **Refused** otherwise: nothing is guessed (``adoption_refused``, with the reason). Every rank
+  process that came back is stopped and every rank restarts from the latest complete checkpoint in
+  the same job (:meth:`~tmslurm.controller.restarts.Restarts.restart`, a job-wide ``restart``
+  event): the steps since are redone, so the run stays exact. A decision that carried a checkpoint
+  is always refused: the checkpoint-then-restart (or requeue) it belongs to is not taken over, the
+  restart stands in for it.
 
 Nothing here raises.
 """
@@ -384,10 +386,23 @@ class Adoption:
         return [f"{k}{i}" for k, i in missing]
 
     def _refuse(self, why: str) -> None:
-        st = self.ctx.state
-        log.error("cannot adopt the live agents: %s; the run ends", why)
-        self.ctx.journal.write("adoption_refused", incarnation=self.order.incarnation, why=why,
+        """What the rejoins cannot settle is not guessed: every rank process that came back is
+        stopped (a standby caught joining is cancelled back to warm, one that was not stays) and every
+        rank restarts from the latest complete checkpoint, in the same job, under a new epoch. The
+        steps since are redone, so the result stays exact; the restart is the event (job-wide)."""
+        st, now = self.ctx.state, time.time()
+        log.error("cannot adopt the live agents as they are: %s; restarting every rank from the latest complete checkpoint", why)
+        self.ctx.journal.write("adoption_refused", incarnation=self.order.incarnation, why=why, fallback="checkpoint_restart",
                                claims={c.agent.aid: (c.rejoin.model_dump() if c.rejoin else None) for c in self.claims.values()})
-        st.failed_reason = f"controller restart: cannot adopt the live agents: {why}"
-        st.mode = Mode.FINISHED
-
+        for c in self.claims.values():
+            if c.agent.kind == "worker" or c.agent.rank is not None:
+                c.agent.expected_exit = True
+                self.members.kill(c.agent)
+            elif c.rejoin is not None and c.rejoin.in_plan:
+                c.agent.channel.try_send(Cancel(epoch=c.rejoin.epoch))
+        for rank in list(st.slots):
+            del st.slots[rank]
+        self._fence_missing()
+        st.epoch, st.votes, st.mode = st.epochs, {}, Mode.RUNNING
+        self.recoveries.restarts.restart(f"the controller restarted and could not adopt the live agents: {why}", [],
+                                         "controller_restart", now, self.order.died_t)
