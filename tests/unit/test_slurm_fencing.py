@@ -94,3 +94,30 @@ def test_hooks_release_emptied_nodes_but_never_the_batch_host(slurm, tmp_path):
                               lambda t, node: fired.append((t, node)))
     assert client.updates[1:] == [(spawner.node_of_rank(r), "down") for r in (1, 2, 3)] and fired == []
     assert hooks.status() == {"main_job_id": "77", "spare_job_ids": []}
+
+
+class HeldLane:
+    """A lane whose queued work has not run yet (Slurm commands queue behind a slow one)."""
+
+    def __init__(self) -> None:
+        self.queued: list[str] = []
+
+    def submit(self, work, name):
+        self.queued.append(name)
+
+
+def test_a_fenced_spare_is_forgotten_before_its_cancel_runs(slurm, tmp_path):
+    """A checkpoint restart stops a rank served by a standby that joined (its spare job is fenced) and
+    places the ranks again at once: the placement must not pick that job while its cancel is still
+    queued on the lane (its srun would fail, 'Invalid job id', and the rank would never start)."""
+    _, client, runs = slurm
+    cfg = compose_config(["cluster=slurm", "parallel.dp=2", "parallel.pp=2"])
+    lane = HeldLane()
+    spawner = sp.SlurmSpawner(tmp_path, cfg, client, "77", ["n1", "n2", "n3", "n4"], background=lambda work, name: work(),
+                              lane=lane)
+    spawner.spares = {"90": {"job_id": "90", "index": 0, "node": "n9"}, "91": {"job_id": "91", "index": 1, "node": "n8"}}
+    spawner.rank_node[2] = "n9"  # rank 2 is served by standby 0, which joined on n9
+    spawner.fence("standby", 0)
+    assert spawner.spare_job_ids() == ["91"] and lane.queued == ["fence-standby0"] and client.cancelled == []
+    assert spawner.spawn_worker(2, 1) is True
+    assert spawner.rank_node[2] == "n8" and spawner.spares["91"]["used_for_restart"] is True

@@ -285,8 +285,16 @@ class SlurmSpawner:
         if kind == "worker" and ident in self.rank_steps:
             log.info("fencing rank %d's step", ident)
             self.background(lambda step=self.rank_steps[ident]: self._kill_step(*step), f"fence-{kind}{ident}")
-        elif kind == "standby":  # on the lane: after its spare job's submission, which may still be queued
-            self.lane.submit(lambda: self._fence_spare(ident), f"fence-{kind}{ident}")
+        elif kind == "standby":
+            with self.lock:  # forgotten at once: a restart placing ranks right now must not pick this job
+                job = next((j for j, s in self.spares.items() if s["index"] == ident // self.rpn), None)
+                self.spares.pop(job, None)
+            if job is not None:
+                self._changed()
+                log.info("fencing spare job %s of standby %d", job, ident)
+                self.lane.submit(lambda: self._cancel(job), f"fence-{kind}{ident}")
+            else:  # on the lane: after its spare job's submission, which may still be queued
+                self.lane.submit(lambda: self._fence_spare(ident), f"fence-{kind}{ident}")
 
     def _fence_spare(self, ident: int) -> None:
         with self.lock:
