@@ -45,7 +45,7 @@ from tmslurm.rundir import RunDir
 log = logging.getLogger(__name__)
 
 HASH_KEYS = ("final_state_sha256", "final_params_sha256")
-REQUIRES_EVENT = ("kill", "stop", "hang", "drain", "node_down", "power_off", "partition")
+REQUIRES_EVENT = ("kill", "stop", "hang", "drain", "node_down", "power_off", "partition", "controller_kill")
 """Fault kinds that must cause an event; the others (hiccup, slow, throttle, slowlink,
 corrupt_shadow, a driver's own kinds) may cause one or none."""
 JOB_STARTS = ("requeue", "resumed_after_requeue", "resumed_after_lost_controller", "resumed_after_unfinished_end")

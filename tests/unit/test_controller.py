@@ -194,6 +194,33 @@ def test_no_standby_falls_back_to_a_restart_from_the_checkpoint(tmp_path):
     assert h.cluster.released == []  # every rank restarted on its own node: nothing to give back
 
 
+
+class WaitingCluster(FakeCluster):
+    """Restarted ranks wait for a spare allocation: ``waited`` seconds so far (a Slurm hook's answer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waited: dict[int, float] = {}
+
+    def waiting_ranks(self) -> dict[int, float]:
+        return dict(self.waited)
+
+
+@pytest.mark.parametrize("waited,ends", [(5.0, False), (121.0, True)])
+def test_a_restart_waits_for_a_spare_allocation_but_never_hangs(tmp_path, waited, ends):
+    cluster = WaitingCluster()
+    h = Harness(tmp_path, 2, 2, 0, cluster=lambda cfg: (FakeSpawner(), cluster))
+    h.disconnect(2)
+    h.abort_all([0, 1, 3])
+    cluster.waited = {2: waited}  # runtime.connect_timeout_s is 120
+    h.ctl.deadlines.tick(now=time.time())
+    assert (h.state.mode is Mode.FINISHED) is ends
+    if ends:
+        (failed,) = h.journal("run_failed")
+        assert "no node to restart ranks [2]" in failed["reason"] and "connect_timeout_s" in failed["reason"]
+    else:
+        assert not h.journal("run_failed") and h.state.mode is Mode.RUNNING
+
 AGENT_MESSAGES = st.sampled_from(["vote", "prepared", "switched", "left", "aborted", "recovered", "joined", "join_failed",
                                   "comm_error", "done", "fault", "disconnect", "tick"])
 

@@ -121,3 +121,44 @@ def test_a_fenced_spare_is_forgotten_before_its_cancel_runs(slurm, tmp_path):
     assert spawner.spare_job_ids() == ["91"] and lane.queued == ["fence-standby0"] and client.cancelled == []
     assert spawner.spawn_worker(2, 1) is True
     assert spawner.rank_node[2] == "n8" and spawner.spares["91"]["used_for_restart"] is True
+
+
+class JobClient(FakeClient):
+    """Also answers ``job``: spare job 92 has started on n7."""
+
+    def job(self, job_id):
+        return SimpleNamespace(nodes=["n7"], end_time=None) if job_id == "92" else SimpleNamespace(nodes=[], end_time=None)
+
+
+def test_a_restarted_rank_waits_for_a_queued_spare_and_starts_there(tmp_path, monkeypatch):
+    """Every spare allocation that is up already hosts a restarted rank, one more is queued: the rank
+    whose node left the job waits for it (instead of the run ending) and starts there once it runs."""
+    monkeypatch.setattr(sp.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 0, "", ""))
+    started: list[list[str]] = []
+    monkeypatch.setattr(sp.subprocess, "Popen", lambda cmd, **kw: started.append(cmd) or SimpleNamespace(poll=lambda: 0))
+    cfg = compose_config(["cluster=slurm", "parallel.dp=2", "parallel.pp=2"])
+    spawner = sp.SlurmSpawner(tmp_path, cfg, JobClient(), "77", ["n1", "n2", "n3", "n4"], background=lambda work, name: work(),
+                              lane=Lane(inline=True))
+    spawner.main_nodes = ["n1", "n2"]  # n3 and n4 were given back
+    spawner.spares = {"90": {"job_id": "90", "index": 0, "node": "n9", "used_for_restart": True},
+                      "92": {"job_id": "92", "index": 2, "node": None}}
+    spawner.rank_node[3] = "n4"
+    assert spawner.spawn_worker(3, 5) is True and list(spawner.waiting_ranks()) == [3] and not started
+    spawner.note_spare_node("")
+    assert spawner.waiting_ranks() == {} and spawner.rank_node[3] == "n7" and spawner.spares["92"]["used_for_restart"]
+    assert any("--jobid=92" in c and "--rank" in c and c[c.index("--rank") + 1] == "3" for c in started), started
+    spawner.spares.pop("92")
+    spawner.rank_node[2] = "n3"
+    assert spawner.spawn_worker(2, 6) is False  # nothing queued either: nowhere to run
+
+
+def test_a_new_restart_takes_a_waiting_rank_over(tmp_path, monkeypatch):
+    monkeypatch.setattr(sp.subprocess, "Popen", lambda cmd, **kw: SimpleNamespace(poll=lambda: 0))
+    cfg = compose_config(["cluster=slurm", "parallel.dp=2", "parallel.pp=2"])
+    spawner = sp.SlurmSpawner(tmp_path, cfg, JobClient(), "77", ["n1", "n2", "n3", "n4"], lane=Lane(inline=True))
+    spawner.main_nodes = ["n1", "n2", "n3"]
+    spawner.spares = {"92": {"job_id": "92", "index": 2, "node": None}}
+    spawner.rank_node[3] = "n4"
+    assert spawner.spawn_worker(3, 5) is True and list(spawner.waiting_ranks()) == [3]
+    spawner.rank_node[3] = "n3"  # the next restart finds it a home at once: no second start later
+    assert spawner.spawn_worker(3, 6) is True and spawner.waiting_ranks() == {}

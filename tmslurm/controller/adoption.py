@@ -40,13 +40,10 @@ process said hello, or ``runtime.controller_lost_s`` after the start (the agents
   state are cancelled, and a new recovery under a new epoch aborts the step on every live rank and
   moves the ranks whose process is gone (``adopted`` with ``resumed_recovery``). A recovery's
   ``joined`` that arrives while adopting is ignored (the recovery is redone without it).
-- **Refused** otherwise: nothing is guessed (``adoption_refused``, with the reason). Every rank
-  process that came back is stopped and every rank restarts from the latest complete checkpoint in
-  the same job (:meth:`~tmslurm.controller.restarts.Restarts.restart`, a job-wide ``restart``
-  event): the steps since are redone, so the run stays exact. A decision that carried a checkpoint
-  is always refused: the checkpoint-then-restart (or requeue) it belongs to is not taken over, the
-  restart stands in for it.
-
+- **Refused** otherwise (``adoption_refused``, the reason): nothing is guessed. The rank processes
+  that came back are stopped and every rank restarts from the latest complete checkpoint, in the
+  same job (a job-wide ``restart`` event; the steps since are redone, so the run stays exact). A
+  decision that carried a checkpoint is always refused: the restart stands in for its plan.
 Nothing here raises.
 """
 
@@ -257,11 +254,9 @@ class Adoption:
         return None
 
     def _resume_recovery(self) -> None:
-        """Redo the recovery the dead controller had under way, from its start: joiners still receiving
-        state are cancelled (they stay warm), and a new abort, under an epoch above every one seen, goes
-        to every live rank; the ranks whose process is gone are the dead of the new plan. A joiner that
-        had finished holds its slot like any rank. No step was committed during a recovery, so the
-        aborted step is redone once."""
+        """Redo the recovery under way from its start: joiners still receiving state are cancelled
+        (they stay warm), a new abort under a new epoch goes to every live rank, the ranks whose process
+        is gone are the new plan's dead. No step was committed during a recovery: it is redone once."""
         st, now = self.ctx.state, time.time()
         workers = self._workers()
         decisions = [c.rejoin.decision for c in workers.values() if c.rejoin.decision is not None]
@@ -386,12 +381,10 @@ class Adoption:
         return [f"{k}{i}" for k, i in missing]
 
     def _refuse(self, why: str) -> None:
-        """What the rejoins cannot settle is not guessed: every rank process that came back is
-        stopped (a standby caught joining is cancelled back to warm, one that was not stays) and every
-        rank restarts from the latest complete checkpoint, in the same job, under a new epoch. The
-        steps since are redone, so the result stays exact; the restart is the event (job-wide)."""
+        """Not guessed: the rank processes that came back are stopped (a standby caught joining is
+        cancelled back to warm) and every rank restarts from the latest complete checkpoint."""
         st, now = self.ctx.state, time.time()
-        log.error("cannot adopt the live agents as they are: %s; restarting every rank from the latest complete checkpoint", why)
+        log.error("cannot adopt the live agents: %s; restarting every rank from the latest complete checkpoint", why)
         self.ctx.journal.write("adoption_refused", incarnation=self.order.incarnation, why=why, fallback="checkpoint_restart",
                                claims={c.agent.aid: (c.rejoin.model_dump() if c.rejoin else None) for c in self.claims.values()})
         for c in self.claims.values():
@@ -400,8 +393,7 @@ class Adoption:
                 self.members.kill(c.agent)
             elif c.rejoin is not None and c.rejoin.in_plan:
                 c.agent.channel.try_send(Cancel(epoch=c.rejoin.epoch))
-        for rank in list(st.slots):
-            del st.slots[rank]
+        st.slots.clear()
         self._fence_missing()
         st.epoch, st.votes, st.mode = st.epochs, {}, Mode.RUNNING
         self.recoveries.restarts.restart(f"the controller restarted and could not adopt the live agents: {why}", [],

@@ -41,6 +41,10 @@ class ClusterHooks(Protocol):
         """The standby ids whose allocation's time limit is within ``slurm.spare_renew_s`` of ``now``
         (Unix time), each allocation named once; no cluster command (the answer is what is known)."""
 
+    def waiting_ranks(self) -> dict[int, float]:
+        """Ranks of a restart that wait for an allocation to start on (a spare job still queued or
+        starting), with how long they have waited (s); the hook looks for started spares meanwhile."""
+
     def requeue(self, exclude: list[str]) -> bool:
         """Requeue the run's own job away from ``exclude`` (sent in the background; :meth:`flush`
         waits for it); False when the cluster cannot."""
@@ -77,6 +81,9 @@ class LocalHooks:
 
     def expiring_standbys(self, now: float) -> list[int]:
         return []
+
+    def waiting_ranks(self) -> dict[int, float]:
+        return {}
 
     def requeue(self, exclude: list[str]) -> bool:
         return False

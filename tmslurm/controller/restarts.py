@@ -4,7 +4,10 @@ Contract (on the controller's thread; nothing here raises into the loop):
 - :meth:`Restarts.restart` kills every rank and starts them all again (``incarnation + 1``) from
   the latest complete checkpoint, or step 0; the lost steps are redone, so the result stays exact.
   With ``runtime.restart_mode=requeue_restart`` and a cluster that can requeue, it requeues instead.
-  A rank with nowhere to run ends the run (``failed``) instead of hanging; its checkpoint stays.
+  A rank whose node left the job starts on a spare allocation; while one is still queued or
+  starting it waits for it (:meth:`ClusterHooks.waiting_ranks`), and a rank with nowhere to run, or
+  still waiting after ``runtime.connect_timeout_s``, ends the run (``failed``) instead of hanging;
+  its checkpoint stays.
   Nodes the restarted ranks moved off (bad nodes; their ranks now run on spares) are given back.
 - :meth:`Restarts.requeue` saves the step log and the open event to ``requeue.json`` and requeues
   the job (optionally away from nodes); :meth:`resume_after_requeue` (at start-up) completes that
@@ -268,6 +271,7 @@ class Restarts:
         log.warning("the job is ending (%s): checkpoint at the next step boundary, then %s", reason, action)
 
     def tick(self) -> None:
+        self._check_waiting()
         then = self.state.checkpoint_then
         if then is None or then.checkpoint_step is None or self.state.requeued:
             return
@@ -281,6 +285,21 @@ class Restarts:
             self._end_job(then)
         else:
             self.restart(then.reason, then.ranks, "planned", then.t)
+
+    def _check_waiting(self) -> None:
+        """Ranks of a restart that wait for a spare allocation: the run never hangs on them; after
+        ``runtime.connect_timeout_s`` it ends failed (the checkpoint stays for a resume)."""
+        waiting = self.ctx.hooks.waiting_ranks()
+        late = sorted(r for r, waited in waiting.items() if waited > self.ctx.cfg.runtime.connect_timeout_s)
+        if not late or self.state.mode.ending:
+            return
+        st = self.state
+        log.error("ranks %s found no spare allocation to restart on within %.0fs; ending the run (resume with "
+                  "train.resume_from)", late, self.ctx.cfg.runtime.connect_timeout_s)
+        st.failed_reason = f"no node to restart ranks {late} (no spare allocation started within runtime.connect_timeout_s)"
+        self.ctx.journal.write("run_failed", reason=st.failed_reason)
+        self._stop_all_ranks()
+        st.mode = Mode.FINISHED
 
     def _end_job(self, then: CheckpointThen) -> None:
         if then.end is JobEnd.SIGTERM:  # Slurm requeues (preemption) or ends (scancel) the job itself

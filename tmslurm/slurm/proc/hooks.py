@@ -35,6 +35,8 @@ from tmslurm.wire.messages import FaultSpec
 log = logging.getLogger(__name__)
 NODES_REFRESH_S = 0.25
 """The watcher's node set is rebuilt at most this often (a poll is every ``slurm.poll_interval_s``)."""
+WAITING_POLL_S = 1.0
+"""While restarted ranks wait for a spare allocation, look for started spare jobs this often."""
 
 
 class SlurmHooks:
@@ -46,6 +48,8 @@ class SlurmHooks:
         self.batch_host = batch_host
         self.nodes_refreshed_m = float("-inf")
         """When the watcher's node set was last rebuilt (monotonic)."""
+        self.spares_polled_m = float("-inf")
+        """When spare jobs were last looked at for ranks waiting to restart (monotonic)."""
 
     def on_step(self, step: int, nodes: Callable[[], dict[str, str]]) -> None:
         if step % 20 == 0:
@@ -86,6 +90,14 @@ class SlurmHooks:
 
     def expiring_standbys(self, now: float) -> list[int]:
         return self.spawner.expiring(now)
+
+    def waiting_ranks(self) -> dict[int, float]:
+        waiting = self.spawner.waiting_ranks()
+        now = time.monotonic()
+        if waiting and now - self.spares_polled_m >= WAITING_POLL_S:  # look for the spare they wait for
+            self.spares_polled_m = now
+            self.spawner.note_spare_node("")
+        return waiting
 
     def can_requeue(self) -> bool:
         return True

@@ -29,6 +29,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -72,6 +73,9 @@ class SlurmSpawner:
         it went silent is not healed (Slurm notices only after SlurmdTimeout); it heals once Slurm
         has called it unhealthy and then fine again."""
         self.monitored: set[tuple[str, str]] = set()  # (job, node) with a monitor step
+        self.waiting: dict[int, tuple[int, float]] = {}
+        """Ranks of a restart with no spare allocation up yet: rank -> (incarnation, since, monotonic);
+        each starts in the first spare job whose node becomes known (:meth:`_place_waiting`)."""
         self.renew_lead = spare_renew_lead(cfg)
         """Seconds before a spare's limit at which :meth:`expiring` names it; None: no renewal."""
         if record is not None:  # a restarted controller takes over what its predecessor launched
@@ -127,6 +131,7 @@ class SlurmSpawner:
         the rank has nowhere to run (its node left the job and no spare allocation is up)."""
         node = self.rank_node[rank]
         with self.lock:
+            self.waiting.pop(rank, None)  # an earlier restart's wait is over: this one places it
             bad = set(self.bad_nodes)
             home = self.job_id if node in self.main_nodes else next(
                 (s["job_id"] for s in self.spares.values() if s.get("node") == node and s.get("used_for_restart")), None)
@@ -141,13 +146,39 @@ class SlurmSpawner:
                 log.warning("rank %d restarts on %s (leaving, but no spare allocation is up)", rank, node)
                 self._srun(self.job_id, node, f"rank{rank}.{incarnation}", ["--rank", str(rank)])
                 return True
-            log.error("rank %d has no node to restart on (node %s left the job; no spare allocation)", rank, node)
-            return False
+            if not any(s.get("node") is None for s in self.spares.values()):
+                log.error("rank %d has no node to restart on (node %s left the job; no spare allocation)", rank, node)
+                return False
+            with self.lock:  # a spare job is queued or starting: the first one up takes it
+                self.waiting[rank] = (incarnation, time.monotonic())
+            log.warning("rank %d waits for a spare allocation to restart on (node %s left the job)", rank, node)
+            return True
+        self._start_on_spare(rank, incarnation, spare)
+        return True
+
+    def _start_on_spare(self, rank: int, incarnation: int, spare: dict[str, Any]) -> None:
         with self.lock:
             spare["used_for_restart"] = True
             self.rank_node[rank] = spare["node"]
         self._srun(spare["job_id"], spare["node"], f"rank{rank}.{incarnation}", ["--rank", str(rank)])
-        return True
+
+    def _place_waiting(self) -> None:
+        """Start waiting ranks in spare jobs whose node is known and that no rank uses (on the lane)."""
+        while True:
+            with self.lock:
+                rank = min(self.waiting, default=None)
+                spare = next((s for s in self.spares.values() if s.get("node") and not s.get("used_for_restart")), None)
+                if rank is None or spare is None:
+                    return
+                incarnation, _ = self.waiting.pop(rank)
+            log.info("rank %d starts on %s (spare job %s) after waiting for it", rank, spare["node"], spare["job_id"])
+            self._start_on_spare(rank, incarnation, spare)
+
+    def waiting_ranks(self) -> dict[int, float]:
+        """Ranks still waiting for a spare allocation, with how long (seconds)."""
+        now = time.monotonic()
+        with self.lock:
+            return {r: now - since for r, (_, since) in self.waiting.items()}
 
     # ---- spares -------------------------------------------------------------------------------
     def spawn_standby(self, index: int) -> None:
@@ -243,6 +274,7 @@ class SlurmSpawner:
         if unconfirmed:  # learn as soon as Slurm flags a node we found dead, so that it can heal later
             self.still_bad()
         self._unexclude_healed()
+        self._place_waiting()
 
     def _unexclude_healed(self) -> None:
         """A pending spare submitted while a node was bad would never run there once it is repaired
@@ -345,6 +377,8 @@ class SlurmSpawner:
     def stop_all(self, grace_s: float = 0.0) -> None:
         """At the end (off the loop): let queued Slurm commands finish, give the rank steps up to
         ``grace_s`` to end on their own, then end everything."""
+        with self.lock:
+            self.waiting.clear()
         if not self.lane.flush(60.0):
             log.warning("queued Slurm commands still running after 60s; stopping anyway")
         for job_id in self.spare_job_ids():
