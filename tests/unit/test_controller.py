@@ -365,3 +365,17 @@ def test_a_notice_survives_a_checkpoint_restart_and_is_planned_once_the_ranks_ar
         h.send(f"w{r}", {"type": "started", "rank": r, "step": 0, "groups_s": 0.01, "ckpt_load_s": 0.0})
     assert isinstance(h.state.plan, PlannedSwitch) and h.state.plan.ranks == [1] and not h.state.pending_notices
     assert h.ctl.summary.write()["pending_notices"] == []
+
+
+def test_replenish_counts_the_standbys_still_starting_not_every_one_ever_started(tmp_path):
+    """A restarted controller knows only the standbys that came back, while ``standbys_started``
+    also counts those that died under its predecessor: those are not 'starting', and a consumed or
+    lost standby is still replaced (found by the chaos soak: after a controller restart, no standby
+    was replaced again and the next failure had to restart from a checkpoint)."""
+    h = Harness(tmp_path, 2, 2, 2, "standby.replenish=true")
+    h.state.standbys_started += 5  # five earlier standbys died before this controller took over
+    before = len(h.spawner.standbys)
+    h.disconnect("s0")
+    assert len(h.spawner.standbys) == before + 1 and ("standby", h.state.standbys_started - 1) in h.state.expected
+    h.disconnect("s1")
+    assert len(h.spawner.standbys) == before + 2  # the first replacement is starting: one more, not two

@@ -105,10 +105,9 @@ class Membership:
     def replenish(self) -> None:
         if not self.replenishing or self.state.mode.ending:
             return
-        standbys = self.state.standbys()
-        pool = [a for a in standbys if a.idle_standby and a.aid not in self.state.retiring]
-        starting = self.state.standbys_started - len(standbys)
-        for _ in range(self.standby_target - len(pool) - max(0, starting)):
+        pool = [a for a in self.state.standbys() if a.idle_standby and a.aid not in self.state.retiring]
+        starting = sum(1 for kind, _ in self.state.expected if kind == "standby")  # spawned, not connected yet
+        for _ in range(self.standby_target - len(pool) - starting):
             self.spawn_standby()
 
     def kill(self, agent: Agent) -> None:
