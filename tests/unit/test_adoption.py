@@ -438,3 +438,16 @@ def test_a_standby_that_joined_and_got_no_decision_yet_is_placed_by_its_step(tmp
         r.hello(rank, "worker", rank, rj)
     r.ctl.adoption.tick()
     assert r.ctl.state.mode is Mode.RUNNING and r.ctl.state.step == 3 and r.journal("adopted")[0]["resent_decision"] == []
+
+
+def test_a_listed_process_the_dead_controller_found_lost_is_not_waited_for(tmp_path):
+    """The supervisor lists worker 1 as alive (a powered-off node's srun lingers), but the dead
+    controller's journal found its node lost after it came up, and standby 0 took rank 1: the
+    adoption does not wait runtime.controller_lost_s for it (found by the chaos soak: 15 s of
+    downtime per controller restart). A worker 2 lost and then restarted is still waited for."""
+    h = first_incarnation(tmp_path)
+    h.ctl.ctx.journal.write("node_lost", node="n1", agents=["worker1.4242#2"])
+    h.ctl.ctx.journal.write("fenced", agent="worker2.4242#3", rank=2)
+    h.ctl.ctx.journal.write("agent_up", agent="worker2.5151#9", node="n2", pid=5151)
+    r = Restarted(tmp_path, ALL)
+    assert r.ctl.state.expected == {("standby", 0), ("worker", 0), ("worker", 2), ("worker", 3)}

@@ -5,8 +5,8 @@ incarnation number, when the previous one died, and the (kind, ident) of every w
 process still running). :meth:`Adoption.restore` (called once, before the loop) takes back what the
 dead incarnation had committed: the step log (``steps.jsonl``), the completed events (``event``
 journal lines), the fired faults, the standbys started and the highest epoch ever handed out
-(snapshot and journal), and puts the run in :data:`Mode.ADOPTING`, expecting a hello from exactly
-the listed processes. The live agents reconnect with a :class:`~tmslurm.wire.messages.Rejoin`
+(snapshot and journal), and puts the run in :data:`Mode.ADOPTING`, expecting a hello from the
+listed processes but those its journal found lost. The live agents reconnect with a :class:`~tmslurm.wire.messages.Rejoin`
 (:mod:`tmslurm.agent.link`); :meth:`on_hello` records it. :meth:`tick` decides once every listed
 process said hello, or ``runtime.controller_lost_s`` after the start (the agents give up then):
 
@@ -62,7 +62,7 @@ from tmslurm.controller.membership import Membership
 from tmslurm.controller.recoveries import Recoveries
 from tmslurm.controller.snapshot import read_snapshot, read_steps
 from tmslurm.controller.plans import PlannedSwitch
-from tmslurm.controller.state import Agent, Mode
+from tmslurm.controller.state import Agent, Mode, found_gone
 from tmslurm.controller.switches import Switches
 from tmslurm.notices import Notice
 from tmslurm.wire.messages import Cancel, Decision, Joined, Rejoin
@@ -117,7 +117,7 @@ class Adoption:
         st.epochs = max([int(snap.get("epochs", 0)), int(snap.get("epoch", 0)), *seen])
         st.epoch = int(snap.get("epoch", 0))
         st.incarnation = int(snap.get("incarnation", 0))
-        st.expected = set(self.order.alive)
+        st.expected = set(self.order.alive) - found_gone(journal)  # not waited for: found lost already
         st.mode = Mode.ADOPTING
         self.ctx.events.restore([e for e in journal if e.get("type") == "event"],
                                 st.step_log[-1]["t_end"] if st.step_log else None)

@@ -11,6 +11,7 @@ id reads as "no agent" / "not alive".
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,26 @@ def agent_id(kind: str, ident: int, pid: int, conn: int) -> str:
 def process_of(aid: str) -> str:
     """The process an agent id names, whichever connection it came on: the id without ``#<connection>``."""
     return aid.split("#", 1)[0]
+
+
+def spawn_key(aid: str) -> tuple[str, int] | None:
+    """The (kind, id) an agent was spawned as (``worker3.4242#7`` -> ``("worker", 3)``), None if not an agent id."""
+    m = re.fullmatch(r"(worker|standby)(\d+)\.\d+(?:#\d+)?", aid)
+    return (m.group(1), int(m.group(2))) if m else None
+
+
+def found_gone(journal: list[dict[str, Any]]) -> set[tuple[str, int]]:
+    """The (kind, id) whose latest process the journal says was lost (its node lost, fenced, hung)
+    after it came up: a supervisor may still list one as alive (a powered-off node's srun lingers)."""
+    gone: set[tuple[str, int]] = set()
+    for e in journal:
+        aids = e.get("agents") if e.get("type") == "node_lost" else [e.get("agent")]
+        keys = {spawn_key(a) for a in aids or [] if isinstance(a, str)} - {None}
+        if e.get("type") == "agent_up":
+            gone -= keys
+        elif e.get("type") in ("node_lost", "fenced", "hung"):
+            gone |= keys
+    return gone
 
 
 @dataclass
