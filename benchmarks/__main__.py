@@ -1,10 +1,12 @@
-"""``python -m benchmarks {downtime,scaling,overhead,memory,roles,control,ckpt,soak,linkbw,statesize,zero,gray,project}`` (also ``scripts/bench``)."""
+"""``python -m benchmarks {downtime,chaos,scaling,overhead,memory,roles,control,ckpt,soak,linkbw,statesize,zero,gray,project}`` (also ``scripts/bench``)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+
+from benchmarks.chaosfaults import KINDS as CHAOS_KINDS
 
 
 def parser() -> argparse.ArgumentParser:
@@ -140,11 +142,26 @@ def parser() -> argparse.ArgumentParser:
     tl.add_argument("--step-delay-s", type=float, default=0.2, help="pace each step (train.step_delay_s)")
     tl.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for one boundary at most")
     tl.add_argument("--json", default="docs/bench/timelimit.json")
+    ch = sub.add_parser("chaos", help="random faults of every kind on the lab for --minutes, then the invariant checker (local Slurm)")
+    ch.add_argument("--minutes", type=float, default=60.0, help="how long faults are injected")
+    ch.add_argument("--kinds", default=",".join(CHAOS_KINDS), help="fault kinds, comma-separated")
+    ch.add_argument("--min-gap", type=float, default=20.0, help="least seconds between two faults")
+    ch.add_argument("--max-gap", type=float, default=60.0, help="most seconds between two faults")
+    ch.add_argument("--min-hold", type=float, default=10.0, help="least seconds a throttle, slow link or slurmctld outage lasts")
+    ch.add_argument("--max-hold", type=float, default=30.0, help="most seconds a throttle, slow link or slurmctld outage lasts")
+    ch.add_argument("--model", default="small")
+    ch.add_argument("--step-delay", type=float, default=0.5, help="pace each step (train.step_delay_s): fewer steps for the reference")
+    ch.add_argument("--checkpoint-every", type=int, default=50)
+    ch.add_argument("--max-controller-kills", type=int, default=50)
+    ch.add_argument("--max-lag", type=float, default=60.0, help="longest fault-to-event delay the checker accepts (s)")
+    ch.add_argument("--slurm-time", default="04:00:00", help="the main job's time limit")
+    ch.add_argument("--seed", type=int, default=0)
+    ch.add_argument("--json", default="docs/bench/chaos.json")
     t = sub.add_parser("tables", help="render docs/bench/*.json as markdown")
     t.add_argument("--dir", default="docs/bench")
     sub.add_parser("project", help="wasted GPU-hours per week at scale, tmslurm's downtime modelled part by part; "
                                    "options are benchmarks.sim.projection's")
-    for sp in (d, s, o, m, r, c, k, so, cr, sb, ss, z, g, tl):
+    for sp in (d, s, o, m, r, c, k, so, cr, sb, ss, z, g, tl, ch):
         sp.add_argument("--out", default=f"runs/bench-{stamp}")
     return ap
 
@@ -158,8 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     if rest:
         parser().error(f"unrecognized arguments: {' '.join(rest)}")
     module = __import__(f"benchmarks.{args.cmd}", fromlist=["main"])
-    module.main(args)
-    return 0
+    result = module.main(args)
+    return 1 if isinstance(result, dict) and result.get("passed") is False else 0
 
 
 if __name__ == "__main__":
