@@ -119,15 +119,18 @@ def test_a_fenced_spare_is_forgotten_before_its_cancel_runs(slurm, tmp_path):
     spawner.rank_node[2] = "n9"  # rank 2 is served by standby 0, which joined on n9
     spawner.fence("standby", 0)
     assert spawner.spare_job_ids() == ["91"] and lane.queued == ["fence-standby0"] and client.cancelled == []
-    assert spawner.spawn_worker(2, 1) is True
+    assert spawner.spawn_worker(2, 1) is True and lane.queued[-1] == "place-rank2"
+    spawner._place_waiting()  # what the lane does after looking at the spare jobs
     assert spawner.rank_node[2] == "n8" and spawner.spares["91"]["used_for_restart"] is True
 
 
 class JobClient(FakeClient):
-    """Also answers ``job``: spare job 92 has started on n7."""
+    """Also answers ``job``: spare job 92 has started on n7, 90 has ended, the others are pending."""
 
     def job(self, job_id):
-        return SimpleNamespace(nodes=["n7"], end_time=None) if job_id == "92" else SimpleNamespace(nodes=[], end_time=None)
+        if job_id == "92":
+            return SimpleNamespace(nodes=["n7"], end_time=None, state="RUNNING")
+        return SimpleNamespace(nodes=[], end_time=None, state="COMPLETED" if job_id == "90" else "PENDING")
 
 
 def test_a_restarted_rank_waits_for_a_queued_spare_and_starts_there(tmp_path, monkeypatch):
@@ -141,24 +144,29 @@ def test_a_restarted_rank_waits_for_a_queued_spare_and_starts_there(tmp_path, mo
                               lane=Lane(inline=True))
     spawner.main_nodes = ["n1", "n2"]  # n3 and n4 were given back
     spawner.spares = {"90": {"job_id": "90", "index": 0, "node": "n9", "used_for_restart": True},
-                      "92": {"job_id": "92", "index": 2, "node": None}}
-    spawner.rank_node[3] = "n4"
+                      "92": {"job_id": "92", "index": 2, "node": None}, "93": {"job_id": "93", "index": 3, "node": None}}
+    spawner.rank_node[3] = "n9"  # it restarted into spare job 90 before, and that job has ended since
+    spawner.lane = HeldLane()
     assert spawner.spawn_worker(3, 5) is True and list(spawner.waiting_ranks()) == [3] and not started
-    spawner.note_spare_node("")
+    spawner.lane = Lane(inline=True)
+    spawner._refresh_and_place()  # 90 ended: forgotten; 93 still pending; 92 runs on n7: rank 3 starts there
     assert spawner.waiting_ranks() == {} and spawner.rank_node[3] == "n7" and spawner.spares["92"]["used_for_restart"]
+    assert "90" not in spawner.spares and spawner.spares["93"]["node"] is None
     assert any("--jobid=92" in c and "--rank" in c and c[c.index("--rank") + 1] == "3" for c in started), started
-    spawner.spares.pop("92")
+    spawner.spares.clear()
     spawner.rank_node[2] = "n3"
-    assert spawner.spawn_worker(2, 6) is False  # nothing queued either: nowhere to run
+    assert spawner.spawn_worker(2, 6) is False  # no spare job at all: nowhere to run
 
 
 def test_a_new_restart_takes_a_waiting_rank_over(tmp_path, monkeypatch):
     monkeypatch.setattr(sp.subprocess, "Popen", lambda cmd, **kw: SimpleNamespace(poll=lambda: 0))
     cfg = compose_config(["cluster=slurm", "parallel.dp=2", "parallel.pp=2"])
-    spawner = sp.SlurmSpawner(tmp_path, cfg, JobClient(), "77", ["n1", "n2", "n3", "n4"], lane=Lane(inline=True))
+    spawner = sp.SlurmSpawner(tmp_path, cfg, JobClient(), "77", ["n1", "n2", "n3", "n4"], lane=HeldLane())
     spawner.main_nodes = ["n1", "n2", "n3"]
     spawner.spares = {"92": {"job_id": "92", "index": 2, "node": None}}
     spawner.rank_node[3] = "n4"
     assert spawner.spawn_worker(3, 5) is True and list(spawner.waiting_ranks()) == [3]
     spawner.rank_node[3] = "n3"  # the next restart finds it a home at once: no second start later
     assert spawner.spawn_worker(3, 6) is True and spawner.waiting_ranks() == {}
+    spawner._place_waiting()
+    assert spawner.rank_node[3] == "n3" and not spawner.spares["92"].get("used_for_restart")

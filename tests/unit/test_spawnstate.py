@@ -132,7 +132,8 @@ def test_a_pending_spare_may_use_a_node_once_it_healed(tmp_path, captured):
     updates: list[tuple[str, list[str]]] = []
     client = SimpleNamespace(
         nodes=lambda names: [NodeInfo(n, states[n], states[n], frozenset()) for n in names],
-        job=lambda job_id: SimpleNamespace(nodes=["n6"] if job_id == "92" else [], end_time=None),
+        job=lambda job_id: SimpleNamespace(nodes=["n6"] if job_id == "92" else [], end_time=None,
+                                           state="RUNNING" if job_id == "92" else "PENDING"),
         update_job_excludes=lambda job_id, nodes: updates.append((job_id, list(nodes))))
     cfg = compose_config(["cluster=slurm", "parallel.dp=2", "parallel.pp=2"])
     spawner = sp.SlurmSpawner(tmp_path, cfg, client, "77", ["n1", "n3", "n4", "n7"], background=lambda w, n: w(),
@@ -160,7 +161,8 @@ def test_a_pending_spare_may_use_a_node_once_it_healed(tmp_path, captured):
 ])
 def test_where_a_restarted_rank_runs(tmp_path, captured, rank_node, bad, spares, want):
     cfg = compose_config(["cluster=slurm", "parallel.dp=2", "parallel.pp=2"])
-    client = SimpleNamespace(nodes=lambda names: [])  # Slurm says nothing: bad nodes stay bad
+    client = SimpleNamespace(nodes=lambda names: [],  # Slurm says nothing: bad nodes stay bad; every spare runs
+                             job=lambda job_id: SimpleNamespace(nodes=[spares[job_id][0]], end_time=None, state="RUNNING"))
     spawner = sp.SlurmSpawner(tmp_path, cfg, client, "77", ["n1", "n2", "n3", "n4"], background=lambda w, n: w(),
                               lane=Lane(inline=True))
     spawner.rank_node[1] = rank_node

@@ -10,7 +10,8 @@ Contract (same interface as :class:`~tmslurm.controller.spawner.LocalSpawner`):
 - the first rank step on a node of the main job is preceded by that node's monitor, a step of its
   own (``python -m tmslurm.slurm.proc.orphan``: it also requeues the job if the controller is lost);
 - a rank restarted after its node left the job (checkpoint-restart fallback) runs as a step of a
-  spare job instead;
+  spare job instead, placed on the lane once the spare jobs were read (ended ones forgotten: a spare
+  job ends with its standbys); while none is up it waits for one (:meth:`waiting_ranks`);
 - :meth:`fence` kills only what it launched: a rank's own step (``scancel --signal=KILL`` of that
   step) or a standby's spare job; :meth:`stop_all` ends every step and cancels every spare job.
 - Nothing the controller's thread calls waits on Slurm: spare submission (with the node-state read
@@ -46,6 +47,8 @@ from tmslurm.slurm.placement import Placement, placement_from_config
 from tmslurm.slurm.submit import spare_renew_lead, submit_spare
 
 log = logging.getLogger(__name__)
+LIVE_JOB_STATES = ("PENDING", "CONFIGURING", "RUNNING", "RESIZING", "SUSPENDED", "REQUEUED")
+"""Job states in which a spare job may still run a step (any other: it ended or is ending)."""
 
 
 class SlurmSpawner:
@@ -127,33 +130,31 @@ class SlurmSpawner:
         self._changed()
 
     def spawn_worker(self, rank: int, incarnation: int) -> bool:
-        """Start rank's step on its node; off a bad node onto a spare when one is there; False when
-        the rank has nowhere to run (its node left the job and no spare allocation is up)."""
+        """Start rank's step on its node when that node is the main job's and healthy (or leaving
+        with no spare up: a draining node still runs steps). Else the rank is placed on the lane,
+        once the spare jobs were looked at (ended ones forgotten, started ones learnt): on the spare
+        it restarted on before if that still runs, else on one no rank uses; while none is up it
+        waits (:meth:`waiting_ranks`). False when it has nowhere to run at all (no spare job that is
+        queued, or up on a healthy node and free or its own)."""
         node = self.rank_node[rank]
         with self.lock:
             self.waiting.pop(rank, None)  # an earlier restart's wait is over: this one places it
-            bad = set(self.bad_nodes)
-            home = self.job_id if node in self.main_nodes else next(
-                (s["job_id"] for s in self.spares.values() if s.get("node") == node and s.get("used_for_restart")), None)
+            bad, in_main = node in self.bad_nodes, node in self.main_nodes
+            up = any(s.get("node") and not s.get("used_for_restart") for s in self.spares.values())
+            spares = any(s.get("node") is None or (s["node"] not in self.bad_nodes and (
+                not s.get("used_for_restart") or s["node"] == node)) for s in self.spares.values())
         self.lane.submit(self.still_bad, "refresh-bad-nodes")
-        if home is not None and node not in bad:  # its node in the main job, or the spare it restarted on before
-            self._srun(home, node, f"rank{rank}.{incarnation}", ["--rank", str(rank)])
-            return True
-        with self.lock:
-            spare = next((s for s in self.spares.values() if s.get("node") and not s.get("used_for_restart")), None)
-        if spare is None:
-            if node in self.main_nodes:  # a draining node still belongs to the job: restart there
+        if in_main and (not bad or not up):
+            if bad:
                 log.warning("rank %d restarts on %s (leaving, but no spare allocation is up)", rank, node)
-                self._srun(self.job_id, node, f"rank{rank}.{incarnation}", ["--rank", str(rank)])
-                return True
-            if not any(s.get("node") is None for s in self.spares.values()):
-                log.error("rank %d has no node to restart on (node %s left the job; no spare allocation)", rank, node)
-                return False
-            with self.lock:  # a spare job is queued or starting: the first one up takes it
-                self.waiting[rank] = (incarnation, time.monotonic())
-            log.warning("rank %d waits for a spare allocation to restart on (node %s left the job)", rank, node)
+            self._srun(self.job_id, node, f"rank{rank}.{incarnation}", ["--rank", str(rank)])
             return True
-        self._start_on_spare(rank, incarnation, spare)
+        if not spares:
+            log.error("rank %d has no node to restart on (node %s left the job; no spare allocation)", rank, node)
+            return False
+        with self.lock:
+            self.waiting[rank] = (incarnation, time.monotonic())
+        self.lane.submit(self._refresh_and_place, f"place-rank{rank}")
         return True
 
     def _start_on_spare(self, rank: int, incarnation: int, spare: dict[str, Any]) -> None:
@@ -162,16 +163,49 @@ class SlurmSpawner:
             self.rank_node[rank] = spare["node"]
         self._srun(spare["job_id"], spare["node"], f"rank{rank}.{incarnation}", ["--rank", str(rank)])
 
+    def _refresh_and_place(self) -> None:
+        self._refresh_spares()
+        self._place_waiting()
+
+    def _refresh_spares(self) -> None:
+        """Learn the nodes of spare jobs that started and forget those that ended (a spare job ends
+        with its standbys, and a rank restarted into it then: no rank may be started there again)."""
+        with self.lock:
+            ids = list(self.spares)
+        for job_id in ids:
+            try:
+                job = self.client.job(job_id)
+            except SlurmError as exc:
+                log.warning("cannot read spare job %s: %s", job_id, exc)
+                continue
+            with self.lock:
+                info = self.spares.get(job_id)
+                if info is None:
+                    continue
+                if job is None or job.state.upper() not in LIVE_JOB_STATES:
+                    del self.spares[job_id]
+                    log.info("spare job %s ended (%s): forgotten", job_id, "gone" if job is None else job.state)
+                elif job.nodes and info["node"] is None:
+                    info["node"] = job.nodes[0]
+                    info["end"] = job.end_time.timestamp() if job.end_time else None
+        self._changed()
+
     def _place_waiting(self) -> None:
-        """Start waiting ranks in spare jobs whose node is known and that no rank uses (on the lane)."""
+        """Start waiting ranks (on the lane): each on the spare it restarted on before if that still
+        runs, else on a started spare job no rank uses."""
         while True:
             with self.lock:
                 rank = min(self.waiting, default=None)
-                spare = next((s for s in self.spares.values() if s.get("node") and not s.get("used_for_restart")), None)
-                if rank is None or spare is None:
+                if rank is None:
+                    return
+                node, bad = self.rank_node[rank], self.bad_nodes
+                spare = next((s for s in self.spares.values() if s.get("node") == node and node not in bad
+                              and s.get("used_for_restart")), None) or next(
+                    (s for s in self.spares.values() if s.get("node") and s["node"] not in bad and not s.get("used_for_restart")), None)
+                if spare is None:
                     return
                 incarnation, _ = self.waiting.pop(rank)
-            log.info("rank %d starts on %s (spare job %s) after waiting for it", rank, spare["node"], spare["job_id"])
+            log.info("rank %d starts on %s (spare job %s)", rank, spare["node"], spare["job_id"])
             self._start_on_spare(rank, incarnation, spare)
 
     def waiting_ranks(self) -> dict[int, float]:
@@ -260,15 +294,7 @@ class SlurmSpawner:
         self.lane.submit(self._note_spare_nodes, "note-spare-nodes")
 
     def _note_spare_nodes(self) -> None:
-        with self.lock:
-            unknown = [info["job_id"] for info in self.spares.values() if info["node"] is None]
-        for job_id in unknown:
-            job = self._job(job_id)
-            if job is not None and job.nodes:
-                with self.lock:
-                    self.spares[job_id]["node"] = job.nodes[0]
-                    self.spares[job_id]["end"] = job.end_time.timestamp() if job.end_time else None
-                self._changed()
+        self._refresh_spares()
         with self.lock:
             unconfirmed = bool(self.unconfirmed)
         if unconfirmed:  # learn as soon as Slurm flags a node we found dead, so that it can heal later
