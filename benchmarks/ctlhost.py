@@ -48,6 +48,9 @@ class NullSpawner:
     def stop_all(self, grace_s: float = 0.0) -> None:
         return None
 
+    def pending_standbys(self) -> list[int]:
+        return []
+
     def node_of_rank(self, rank: int) -> str:
         return f"sim{rank // self.ranks_per_node}"
 

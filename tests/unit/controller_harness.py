@@ -51,6 +51,8 @@ class FakeSpawner:
         self.workers: list[tuple[int, int]] = []
         self.standbys: list[int] = []
         self.fenced: list[tuple[str, int]] = []
+        self.pending: list[int] = []
+        """Standby ids whose (simulated) allocation is still queued."""
 
     def spawn_worker(self, rank: int, incarnation: int) -> bool:
         self.workers.append((rank, incarnation))
@@ -67,6 +69,9 @@ class FakeSpawner:
 
     def node_of_rank(self, rank: int) -> str:
         return f"n{rank}"
+
+    def pending_standbys(self) -> list[int]:
+        return list(self.pending)
 
 
 class FakeCluster(LocalHooks):

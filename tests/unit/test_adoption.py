@@ -451,3 +451,20 @@ def test_a_listed_process_the_dead_controller_found_lost_is_not_waited_for(tmp_p
     h.ctl.ctx.journal.write("agent_up", agent="worker2.5151#9", node="n2", pid=5151)
     r = Restarted(tmp_path, ALL)
     assert r.ctl.state.expected == {("standby", 0), ("worker", 0), ("worker", 2), ("worker", 3)}
+
+
+def test_standbys_whose_spare_job_is_still_queued_stay_expected_after_the_adoption(tmp_path):
+    """Standbys 5 and 6 were asked for by the dead controller; their spare jobs are still queued
+    (no process yet, so the supervisor does not list them). The new controller keeps expecting them:
+    their hello is accepted when their jobs start (found by the chaos soak: refused, 'no standby 6
+    is expected', their jobs ended, and the next restart found no spare allocation)."""
+    first_incarnation(tmp_path)
+    r = Restarted(tmp_path, ALL)
+    r.ctl.ctx.spawner.pending = [0, 5, 6]  # standby 0 is connected: not expected twice
+    r.hello("s0", "standby", 0, rejoin(None, None))
+    for rank in range(4):
+        r.hello(rank, "worker", rank, rejoin(rank, COMMITTED - 1))
+    r.ctl.adoption.tick()
+    assert r.journal("adopted") and r.ctl.state.expected == {("standby", 5), ("standby", 6)}
+    ch = r.hello("s6", "standby", 6, None)
+    assert not any(m.get("type") == "error" for m in ch.sent), ch.sent

@@ -146,6 +146,7 @@ def test_a_restarted_rank_waits_for_a_queued_spare_and_starts_there(tmp_path, mo
     spawner.spares = {"90": {"job_id": "90", "index": 0, "node": "n9", "used_for_restart": True},
                       "92": {"job_id": "92", "index": 2, "node": None}, "93": {"job_id": "93", "index": 3, "node": None}}
     spawner.rank_node[3] = "n9"  # it restarted into spare job 90 before, and that job has ended since
+    assert spawner.pending_standbys() == [0, 2, 3]  # a restarted controller keeps expecting these
     spawner.lane = HeldLane()
     assert spawner.spawn_worker(3, 5) is True and list(spawner.waiting_ranks()) == [3] and not started
     spawner.lane = Lane(inline=True)

@@ -135,8 +135,8 @@ class Adoption:
             agent.rank, agent.expected_exit = rejoin.rank, True
 
     def on_joined(self, agent: Agent, msg: Joined) -> None:
-        """A joiner finished while adopting (only a committed switch activates one): it serves the rank
-        from now on, so that its votes count; its report waits for the switch to be taken back."""
+        """A joiner finished while adopting (a committed switch): it serves the rank from now on (its
+        votes count); its report waits for the switch to be taken back."""
         self.joins[agent.aid] = msg
         st = self.ctx.state
         if agent.rank is None and st.agent_of(msg.rank) is None:
@@ -168,8 +168,7 @@ class Adoption:
             self._adopt()
 
     def _drop_stray_joins(self) -> None:
-        """A ``joined`` while adopting that is not the completed switch's (a recovery's join): the slot
-        it was given meanwhile, and its vote, are taken back; it is ignored, as before a restart."""
+        """A ``joined`` while adopting not of the completed switch (a recovery's): slot and vote taken back."""
         st = self.ctx.state
         ours = {j.agent.aid for j in self.completion.joiners.values()} if self.completion is not None else set()
         for aid, msg in self.joins.items():
@@ -203,8 +202,7 @@ class Adoption:
             return c.rejoin.step - 1
         return self.ctx.state.start_step - 1
 
-    def _missing(self, workers: dict[int, Claim]) -> str | None:
-        """Why the ranks that came back are not enough to decide anything; None: they are."""
+    def _missing(self, workers: dict[int, Claim]) -> str | None:  # why the ranks back are not enough; None: they are
         if not workers:
             return "no rank came back"
         if any(c.rejoin is None for c in workers.values()):
@@ -373,11 +371,13 @@ class Adoption:
             "restart_s": max(0.0, up - died), "adopt_s": max(0.0, now - up)})
 
     def _fence_missing(self) -> list[str]:
+        """Fence the listed processes that never came back; keep expecting standbys still queued."""
         st = self.ctx.state
         missing = sorted(st.expected)
         for kind, ident in missing:
             self.ctx.spawner.fence(kind, ident)
-        st.expected.clear()
+        here = {(a.kind, a.ident) for a in st.agents.values() if a.alive}
+        st.expected = {("standby", i) for i in self.ctx.spawner.pending_standbys()} - here - set(missing)
         return [f"{k}{i}" for k, i in missing]
 
     def _refuse(self, why: str) -> None:

@@ -35,6 +35,9 @@ class Spawner(Protocol):
     def stop_all(self, grace_s: float = 0.0) -> None:
         """End every process/step/job this spawner started, after up to ``grace_s`` for them to exit on their own."""
     def node_of_rank(self, rank: int) -> str: ...
+    def pending_standbys(self) -> list[int]:
+        """Standby ids whose allocation was asked for and may still start (a queued spare job): a
+        restarted controller keeps expecting them. [] where every live one is listed by the supervisor."""
 
 
 def agent_env(cfg: RunConfig) -> dict[str, str]:
@@ -57,6 +60,9 @@ class LocalSpawner:
         self.handles: dict[tuple[str, int], subprocess.Popen] = {}
         self.monitored: set[str] = set()
         RunDir(self.run_dir).logs.mkdir(parents=True, exist_ok=True)
+
+    def pending_standbys(self) -> list[int]:
+        return []  # a local standby is a process from the start: the supervisor lists it
 
     def node_of_rank(self, rank: int) -> str:
         return local_node(self.cfg, rank)

@@ -88,6 +88,9 @@ class PipeSpawner:
     def stop_all(self, grace_s: float = 0.0) -> None:
         self._send(StopAll(grace_s=grace_s))
 
+    def pending_standbys(self) -> list[int]:
+        return []  # the supervisor's own spawner starts local processes: it lists every live one
+
     def node_of_rank(self, rank: int) -> str:
         return local_node(self.cfg, rank)
 

@@ -208,6 +208,11 @@ class SlurmSpawner:
             log.info("rank %d starts on %s (spare job %s)", rank, spare["node"], spare["job_id"])
             self._start_on_spare(rank, incarnation, spare)
 
+    def pending_standbys(self) -> list[int]:
+        """The standby ids of every spare job not known to have ended (queued, starting or running)."""
+        with self.lock:
+            return sorted(s["index"] * self.rpn + i for s in self.spares.values() for i in range(self.rpn))
+
     def waiting_ranks(self) -> dict[int, float]:
         """Ranks still waiting for a spare allocation, with how long (seconds)."""
         now = time.monotonic()
