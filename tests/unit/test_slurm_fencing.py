@@ -171,3 +171,36 @@ def test_a_new_restart_takes_a_waiting_rank_over(tmp_path, monkeypatch):
     assert spawner.spawn_worker(3, 6) is True and spawner.waiting_ranks() == {}
     spawner._place_waiting()
     assert spawner.rank_node[3] == "n3" and not spawner.spares["92"].get("used_for_restart")
+
+
+class DroppedClient(JobClient):
+    """The main job 77 has lost n3 (Slurm drops a failed node from a --no-kill job); n3 is repaired."""
+
+    def job(self, job_id):
+        if job_id == "77":
+            return SimpleNamespace(nodes=["n1", "n2", "n4"], end_time=None, state="RUNNING")
+        return super().job(job_id)
+
+    def update_job_nodelist(self, job_id, nodes):
+        raise sp.SlurmError("Invalid node name specified for job 77")
+
+
+def test_a_node_slurm_dropped_from_the_main_job_is_forgotten_and_never_restarted_into(tmp_path, monkeypatch):
+    """Found by the chaos soak: the spawner still counted n3 as the main job's, so a restart launched
+    rank 2 there as a step of the main job (srun failed at once, the run restarted in a loop), and
+    giving n3 back failed ('Invalid node name')."""
+    monkeypatch.setattr(sp.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 0, "", ""))
+    started: list[list[str]] = []
+    monkeypatch.setattr(sp.subprocess, "Popen", lambda cmd, **kw: started.append(cmd) or SimpleNamespace(poll=lambda: 0))
+    cfg = compose_config(["cluster=slurm", "parallel.dp=2", "parallel.pp=2"])
+    spawner = sp.SlurmSpawner(tmp_path, cfg, DroppedClient(), "77", ["n1", "n2", "n3", "n4"], background=lambda w, n: w(),
+                              lane=Lane(inline=True))
+    released: list[str] = []
+    spawner.release_node("n3", released.append)
+    assert released == ["n3"] and spawner.main_nodes == ["n1", "n2", "n4"]
+    spawner.main_nodes.append("n3")  # stale again; the periodic look at the jobs forgets it
+    spawner.spares = {"92": {"job_id": "92", "index": 2, "node": None}}
+    spawner.note_spare_node("")
+    assert spawner.main_nodes == ["n1", "n2", "n4"]
+    assert spawner.spawn_worker(2, 4) is True and spawner.rank_node[2] == "n7"  # onto the spare, not into job 77
+    assert not any("--jobid=77" in c and "-wn3" in c for c in started), started

@@ -162,7 +162,8 @@ def test_a_pending_spare_may_use_a_node_once_it_healed(tmp_path, captured):
 def test_where_a_restarted_rank_runs(tmp_path, captured, rank_node, bad, spares, want):
     cfg = compose_config(["cluster=slurm", "parallel.dp=2", "parallel.pp=2"])
     client = SimpleNamespace(nodes=lambda names: [],  # Slurm says nothing: bad nodes stay bad; every spare runs
-                             job=lambda job_id: SimpleNamespace(nodes=[spares[job_id][0]], end_time=None, state="RUNNING"))
+                             job=lambda job_id: SimpleNamespace(nodes=["n1", "n2", "n3", "n4"] if job_id == "77" else [spares[job_id][0]],
+                                                                end_time=None, state="RUNNING"))
     spawner = sp.SlurmSpawner(tmp_path, cfg, client, "77", ["n1", "n2", "n3", "n4"], background=lambda w, n: w(),
                               lane=Lane(inline=True))
     spawner.rank_node[1] = rank_node

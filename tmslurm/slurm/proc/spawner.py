@@ -167,9 +167,27 @@ class SlurmSpawner:
         self._refresh_spares()
         self._place_waiting()
 
+    def _refresh_main_nodes(self) -> None:
+        """Forget main-job nodes Slurm no longer lists (a --no-kill job drops a node that failed): no
+        rank may be started there as a step of the main job once the node is repaired."""
+        try:
+            job = self.client.job(self.job_id)
+        except SlurmError as exc:
+            log.warning("cannot read the main job %s: %s", self.job_id, exc)
+            return
+        if job is None or not job.nodes:
+            return
+        with self.lock:
+            gone = [n for n in self.main_nodes if n not in job.nodes]
+            self.main_nodes = [n for n in self.main_nodes if n in job.nodes]
+        if gone:
+            log.info("nodes %s are no longer in job %s (Slurm dropped them)", ",".join(gone), self.job_id)
+            self._changed()
+
     def _refresh_spares(self) -> None:
         """Learn the nodes of spare jobs that started and forget those that ended (a spare job ends
         with its standbys, and a rank restarted into it then: no rank may be started there again)."""
+        self._refresh_main_nodes()
         with self.lock:
             ids = list(self.spares)
         for job_id in ids:
@@ -397,7 +415,14 @@ class SlurmSpawner:
         try:
             self.client.update_job_nodelist(self.job_id, rest)
         except SlurmError as exc:
-            log.error("cannot release node %s from job %s: %s", node, self.job_id, exc)
+            self._refresh_main_nodes()  # a --no-kill job loses a node that died: Slurm may have done it
+            with self.lock:
+                dropped = node not in self.main_nodes
+            if not dropped:
+                log.error("cannot release node %s from job %s: %s", node, self.job_id, exc)
+                return
+            log.info("node %s had left job %s already (Slurm dropped it)", node, self.job_id)
+            released(node)
             return
         with self.lock:
             self.main_nodes = [n for n in self.main_nodes if n != node]
