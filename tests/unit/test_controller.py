@@ -6,6 +6,7 @@ switch, a late vote of a fenced process, a notice for an unknown node, a standby
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -366,6 +367,47 @@ def test_a_notice_survives_a_checkpoint_restart_and_is_planned_once_the_ranks_ar
     assert isinstance(h.state.plan, PlannedSwitch) and h.state.plan.ranks == [1] and not h.state.pending_notices
     assert h.ctl.summary.write()["pending_notices"] == []
 
+
+class RequeueCluster(FakeCluster):
+    def __init__(self) -> None:
+        super().__init__()
+        self.requeued: list[list[str]] = []
+
+    def can_requeue(self) -> bool:
+        return True
+
+    def requeue(self, exclude: list[str]) -> bool:
+        self.requeued.append(list(exclude))
+        return True
+
+
+class Nowhere(FakeSpawner):
+    """Rank 2 has no node left in the job and no spare allocation to go to."""
+
+    def spawn_worker(self, rank: int, incarnation: int) -> bool:
+        super().spawn_worker(rank, incarnation)
+        return rank != 2
+
+
+@pytest.mark.parametrize("can_requeue", [True, False])
+def test_a_restart_with_a_rank_that_has_nowhere_to_run_requeues_the_job_or_ends(tmp_path, can_requeue):
+    """Found by the chaos soak: on a small cluster whose spare allocations all hold ranks already, a
+    checkpoint restart ended the run. Where Slurm can requeue, the job is requeued instead (a fresh
+    allocation of every node, resumed from the same checkpoint: exact); else the run ends, never hangs."""
+    cluster = RequeueCluster() if can_requeue else FakeCluster()
+    h = Harness(tmp_path, 2, 2, 0, cluster=lambda cfg: (Nowhere(), cluster))
+    h.disconnect(2)
+    h.abort_all([0, 1, 3])
+    assert h.state.mode is Mode.FINISHED
+    if can_requeue:
+        (rq,) = h.journal("requeue")
+        assert rq["kind"] == "no_node_requeue" and "no node in this job for ranks [2]" in rq["cause"]
+        assert cluster.requeued == [[]] and h.state.requeued and not h.journal("run_failed")
+        saved = json.loads((tmp_path / "requeue.json").read_text())
+        assert saved["kind"] == "no_node_requeue" and not [e for e in saved["events"] if e.get("kind") == "restart"]
+    else:
+        (failed,) = h.journal("run_failed")
+        assert failed["reason"] == "no node to restart ranks [2]" and not h.journal("requeue")
 
 def test_replenish_counts_the_standbys_still_starting_not_every_one_ever_started(tmp_path):
     """A restarted controller knows only the standbys that came back, while ``standbys_started``

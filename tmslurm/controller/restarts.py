@@ -5,9 +5,10 @@ Contract (on the controller's thread; nothing here raises into the loop):
   the latest complete checkpoint, or step 0; the lost steps are redone, so the result stays exact.
   With ``runtime.restart_mode=requeue_restart`` and a cluster that can requeue, it requeues instead.
   A rank whose node left the job starts on a spare allocation; while one is still queued or
-  starting it waits for it (:meth:`ClusterHooks.waiting_ranks`), and a rank with nowhere to run, or
-  still waiting after ``runtime.connect_timeout_s``, ends the run (``failed``) instead of hanging;
-  its checkpoint stays.
+  starting it waits for it (:meth:`ClusterHooks.waiting_ranks`). A rank with nowhere to run in the
+  job requeues it where the cluster can (``no_node_requeue``: Slurm allocates every node anew, the
+  run resumes from the same checkpoint), else ends the run (``failed``); one still waiting after
+  ``runtime.connect_timeout_s`` ends it too. Never a hang; the checkpoint stays.
   Nodes the restarted ranks moved off (bad nodes; their ranks now run on spares) are given back.
 - :meth:`Restarts.requeue` saves the step log and the open event to ``requeue.json`` and requeues
   the job (optionally away from nodes); :meth:`resume_after_requeue` (at start-up) completes that
@@ -66,7 +67,18 @@ class Restarts:
         rec["stop_s"] = time.time() - t0
         self.ctx.journal.write("restart", epoch=self.state.epoch, cause=cause, from_step=k, lost_steps=target - k)
         log.warning("restarting every rank from checkpoint step %d (%s)", k, cause)
-        self._respawn_all(k)
+        failed = self._respawn_all(k)
+        if failed and self.ctx.hooks.can_requeue():  # no node left for them in this job: Slurm allocates anew
+            self.ctx.events.items.remove(rec)
+            log.warning("ranks %s have no node to restart on in this job: requeueing it", failed)
+            self.requeue(f"{cause}; no node in this job for ranks {failed}", ranks, trigger, detect_t, failure_t,
+                         exclude=[], kind="no_node_requeue")
+        elif failed:  # never hang: end the run with what it has, the checkpoint stays for a resume
+            log.error("ranks %s cannot be restarted anywhere; ending the run (resume with train.resume_from)", failed)
+            self.state.failed_reason = f"no node to restart ranks {failed}"
+            self.ctx.journal.write("run_failed", reason=self.state.failed_reason)
+            self._stop_all_ranks()
+            self.state.mode = Mode.FINISHED
 
     def _record(self, kind: str, trigger: str, cause: str, ranks: list[int], detect_t: float, failure_t: float | None,
                 target: int, from_step: int) -> dict[str, Any]:
@@ -86,7 +98,7 @@ class Restarts:
                 agent.expected_exit = True
                 self.members.kill(agent)
 
-    def _respawn_all(self, from_step: int) -> None:
+    def _respawn_all(self, from_step: int) -> list[int]:
         st = self.state
         st.step = st.resume_step = from_step
         st.votes = {}
@@ -100,12 +112,7 @@ class Restarts:
         if left and not failed:  # ranks moved off these (bad) nodes: give them back, as a switch does
             self.ctx.hooks.release_nodes(left, lambda node: self.ctx.submit(Released(node)))
         st.mode = Mode.RUNNING
-        if failed:  # never hang: end the run with what it has, the checkpoint stays for a resume
-            log.error("ranks %s cannot be restarted anywhere; ending the run (resume with train.resume_from)", failed)
-            st.failed_reason = f"no node to restart ranks {failed}"
-            self.ctx.journal.write("run_failed", reason=st.failed_reason)
-            self._stop_all_ranks()
-            st.mode = Mode.FINISHED
+        return failed
 
     def on_started(self, msg: Started) -> None:
         rec = next((r for r in reversed(self.ctx.events.items)
