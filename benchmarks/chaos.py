@@ -1,6 +1,6 @@
 """``python -m benchmarks chaos``: random faults on the failure lab for ``--minutes``, then the chaos checker.
 
-Contract: on the local Slurm cluster (``scripts/local-slurm up --nodes 8``), one ``cluster=slurm`` run
+Contract: on the local Slurm cluster (``scripts/local-slurm up``, 6 nodes or more), one ``cluster=slurm`` run
 (DP2 x PP2, ``--model``, two warm standbys replenished, ``runtime.gray_evict=true``, a checkpoint
 every ``--checkpoint-every`` steps, steps paced by ``--step-delay``) takes a fault every
 ``--min-gap``..``--max-gap`` seconds (uniform, seeded by ``--seed``) for ``--minutes`` once both
@@ -48,6 +48,10 @@ def overrides(args: argparse.Namespace) -> list[str]:
             "runtime.gray_evict=true", f"runtime.controller_restarts={args.max_controller_kills + 1}",
             f"train.checkpoint_every={args.checkpoint_every}", f"train.step_delay_s={args.step_delay}",
             "train.steps=100000000", "slurm.partition=debug", f"slurm.time={args.slurm_time}", "slurm.poll_interval_s=0.5"]
+
+
+def lab_nodes() -> int:
+    return len(set(sh("sinfo", "-h", "-N", "-o", "%N", check=False, timeout=30).split()))
 
 
 def batch_host(job_id: str) -> str | None:
@@ -260,7 +264,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
 def _result(args: argparse.Namespace, chaos: Chaos, summary: dict[str, Any], report: Any, left: list[dict[str, Any]],
             soaked_s: float, npids: int) -> dict[str, Any]:
     return {"command": recorded_command("chaos"), "commit": commit(), "date": datetime.date.today().isoformat(),
-            "setup": {"cluster": "local Slurm failure lab (scripts/local-slurm up --nodes 8), one rank per node, one 2-core host",
+            "setup": {"cluster": f"local Slurm failure lab of {lab_nodes()} nodes (scripts/local-slurm up), one rank per node, one 2-core host",
                       "layout": "DP2 x PP2", "model": args.model, "standbys": "2, replenished",
                       "gap_s": [args.min_gap, args.max_gap], "hold_s": [args.min_hold, args.max_hold], "seed": args.seed,
                       "step_delay_s": args.step_delay, "checkpoint_every": args.checkpoint_every},
