@@ -133,15 +133,21 @@ class JobClient(FakeClient):
         return SimpleNamespace(nodes=[], end_time=None, state="COMPLETED" if job_id == "90" else "PENDING")
 
 
-def test_a_restarted_rank_waits_for_a_queued_spare_and_starts_there(tmp_path, monkeypatch):
-    """Every spare allocation that is up already hosts a restarted rank, one more is queued: the rank
-    whose node left the job waits for it (instead of the run ending) and starts there once it runs."""
+def recording_spawner(tmp_path, monkeypatch, client) -> tuple[sp.SlurmSpawner, list[list[str]]]:
+    """A spawner on ``client`` whose Slurm commands do nothing; the processes it starts are recorded."""
     monkeypatch.setattr(sp.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 0, "", ""))
     started: list[list[str]] = []
     monkeypatch.setattr(sp.subprocess, "Popen", lambda cmd, **kw: started.append(cmd) or SimpleNamespace(poll=lambda: 0))
     cfg = compose_config(["cluster=slurm", "parallel.dp=2", "parallel.pp=2"])
-    spawner = sp.SlurmSpawner(tmp_path, cfg, JobClient(), "77", ["n1", "n2", "n3", "n4"], background=lambda work, name: work(),
+    spawner = sp.SlurmSpawner(tmp_path, cfg, client, "77", ["n1", "n2", "n3", "n4"], background=lambda work, name: work(),
                               lane=Lane(inline=True))
+    return spawner, started
+
+
+def test_a_restarted_rank_waits_for_a_queued_spare_and_starts_there(tmp_path, monkeypatch):
+    """Every spare allocation that is up already hosts a restarted rank, one more is queued: the rank
+    whose node left the job waits for it (instead of the run ending) and starts there once it runs."""
+    spawner, started = recording_spawner(tmp_path, monkeypatch, JobClient())
     spawner.main_nodes = ["n1", "n2"]  # n3 and n4 were given back
     spawner.spares = {"90": {"job_id": "90", "index": 0, "node": "n9", "used_for_restart": True},
                       "92": {"job_id": "92", "index": 2, "node": None}, "93": {"job_id": "93", "index": 3, "node": None}}
@@ -189,12 +195,7 @@ def test_a_node_slurm_dropped_from_the_main_job_is_forgotten_and_never_restarted
     """Found by the chaos soak: the spawner still counted n3 as the main job's, so a restart launched
     rank 2 there as a step of the main job (srun failed at once, the run restarted in a loop), and
     giving n3 back failed ('Invalid node name')."""
-    monkeypatch.setattr(sp.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 0, "", ""))
-    started: list[list[str]] = []
-    monkeypatch.setattr(sp.subprocess, "Popen", lambda cmd, **kw: started.append(cmd) or SimpleNamespace(poll=lambda: 0))
-    cfg = compose_config(["cluster=slurm", "parallel.dp=2", "parallel.pp=2"])
-    spawner = sp.SlurmSpawner(tmp_path, cfg, DroppedClient(), "77", ["n1", "n2", "n3", "n4"], background=lambda w, n: w(),
-                              lane=Lane(inline=True))
+    spawner, started = recording_spawner(tmp_path, monkeypatch, DroppedClient())
     released: list[str] = []
     spawner.release_node("n3", released.append)
     assert released == ["n3"] and spawner.main_nodes == ["n1", "n2", "n4"]
