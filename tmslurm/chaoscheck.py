@@ -297,13 +297,19 @@ def journal_faults(journal: list[dict[str, Any]]) -> list[InjectedFault]:
 
 
 def run_events(files: RunFiles) -> list[dict[str, Any]]:
-    """The summary's events, plus completed ones (journal ``event``) it lost with an earlier job."""
+    """The summary's events, plus completed ones (journal ``event``) it lost with an earlier job,
+    plus the notices still pending at the end (kind ``pending_notice``: the run saw the fault and was
+    waiting, e.g. for a warm standby, when the run ended or the admin withdrew it)."""
     events = [e for e in files.summary.get("events") or [] if isinstance(e, dict)]
     keys = {_event_key(e) for e in events}
     for e in files.journal:
         if e.get("type") == "event" and _event_key(e) not in keys:
             keys.add(_event_key(e))
             events.append({k: v for k, v in e.items() if k not in ("t", "type")})
+    for n in files.summary.get("pending_notices") or []:
+        if isinstance(n, dict) and isinstance(n.get("time"), (int, float)):
+            events.append({"kind": "pending_notice", "cause": n.get("reason"), "node": n.get("node") or "",
+                           "ranks": [n["rank"]] if isinstance(n.get("rank"), int) else [], "notice_t": n["time"]})
     return sorted(events, key=lambda e: _event_t(e) or 0.0)
 
 

@@ -444,3 +444,19 @@ def test_real_local_run_with_a_kill_and_a_drain_passes(tmp_path):
     broken = copy.deepcopy(ref)
     broken["final_params_sha256"] = "00" * 32
     assert not check_run(tmp_path / "chaos", reference=broken).passed
+
+
+@pytest.mark.parametrize("pending,status", [(True, "PASS"), (False, "FAIL")])
+def test_a_drain_the_run_was_still_waiting_on_is_explained_by_its_pending_notice(tmp_path, pending, status):
+    """A driver's drain at the very end of a soak: the run saw the notice but was waiting (for a warm
+    standby) when the admin withdrew it; the summary's pending notice is its event. Without it the
+    fault has none."""
+    run = switch_run()
+    if pending:
+        run["summary"]["pending_notices"] = [{"kind": "maintenance", "node": "n3", "rank": None, "reason": "DRAIN",
+                                              "time": T0 + 18.4}]
+    drain = InjectedFault(t=T0 + 18.0, kind="drain", ranks=(3,), nodes=("n3",))
+    report = check_run(write_run(tmp_path / "run", run), faults=[drain])
+    (faults,) = [c for c in report.checks if c.name == "faults"]
+    assert faults.status == status, faults.offending
+    assert (report.events_by_kind.get("pending_notice") == 1) is pending
