@@ -138,6 +138,8 @@ def test_settled_needs_no_event_in_flight_and_the_whole_pool_warm():
     assert not settled(status(standbys=[{"roles": ["stage0"], "busy": False}] * 2), 2)
     assert not settled(status(standbys=warm, events=[{"status": "switching"}]), 2)
     assert not settled(status(standbys=warm, mode="recovering"), 2)
+    assert settled(status(standbys=warm[:1]), 0)  # the end's fallback: no event in flight, whatever the pool
+    assert not settled(status(standbys=warm[:1], events=[{"status": "switching"}]), 0)
 
 
 def test_the_run_has_two_replenished_standbys_and_a_restart_budget():
