@@ -190,6 +190,7 @@ class SlurmSpawner:
         self._refresh_main_nodes()
         with self.lock:
             ids = list(self.spares)
+        changed = False
         for job_id in ids:
             try:
                 job = self.client.job(job_id)
@@ -202,11 +203,14 @@ class SlurmSpawner:
                     continue
                 if job is None or job.state.upper() not in LIVE_JOB_STATES:
                     del self.spares[job_id]
+                    changed = True
                     log.info("spare job %s ended (%s): forgotten", job_id, "gone" if job is None else job.state)
                 elif job.nodes and info["node"] is None:
                     info["node"] = job.nodes[0]
                     info["end"] = job.end_time.timestamp() if job.end_time else None
-        self._changed()
+                    changed = True
+        if changed:  # spawner.json is written only when something changed (this runs every 20 steps)
+            self._changed()
 
     def _place_waiting(self) -> None:
         """Start waiting ranks (on the lane): each on the spare it restarted on before if that still
