@@ -263,13 +263,13 @@ def test_sbatch_wrapper_path_with_overrides(slurm, tmp_path, tmp_path_factory):
     assert exact(s, ref), s
 
 
-@pytest.mark.parametrize("relay", ["false", "true"], ids=["direct", "node-relays"])
-def test_two_ranks_per_node_move_together(slurm, tmp_path, tmp_path_factory, relay):
+def test_two_ranks_per_node_move_together_through_node_relays(slurm, tmp_path, tmp_path_factory):
     """With ``runtime.relay=true`` each node's two ranks (and its standbys) reach the controller through
-    their node monitor's relay, on Slurm's nodes: one relay connection per node, same exact result."""
+    their node monitor's relay, on Slurm's nodes: one relay connection per node, same exact result.
+    (Relays at one rank per node: test_lab_faults.)"""
     ref = reference_hash(tmp_path_factory, "parallel.dp=2", "parallel.pp=2")
     run = SlurmRun(slurm, tmp_path / "run", ["parallel.dp=2", "parallel.pp=2", "parallel.ranks_per_node=2",
-                                             "standby.count=1", f"runtime.relay={relay}", *COMMON])
+                                             "standby.count=1", "runtime.relay=true", *COMMON])
     st = run.wait_step(8)
     node = next(r["node"] for r in st["ranks"] if r["rank"] == 2)
     assert sorted(r["rank"] for r in st["ranks"] if r["node"] == node) == [2, 3]
@@ -281,7 +281,5 @@ def test_two_ranks_per_node_move_together(slurm, tmp_path, tmp_path_factory, rel
     assert sorted(ev["ranks"]) == [2, 3] and len(set(ev["standby"].split(","))) == 2
     assert exact(s, ref), s
     relays = [e["node"] for e in run.journal() if e["type"] == "relay"]
-    if relay == "true":  # one relay per node: the two training nodes, the spare and (maybe) its refill
-        assert len(relays) >= 3 and len(set(relays)) == len(relays) and node in relays, relays
-    else:
-        assert relays == []
+    # one relay per node: the two training nodes, the spare and (maybe) its refill
+    assert len(relays) >= 3 and len(set(relays)) == len(relays) and node in relays, relays
