@@ -1,7 +1,7 @@
 """``bench tables``: render the figures in ``docs/bench/*.json`` as markdown tables.
 
 Contract: reads whichever of downtime.json, scaling.json, memory.json, overhead.json and
-projection.json exist in ``--dir`` and prints markdown (used to write docs/benchmarks.md, so the
+chaos.json exist in ``--dir`` and prints markdown (used to write docs/benchmarks.md, so the
 page shows exactly the measured numbers). Missing files are skipped with a note.
 """
 
@@ -55,9 +55,33 @@ def overhead(d: dict[str, Any]) -> str:
                       "", f"Slowdown: **{d['slowdown_pct']:+.2f}%** (target ≤ 3%)."])
 
 
+def _counts(d: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(d.items())) or "none"
+
+
+def chaos(d: dict[str, Any]) -> str:
+    """The soak (benchmarks/chaos.py): what was injected, what the run did, what the checker found."""
+    dt, st = d["downtime_s"], d["setup"]
+    checks = ", ".join(f"{k} {v['status']}" for k, v in d["checks"].items())
+    rows = [("soak", f"{d['soak_minutes']:.1f} min, {d['steps']} steps, {st['layout']}, model={st['model']}, "
+                     f"standbys {st['standbys']}, a fault every {st['gap_s'][0]:g}-{st['gap_s'][1]:g} s (seed {st['seed']})"),
+            ("faults", f"{d['faults']}: {_counts(d['faults_by_kind'])}"),
+            ("events", f"{sum(d['events_by_kind'].values())}: {_counts(d['events_by_kind'])}"),
+            ("switches / checkpoint fallbacks", f"{d['switches']} / {d['checkpoint_fallbacks']}"),
+            ("downtime per event", f"n={dt['n']}, p50 {_f(dt['p50'])}, p90 {_f(dt['p90'])}, max {_f(dt['max'])}"),
+            ("downtime in all", _f(d["downtime_total_s"], "s", 1)),
+            ("false alarms", str(len(d["false_alarms"]))),
+            ("processes left over", f"{len(d['leftover_processes'])} (of {d['pids_checked']} pids checked, and a /proc scan)"),
+            ("checks", checks),
+            ("passed", "**yes**" if d["passed"] else "**no**"),
+            ("commit, date", f"{d['commit']}, {d['date']}")]
+    return "\n".join(["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])
+
+
 def main(args: Any) -> int:
     root = Path(args.dir)
-    for name, fn in (("downtime", downtime), ("scaling", scaling), ("memory", memory), ("overhead", overhead)):
+    for name, fn in (("downtime", downtime), ("scaling", scaling), ("memory", memory), ("overhead", overhead),
+                     ("chaos", chaos)):
         path = root / f"{name}.json"
         print(f"\n### {name}\n")
         print(fn(json.loads(path.read_text())) if path.exists() else f"({path} not measured yet)")

@@ -147,3 +147,24 @@ def test_the_run_has_two_replenished_standbys_and_a_restart_budget():
     o = overrides(args)
     assert "standby.count=2" in o and "standby.replenish=true" in o and "runtime.controller_restarts=51" in o
     assert "runtime.gray_evict=true" in o
+
+
+def _result(passed: bool, alarms: int) -> dict:
+    return {"setup": {"layout": "DP2 x PP2", "model": "tiny", "standbys": "2, replenished", "gap_s": [20.0, 60.0], "seed": 1},
+            "soak_minutes": 60.02, "steps": 5000, "faults": 3, "faults_by_kind": {"sigkill": 2, "drain": 1},
+            "events_by_kind": {"unexpected": 2, "planned": 1}, "switches": 3, "checkpoint_fallbacks": 0,
+            "downtime_s": {"n": 3, "p50": 1.5, "p90": 2.25, "max": 2.5}, "downtime_total_s": 5.25,
+            "false_alarms": [{"kind": "unexpected"}] * alarms, "leftover_processes": [], "pids_checked": 40,
+            "checks": {"commits": {"status": "PASS"}, "faults": {"status": "PASS" if passed else "FAIL"}},
+            "passed": passed, "commit": "abc1234", "date": "2026-12-05"}
+
+
+@pytest.mark.parametrize("passed, alarms, verdict", [(True, 0, "| passed | **yes** |"), (False, 2, "| passed | **no** |")])
+def test_the_chaos_table_shows_the_recorded_figures(passed, alarms, verdict):
+    from benchmarks.tables import chaos as table
+
+    t = table(_result(passed, alarms)).splitlines()
+    assert verdict in t and f"| false alarms | {alarms} |" in t
+    assert "| faults | 3: drain 1, sigkill 2 |" in t and "| switches / checkpoint fallbacks | 3 / 0 |" in t
+    assert "| downtime per event | n=3, p50 1.500s, p90 2.250s, max 2.500s |" in t
+    assert any(line.startswith("| checks | commits PASS, faults ") for line in t)
