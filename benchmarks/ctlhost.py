@@ -51,6 +51,9 @@ class NullSpawner:
     def pending_standbys(self) -> list[int]:
         return []
 
+    def take_lost_standbys(self) -> list[int]:
+        return []
+
     def node_of_rank(self, rank: int) -> str:
         return f"sim{rank // self.ranks_per_node}"
 

@@ -53,6 +53,8 @@ class FakeSpawner:
         self.fenced: list[tuple[str, int]] = []
         self.pending: list[int] = []
         """Standby ids whose (simulated) allocation is still queued."""
+        self.lost_standbys: list[int] = []
+        """Standby ids whose (simulated) allocation failed: handed to the controller once."""
 
     def spawn_worker(self, rank: int, incarnation: int) -> bool:
         self.workers.append((rank, incarnation))
@@ -72,6 +74,10 @@ class FakeSpawner:
 
     def pending_standbys(self) -> list[int]:
         return list(self.pending)
+
+    def take_lost_standbys(self) -> list[int]:
+        lost, self.lost_standbys = self.lost_standbys, []
+        return lost
 
 
 class FakeCluster(LocalHooks):

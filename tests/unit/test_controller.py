@@ -421,3 +421,47 @@ def test_replenish_counts_the_standbys_still_starting_not_every_one_ever_started
     assert len(h.spawner.standbys) == before + 1 and ("standby", h.state.standbys_started - 1) in h.state.expected
     h.disconnect("s1")
     assert len(h.spawner.standbys) == before + 2  # the first replacement is starting: one more, not two
+
+
+@pytest.mark.parametrize("connected,since_s,restarts_again", [
+    ([], 121.0, True),           # no rank came (every srun failed during a slurmctld outage)
+    ([0, 1, 3], 121.0, True),    # rank 2's srun failed: its node went before it started
+    ([0, 1, 3], 60.0, False),    # still within runtime.connect_timeout_s (120 s)
+    ([0, 1, 2, 3], 121.0, False)])
+def test_restarted_ranks_that_never_connect_are_restarted_again(tmp_path, connected, since_s, restarts_again):
+    """Found by the chaos soak: a restart whose rank steps failed to launch (slurmctld stopped) left the
+    run with no process, no heartbeat and no vote, waiting forever."""
+    h = Harness(tmp_path, 2, 2, 0)
+    h.disconnect(2)
+    h.abort_all([0, 1, 3])
+    (first,) = h.journal("restart")
+    incarnation = h.state.incarnation
+    for r in connected:
+        h.hello(("new", r), "worker", r, f"n{r}")
+    h.state.restart_t = time.time() - since_s
+    h.ctl.deadlines.tick(now=time.time())
+    again = h.journal("restart")[1:]
+    assert bool(again) is restarts_again and h.state.mode is Mode.RUNNING and not h.journal("run_failed")
+    if restarts_again:
+        missing = sorted(set(range(4)) - set(connected))
+        assert f"ranks {missing} did not start within runtime.connect_timeout_s" in again[0]["cause"]
+        assert h.state.incarnation == incarnation + 1 and again[0]["from_step"] == first["from_step"]
+        ev = [e for e in h.ctl.ctx.events.items if e["kind"] == "restart"][-1]
+        assert ev["ranks"] == missing and ev["notice_t"] == pytest.approx(time.time() - since_s, abs=5)
+
+
+def test_a_standby_whose_allocation_is_gone_is_no_longer_expected_and_is_replaced(tmp_path):
+    """Found by the chaos soak: a spare whose sbatch failed in a slurmctld outage stayed 'starting'
+    forever, so replenish never asked for another and the pool stayed empty."""
+    h = Harness(tmp_path, 2, 2, 1, "standby.replenish=true")
+    h.disconnect("s0")  # consumed or lost: a replacement is asked for
+    (index,) = [i for kind, i in h.state.expected if kind == "standby"]
+    before = len(h.spawner.standbys)
+    h.ctl.deadlines.tick(now=time.time())
+    assert len(h.spawner.standbys) == before  # still starting: nothing more
+    h.spawner.lost_standbys = [index, 99]  # its sbatch failed; 99 is no standby this controller expects
+    h.ctl.deadlines.tick(now=time.time())
+    assert ("standby", index) not in h.state.expected and len(h.spawner.standbys) == before + 1
+    assert [e["standby"] for e in h.journal("standby_allocation_lost")] == [index]
+    h.ctl.deadlines.tick(now=time.time())
+    assert len(h.spawner.standbys) == before + 1  # handed over once

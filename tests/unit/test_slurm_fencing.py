@@ -205,3 +205,39 @@ def test_a_node_slurm_dropped_from_the_main_job_is_forgotten_and_never_restarted
     assert spawner.main_nodes == ["n1", "n2", "n4"]
     assert spawner.spawn_worker(2, 4) is True and spawner.rank_node[2] == "n7"  # onto the spare, not into job 77
     assert not any("--jobid=77" in c and "-wn3" in c for c in started), started
+
+
+def test_standbys_whose_allocation_is_gone_are_handed_to_the_controller_once(tmp_path, monkeypatch):
+    """Found by the chaos soak: an sbatch that failed in a slurmctld outage, and a spare job that
+    ended before its standby connected, left the controller expecting standbys that never came. A
+    failed sbatch is handed over only after RESUBMIT_AFTER_S (an outage is not hammered)."""
+    spawner, _ = recording_spawner(tmp_path, monkeypatch, JobClient())
+
+    def failing_submit(*args, **kwargs):
+        raise sp.SlurmError("sbatch of spare job 4 failed: Socket timed out on send/recv operation")
+
+    monkeypatch.setattr(sp, "submit_spare", failing_submit)
+    clock = [1000.0]
+    monkeypatch.setattr(sp.time, "monotonic", lambda: clock[0])
+    spawner.spawn_standby(4)  # the lane runs inline: the sbatch fails now
+    assert spawner.take_lost_standbys() == [] and spawner.spare_job_ids() == []
+    clock[0] += sp.RESUBMIT_AFTER_S
+    assert spawner.take_lost_standbys() == [4] and spawner.take_lost_standbys() == []
+    spawner.spares = {"90": {"job_id": "90", "index": 0, "node": "n9"}, "93": {"job_id": "93", "index": 3, "node": None}}
+    spawner._refresh_spares()  # 90 has ended (its standby 0 may never have connected); 93 is pending
+    assert spawner.take_lost_standbys() == [0] and spawner.pending_standbys() == [3]
+
+
+def test_a_failed_sbatch_of_a_spare_is_a_slurm_error(tmp_path, monkeypatch):
+    from submitit.core.utils import FailedJobError
+
+    from tmslurm.slurm import submit
+
+    class Broken:
+        def submit(self, *args):
+            raise FailedJobError("sbatch: error: Batch job submission failed: Socket timed out on send/recv operation")
+
+    monkeypatch.setattr(submit, "spare_executor", lambda *a, **k: Broken())
+    cfg = compose_config(["cluster=slurm", "parallel.dp=2", "parallel.pp=2"])
+    with pytest.raises(sp.SlurmError, match="sbatch of spare job 1 failed: .*Socket timed out"):
+        submit.submit_spare(tmp_path, cfg, 1, first_standby=2, exclude=[])

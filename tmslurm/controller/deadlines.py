@@ -10,7 +10,9 @@ deadline are declared dead and the failure is replanned; a phase 1 that does not
 nobody explains within ``heartbeat_timeout_s`` aborts the step; a drained run finishes; a held
 first commit is released; the batch-host checkpoint is watched; a plan applied but not finished
 within ``runtime.switch_timeout_s`` fences whoever has not reported and recovers again
-(``stuck``); every agent gets a ``beat`` each ``runtime.controller_lost_s`` / 5. Nothing here raises.
+(``stuck``); every agent gets a ``beat`` each ``runtime.controller_lost_s`` / 5; a standby whose
+allocation the spawner reports gone (a failed sbatch, an ended spare job) is no longer expected, so
+``standby.replenish`` asks for another. Nothing here raises.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class Deadlines:
         self._plan(now)
         self._stuck(now)
         self._beat(now_m)
+        self._lost_standbys()
         rt, st = self.ctx.cfg.runtime, self.state
         if st.comm_error_since is not None and st.mode is Mode.RUNNING and now - st.comm_error_since > rt.heartbeat_timeout_s:
             self.recoveries.fail(set(), "unexplained communication error", now)
@@ -62,6 +65,15 @@ class Deadlines:
         self.restarts.tick()
         if st.hold_since is not None and not st.step_log:
             self.commits.maybe_commit()
+
+    def _lost_standbys(self) -> None:
+        gone = [i for i in self.ctx.spawner.take_lost_standbys() if ("standby", i) in self.state.expected]
+        for i in gone:
+            self.state.expected.discard(("standby", i))
+            self.ctx.journal.write("standby_allocation_lost", standby=i)
+            log.warning("standby %d will not start (its allocation is gone): no longer expected", i)
+        if gone:
+            self.members.replenish()
 
     def _heartbeats(self, now_m: float) -> None:
         """Fence the silent agents. The scan walks every agent, so it runs at most

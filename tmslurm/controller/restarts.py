@@ -8,7 +8,10 @@ Contract (on the controller's thread; nothing here raises into the loop):
   starting it waits for it (:meth:`ClusterHooks.waiting_ranks`). A rank with nowhere to run in the
   job requeues it where the cluster can (``no_node_requeue``: Slurm allocates every node anew, the
   run resumes from the same checkpoint), else ends the run (``failed``); one still waiting after
-  ``runtime.connect_timeout_s`` ends it too. Never a hang; the checkpoint stays.
+  ``runtime.connect_timeout_s`` ends it too. A restarted rank that never connects (its ``srun``
+  failed while slurmctld was unreachable, its node went before it started) is restarted again, all
+  ranks from the same checkpoint, once ``runtime.connect_timeout_s`` passed since the restart (the
+  event's failure time is the restart that did not start it). Never a hang; the checkpoint stays.
   Nodes the restarted ranks moved off (bad nodes; their ranks now run on spares) are given back.
 - :meth:`Restarts.requeue` saves the step log and the open event to ``requeue.json`` and requeues
   the job (optionally away from nodes); :meth:`resume_after_requeue` (at start-up) completes that
@@ -52,6 +55,9 @@ class Restarts:
         self.state = ctx.state
         self.members = members
         self.plans = plans
+        self.placed_t = 0.0
+        """When a rank of a restart was last seen waiting for a spare allocation: the start deadline
+        of :meth:`_check_started` counts from then too (a rank placed late starts late)."""
 
     def restart(self, cause: str, ranks: list[int], trigger: str, detect_t: float, failure_t: float | None = None) -> None:
         mode = self.ctx.cfg.runtime.restart_mode
@@ -279,6 +285,7 @@ class Restarts:
 
     def tick(self) -> None:
         self._check_waiting()
+        self._check_started()
         then = self.state.checkpoint_then
         if then is None or then.checkpoint_step is None or self.state.requeued:
             return
@@ -307,6 +314,26 @@ class Restarts:
         self.ctx.journal.write("run_failed", reason=st.failed_reason)
         self._stop_all_ranks()
         st.mode = Mode.FINISHED
+
+    def _check_started(self) -> None:
+        """Ranks of an in-job restart that never connected within ``runtime.connect_timeout_s`` (and
+        wait for no spare allocation): nothing else would notice them (no process, no heartbeat, no
+        vote), so restart again."""
+        st, limit, now = self.state, self.ctx.cfg.runtime.connect_timeout_s, time.time()
+        waiting = set(self.ctx.hooks.waiting_ranks())
+        if waiting:
+            self.placed_t = now
+        if (st.restart_t is None or st.mode is not Mode.RUNNING or st.plan is not None or st.requeued
+                or now - max(st.restart_t, self.placed_t) <= limit):
+            return
+        missing = [r for r in range(self.ctx.layout.world) if r not in waiting and not st.rank_alive(r)
+                   and r not in st.started]
+        if not missing:
+            return
+        log.warning("ranks %s did not start within %.0fs of the restart (runtime.connect_timeout_s): restarting "
+                    "again", missing, limit)
+        self.restart(f"ranks {missing} did not start within runtime.connect_timeout_s={limit:g}s of the restart",
+                     missing, "unexpected", now, st.restart_t)
 
     def _end_job(self, then: CheckpointThen) -> None:
         if then.end is JobEnd.SIGTERM:  # Slurm requeues (preemption) or ends (scancel) the job itself

@@ -38,6 +38,10 @@ class Spawner(Protocol):
     def pending_standbys(self) -> list[int]:
         """Standby ids whose allocation was asked for and may still start (a queued spare job): a
         restarted controller keeps expecting them. [] where every live one is listed by the supervisor."""
+    def take_lost_standbys(self) -> list[int]:
+        """Standby ids asked for whose allocation is known to be gone without them: a submission that
+        failed (a Slurm outage), a spare job that ended. Each is returned once; the controller stops
+        expecting it, so ``standby.replenish`` asks for another. [] where a process is the allocation."""
 
 
 def agent_env(cfg: RunConfig) -> dict[str, str]:
@@ -63,6 +67,9 @@ class LocalSpawner:
 
     def pending_standbys(self) -> list[int]:
         return []  # a local standby is a process from the start: the supervisor lists it
+
+    def take_lost_standbys(self) -> list[int]:
+        return []
 
     def node_of_rank(self, rank: int) -> str:
         return local_node(self.cfg, rank)

@@ -91,6 +91,9 @@ class PipeSpawner:
     def pending_standbys(self) -> list[int]:
         return []  # the supervisor's own spawner starts local processes: it lists every live one
 
+    def take_lost_standbys(self) -> list[int]:
+        return []
+
     def node_of_rank(self, rank: int) -> str:
         return local_node(self.cfg, rank)
 

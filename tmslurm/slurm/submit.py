@@ -23,6 +23,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from submitit.core.utils import FailedJobError
+
 from tmslurm.config import RunConfig, num_nodes, wants_monitors
 from tmslurm.errors import ConfigError, SlurmError
 from tmslurm.slurm.placement import Placement, placement_from_config
@@ -149,8 +151,14 @@ def spare_sbatch_text(run_dir: Path, cfg: RunConfig, exclude: list[str], placeme
 
 def submit_spare(run_dir: Path, cfg: RunConfig, job_index: int, first_standby: int, exclude: list[str],
                  placement: Placement | None = None) -> str:
+    """Submit spare job ``job_index``; its id. :class:`SlurmError` when sbatch fails (the job may still
+    exist: slurmctld can accept a request whose sbatch already gave up; without its submitit
+    pickle such a job ends by itself within a minute)."""
     ex = spare_executor(run_dir, cfg, job_index, exclude, placement)
-    job = ex.submit(spare_main, str(run_dir), first_standby, cfg.parallel.ranks_per_node, wants_monitors(cfg))
+    try:
+        job = ex.submit(spare_main, str(run_dir), first_standby, cfg.parallel.ranks_per_node, wants_monitors(cfg))
+    except (FailedJobError, subprocess.SubprocessError, OSError) as exc:
+        raise SlurmError(f"sbatch of spare job {job_index} failed: {str(exc).strip()[-300:]}") from exc
     return str(job.job_id)
 
 

@@ -12,6 +12,8 @@ Contract (same interface as :class:`~tmslurm.controller.spawner.LocalSpawner`):
 - a rank restarted after its node left the job (checkpoint-restart fallback) runs as a step of a
   spare job instead, placed on the lane once the spare jobs were read (ended ones forgotten: a spare
   job ends with its standbys); while none is up it waits for one (:meth:`waiting_ranks`);
+- a spare whose sbatch failed (after :data:`RESUBMIT_AFTER_S`) or whose job ended is handed to the
+  controller once by :meth:`take_lost_standbys`: it stops expecting those standbys and asks again;
 - :meth:`fence` kills only what it launched: a rank's own step (``scancel --signal=KILL`` of that
   step) or a standby's spare job; :meth:`stop_all` ends every step and cancels every spare job.
 - Nothing the controller's thread calls waits on Slurm: spare submission (with the node-state read
@@ -48,6 +50,8 @@ from tmslurm.slurm.submit import spare_renew_lead, submit_spare
 
 log = logging.getLogger(__name__)
 LIVE_JOB_STATES = ("PENDING", "CONFIGURING", "RUNNING", "RESIZING", "SUSPENDED", "REQUEUED")
+RESUBMIT_AFTER_S = 15.0
+"""A spare whose sbatch failed is asked for again after this long (a slurmctld outage is not hammered)."""
 """Job states in which a spare job may still run a step (any other: it ended or is ending)."""
 
 
@@ -81,6 +85,10 @@ class SlurmSpawner:
         each starts in the first spare job whose node becomes known (:meth:`_place_waiting`)."""
         self.renew_lead = spare_renew_lead(cfg)
         """Seconds before a spare's limit at which :meth:`expiring` names it; None: no renewal."""
+        self.lost_standbys: list[tuple[int, float]] = []
+        """(standby id, monotonic time) of allocations gone without their standbys: a failed sbatch, an
+        ended spare job. Handed to the controller by :meth:`take_lost_standbys`, a failed sbatch only
+        after :data:`RESUBMIT_AFTER_S` (so a Slurm outage is not hammered)."""
         if record is not None:  # a restarted controller takes over what its predecessor launched
             self._restore(record)
         self.writer = RecordWriter(RunDir(self.run_dir).spawner)
@@ -203,6 +211,7 @@ class SlurmSpawner:
                     continue
                 if job is None or job.state.upper() not in LIVE_JOB_STATES:
                     del self.spares[job_id]
+                    self._lose_standbys(info["index"], time.monotonic() - RESUBMIT_AFTER_S)
                     changed = True
                     log.info("spare job %s ended (%s): forgotten", job_id, "gone" if job is None else job.state)
                 elif job.nodes and info["node"] is None:
@@ -235,6 +244,18 @@ class SlurmSpawner:
         with self.lock:
             return sorted(s["index"] * self.rpn + i for s in self.spares.values() for i in range(self.rpn))
 
+    def take_lost_standbys(self) -> list[int]:
+        """Standby ids whose allocation is gone without them (see :attr:`lost_standbys`), each once."""
+        now = time.monotonic()
+        with self.lock:
+            due = [i for i, t in self.lost_standbys if now - t >= RESUBMIT_AFTER_S]
+            self.lost_standbys = [(i, t) for i, t in self.lost_standbys if now - t < RESUBMIT_AFTER_S]
+        return due
+
+    def _lose_standbys(self, job_index: int, t: float) -> None:
+        """(lock held) The standbys of spare job ``job_index`` will not come from it."""
+        self.lost_standbys += [(job_index * self.rpn + i, t) for i in range(self.rpn)]
+
     def waiting_ranks(self) -> dict[int, float]:
         """Ranks still waiting for a spare allocation, with how long (seconds)."""
         now = time.monotonic()
@@ -256,7 +277,10 @@ class SlurmSpawner:
             job_id = submit_spare(self.run_dir, self.cfg, job_index, first_standby=index, exclude=exclude,
                                   placement=self.placement)
         except SlurmError as exc:
-            log.error("cannot submit spare job %d: %s", job_index, exc)
+            log.error("cannot submit spare job %d: %s; the controller asks again in %.0fs", job_index, exc,
+                      RESUBMIT_AFTER_S)
+            with self.lock:
+                self._lose_standbys(job_index, time.monotonic())
             return
         with self.lock:
             self.spares[job_id] = {"job_id": job_id, "index": job_index, "node": None, "exclude": exclude}
