@@ -101,7 +101,7 @@ def test_pick_joiners_uses_each_standby_once():
 @pytest.mark.parametrize("ranks, pool, words", [
     ([1], {"s0": {"first"}}, ["role 'last'", "rank 1", "s0:['first']"]),
     ([1], {}, ["role 'last'", "standbys: none"]),
-    ([0, 2], {"s0": {"first", "last"}}, ["role 'first'", "rank 2", "s0:['first', 'last']"]),
+    ([0, 2], {"s0": {"first", "last"}}, ["role 'first'", "rank 2", "s0:['first', 'last']", "(s0 taken by rank 0)"]),
 ])
 def test_pick_joiners_plan_error_lists_the_pool(ranks, pool, words):
     with pytest.raises(PlanError) as info:

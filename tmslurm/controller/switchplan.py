@@ -87,8 +87,9 @@ def _greedy(layout: Layout, ranks: list[int], candidates: dict[str, set[str]], p
         role = layout.shape_class(rank).name
         choice = next((sid for sid, roles in sorted(free.items()) if role in roles), None)
         if choice is None:
+            taken = f" ({', '.join(f'{m.joiner} taken by rank {m.rank}' for m in moves)})" if moves else ""
             raise PlanError(f"no warm standby for role {role!r} (rank {rank}); standbys: "
-                            + (", ".join(f"{k}:{sorted(v)}" for k, v in sorted(pool.items())) or "none"))
+                            + (", ".join(f"{k}:{sorted(v)}" for k, v in sorted(pool.items())) or "none") + taken)
         del free[choice]
         moves.append(Move(rank=rank, joiner=choice))
     return moves
