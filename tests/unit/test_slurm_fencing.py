@@ -241,3 +241,34 @@ def test_a_failed_sbatch_of_a_spare_is_a_slurm_error(tmp_path, monkeypatch):
     cfg = compose_config(["cluster=slurm", "parallel.dp=2", "parallel.pp=2"])
     with pytest.raises(sp.SlurmError, match="sbatch of spare job 1 failed: .*Socket timed out"):
         submit.submit_spare(tmp_path, cfg, 1, first_standby=2, exclude=[])
+
+
+@pytest.mark.parametrize("spare_up, where", [(True, "spare"), (False, "nowhere yet")])
+def test_a_rank_restarted_onto_a_once_bad_node_is_placed_after_slurm_was_read(tmp_path, monkeypatch, spare_up, where):
+    """Found by the hour-long soak: n3 was powered off (Slurm dropped it from the --no-kill job 77),
+    repaired and healed; no step was committed any more, so the periodic read of the jobs never ran,
+    and every restart launched rank 2 into job 77 on n3 ('Requested node configuration is not
+    available'): a restart every minute, for ever. A node that was ever bad is now looked up first."""
+    spawner, started = recording_spawner(tmp_path, monkeypatch, DroppedClient())
+    spawner.add_bad_node("n3")
+    spawner.bad_nodes.discard("n3")  # repaired and healed since; still listed (stale) as the main job's
+    spawner.spares = {"92": {"job_id": "92", "index": 2, "node": None}} if spare_up else {"93": {"job_id": "93", "index": 3, "node": None}}
+    assert spawner.spawn_worker(2, 4) is True
+    assert spawner.main_nodes == ["n1", "n2", "n4"]
+    assert not any("--jobid=77" in c and "-wn3" in c for c in started), started
+    if where == "spare":
+        assert spawner.rank_node[2] == "n7" and any("--jobid=92" in c for c in started) and spawner.waiting_ranks() == {}
+    else:  # spare job 93 is still pending: the rank waits for it (bounded by the controller)
+        assert list(spawner.waiting_ranks()) == [2]
+
+
+def test_a_draining_node_still_runs_its_rank_when_no_spare_is_up(tmp_path, monkeypatch):
+    """Bad but still the main job's (a drain, Slurm keeps it allocated), and no spare is up: the rank
+    restarts at home, after the lane looked at Slurm."""
+    spawner, started = recording_spawner(tmp_path, monkeypatch, JobClient())
+    spawner.client.job = lambda job_id: SimpleNamespace(nodes=["n1", "n2", "n3", "n4"], end_time=None, state="RUNNING") \
+        if job_id == "77" else SimpleNamespace(nodes=[], end_time=None, state="PENDING")
+    spawner.add_bad_node("n2")
+    spawner.spares = {"93": {"job_id": "93", "index": 3, "node": None}}
+    assert spawner.spawn_worker(1, 4) is True
+    assert any("--jobid=77" in c and "-wn2" in c for c in started) and spawner.waiting_ranks() == {}

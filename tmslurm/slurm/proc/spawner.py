@@ -85,6 +85,9 @@ class SlurmSpawner:
         each starts in the first spare job whose node becomes known (:meth:`_place_waiting`)."""
         self.renew_lead = spare_renew_lead(cfg)
         """Seconds before a spare's limit at which :meth:`expiring` names it; None: no renewal."""
+        self.ever_bad: set[str] = set()
+        """Nodes that were bad at some point of this controller's life: one may have been dropped from
+        the main job since, so a rank restarted there is placed on the lane after Slurm was read."""
         self.lost_standbys: list[tuple[int, float]] = []
         """(standby id, monotonic time) of allocations gone without their standbys: a failed sbatch, an
         ended spare job. Handed to the controller by :meth:`take_lost_standbys`, a failed sbatch only
@@ -100,6 +103,7 @@ class SlurmSpawner:
         self.spares = {j: s.model_dump() for j, s in record.spares.items()}
         self.main_nodes = list(record.main_nodes)
         self.bad_nodes = set(record.bad_nodes)
+        self.ever_bad = set(record.bad_nodes)
         self.unconfirmed = set(record.unconfirmed)
         self.monitored = set(record.monitored)
 
@@ -147,17 +151,14 @@ class SlurmSpawner:
         node = self.rank_node[rank]
         with self.lock:
             self.waiting.pop(rank, None)  # an earlier restart's wait is over: this one places it
-            bad, in_main = node in self.bad_nodes, node in self.main_nodes
-            up = any(s.get("node") and not s.get("used_for_restart") for s in self.spares.values())
+            in_main, suspect = node in self.main_nodes, node in self.ever_bad or node in self.bad_nodes
             spares = any(s.get("node") is None or (s["node"] not in self.bad_nodes and (
                 not s.get("used_for_restart") or s["node"] == node)) for s in self.spares.values())
         self.lane.submit(self.still_bad, "refresh-bad-nodes")
-        if in_main and (not bad or not up):
-            if bad:
-                log.warning("rank %d restarts on %s (leaving, but no spare allocation is up)", rank, node)
+        if in_main and not suspect:  # a node that never failed here: still the main job's, start at once
             self._srun(self.job_id, node, f"rank{rank}.{incarnation}", ["--rank", str(rank)])
             return True
-        if not spares:
+        if not in_main and not spares:
             log.error("rank %d has no node to restart on (node %s left the job; no spare allocation)", rank, node)
             return False
         with self.lock:
@@ -222,14 +223,28 @@ class SlurmSpawner:
             self._changed()
 
     def _place_waiting(self) -> None:
-        """Start waiting ranks (on the lane): each on the spare it restarted on before if that still
-        runs, else on a started spare job no rank uses."""
+        """Start waiting ranks (on the lane, after Slurm was read): each on its own node while that is
+        still the main job's and either healthy or no spare is up (a draining node still runs steps);
+        else on the spare it restarted on before if that still runs, else on a started spare job no
+        rank uses."""
         while True:
             with self.lock:
                 rank = min(self.waiting, default=None)
                 if rank is None:
                     return
                 node, bad = self.rank_node[rank], self.bad_nodes
+                up = any(s.get("node") and s["node"] not in bad and not s.get("used_for_restart") for s in self.spares.values())
+                if node in self.main_nodes and (node not in bad or not up):
+                    incarnation, _ = self.waiting.pop(rank)
+                    home = True
+                else:
+                    home = False
+            if home:
+                if node in bad:
+                    log.warning("rank %d restarts on %s (leaving, but no spare allocation is up)", rank, node)
+                self._srun(self.job_id, node, f"rank{rank}.{incarnation}", ["--rank", str(rank)])
+                continue
+            with self.lock:
                 spare = next((s for s in self.spares.values() if s.get("node") == node and node not in bad
                               and s.get("used_for_restart")), None) or next(
                     (s for s in self.spares.values() if s.get("node") and s["node"] not in bad and not s.get("used_for_restart")), None)
@@ -315,6 +330,7 @@ class SlurmSpawner:
         with self.lock:
             new = node not in self.bad_nodes
             self.bad_nodes.add(node)
+            self.ever_bad.add(node)
             if not confirmed and new:
                 self.unconfirmed.add(node)
         if new:
