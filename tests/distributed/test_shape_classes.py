@@ -3,8 +3,8 @@
 A standby warms one runner per shape class (first, middle, last for 8 layers over 8 stages) and a join
 into any stage loads that stage's state into the warm runner of its class: no module build and no
 compile in the pause (``joiner_warm: true``). Stages 0, 1, 4 and 7 are drained: every class, the
-middle one twice (stages 1-6 are one class, so the others would repeat stage 1's check at a minute
-of CI each). Every drain is shadowed (no state in the pause); the
+middle one twice (stages 1-6 are one class, so the others would repeat stage 1's check; 90 s of CI
+against 108 s for all 8). Every drain is shadowed (no state in the pause); the
 standby's RSS stays within 1.25x of the largest rank's; and each join's downtime stays within 1.5x of the
 first-stage join's (plus 0.1 s of slack for two shared cores). The run ends bit-identical to the
 uninterrupted one.
