@@ -284,8 +284,9 @@ class Restarts:
         log.warning("the job is ending (%s): checkpoint at the next step boundary, then %s", reason, action)
 
     def tick(self) -> None:
-        self._check_waiting()
-        self._check_started()
+        waiting = self.ctx.hooks.waiting_ranks()
+        self._check_waiting(waiting)
+        self._check_started(set(waiting))
         then = self.state.checkpoint_then
         if then is None or then.checkpoint_step is None or self.state.requeued:
             return
@@ -300,10 +301,9 @@ class Restarts:
         else:
             self.restart(then.reason, then.ranks, "planned", then.t)
 
-    def _check_waiting(self) -> None:
+    def _check_waiting(self, waiting: dict[int, float]) -> None:
         """Ranks of a restart that wait for a spare allocation: the run never hangs on them; after
         ``runtime.connect_timeout_s`` it ends failed (the checkpoint stays for a resume)."""
-        waiting = self.ctx.hooks.waiting_ranks()
         late = sorted(r for r, waited in waiting.items() if waited > self.ctx.cfg.runtime.connect_timeout_s)
         if not late or self.state.mode.ending:
             return
@@ -315,12 +315,11 @@ class Restarts:
         self._stop_all_ranks()
         st.mode = Mode.FINISHED
 
-    def _check_started(self) -> None:
+    def _check_started(self, waiting: set[int]) -> None:
         """Ranks of an in-job restart that never connected within ``runtime.connect_timeout_s`` (and
         wait for no spare allocation): nothing else would notice them (no process, no heartbeat, no
         vote), so restart again."""
         st, limit, now = self.state, self.ctx.cfg.runtime.connect_timeout_s, time.time()
-        waiting = set(self.ctx.hooks.waiting_ranks())
         if waiting:
             self.placed_t = now
         if (st.restart_t is None or st.mode is not Mode.RUNNING or st.plan is not None or st.requeued

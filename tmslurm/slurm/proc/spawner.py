@@ -50,9 +50,9 @@ from tmslurm.slurm.submit import spare_renew_lead, submit_spare
 
 log = logging.getLogger(__name__)
 LIVE_JOB_STATES = ("PENDING", "CONFIGURING", "RUNNING", "RESIZING", "SUSPENDED", "REQUEUED")
+"""Job states in which a spare job may still run a step (any other: it ended or is ending)."""
 RESUBMIT_AFTER_S = 15.0
 """A spare whose sbatch failed is asked for again after this long (a slurmctld outage is not hammered)."""
-"""Job states in which a spare job may still run a step (any other: it ended or is ending)."""
 
 
 class SlurmSpawner:
