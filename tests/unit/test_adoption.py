@@ -97,6 +97,18 @@ def test_restore_takes_back_the_step_log_and_waits_for_every_live_process(tmp_pa
     assert r.ctl.state.mode is Mode.ADOPTING  # worker 3 and the standby are still expected
 
 
+def test_a_fault_fired_after_the_last_snapshot_is_not_handed_out_again(tmp_path):
+    """The snapshot is written after a commit; a worker's fault that fired mid-step after it is known
+    only from the journal. The restarted controller must count it as fired, or a restarted rank gets
+    it again in its welcome and dies a second time (seen in CI: a kill -9 of the controller right
+    after a checkpoint restart caused by the fault)."""
+    h = first_incarnation(tmp_path)
+    h.ctl.ctx.journal.write("fault", index=0, rank=2, step=COMMITTED, kind="kill")
+    h.ctl.ctx.journal.write("fault_firing", index=1, kind="power_off", rank=None, ranks=[3])
+    r = Restarted(tmp_path, ALL)
+    assert r.ctl.state.fired == {0, 1}
+
+
 # (what each rank reports: last decision received, vote waiting) -> outcome
 CASES = {
     "all at the same decision, two votes waiting": ({0: (2, 3), 1: (2, 3), 2: (2, None), 3: (2, None)}, "adopted", []),

@@ -110,7 +110,8 @@ class Adoption:
         journal = read_journal(rd.events)
         st.step_log = read_steps(rd.steps)
         st.step = st.step_log[-1]["step"] + 1 if st.step_log else st.start_step
-        st.fired = set(snap.get("fired", [])) | {int(e["index"]) for e in journal if e.get("type") == "fault_firing"}
+        st.fired = set(snap.get("fired", [])) | {int(e["index"]) for e in journal  # a worker's report or the cluster's
+                                                 if e.get("type") in ("fault", "fault_firing") and isinstance(e.get("index"), int)}
         st.standbys_started = max(int(snap.get("standbys_started", 0)),
                                   1 + max((i for k, i in self.order.alive if k == "standby"), default=-1))
         seen = [int(e["epoch"]) for e in journal if isinstance(e.get("epoch"), int)]
