@@ -41,26 +41,29 @@ def _run(launch, baseline, *extra, layout=("parallel.dp=2", "parallel.pp=2")):
     return s
 
 
-@pytest.mark.parametrize("rank,extra,shadow", [
-    (0, (), "matched"),
-    (1, (), "matched"),
-    (1, ("runtime.shadow=false",), None),                    # the state travels in the pause
-    (0, ("faults=[{step:12,kind:drain,rank:0},{step:0,kind:corrupt_shadow,rank:0}]",), "mismatch"),
-], ids=["first-stage-shadowed", "last-stage-shadowed", "last-stage-state-in-pause", "forced-shadow-mismatch-falls-back"])
-def test_planned_migration_is_exact(launch, baseline, rank, extra, shadow):
-    faults = () if any(e.startswith("faults=") for e in extra) else (f"faults=[{{step:12,kind:drain,rank:{rank}}}]",)
-    s = _run(launch, baseline, "standby.count=1", *faults, *extra)
-    (ev,) = events_of(s, "planned")
+def assert_planned(ev, rank: int, shadow: str | None) -> None:
     assert ev["ranks"] == [rank] and ev["standby"]
     for part in ("phase1_s", "phase2_s", "transfer_s", "first_step_s", "downtime_s"):
         assert isinstance(ev[part], float), part
-    assert not events_of(s, "restart")
     assert ev["shadowed"] is (shadow is not None)
     if shadow == "matched":  # no state moved in the pause: only fingerprints were compared
         assert ev["shadow_matched"] is True and ev["transfer_s"] == 0.0 and isinstance(ev["verify_s"], float)
         assert isinstance(ev["shadow_catchup_s"], float) and ev["shadow_steps"] >= 1
     elif shadow == "mismatch":  # loud, and repaired by a full transfer: the run above is still exact
         assert ev["shadow_matched"] is False and ev["transfer_s"] > 0.0
+
+
+@pytest.mark.parametrize("rank,extra,shadow", [
+    (1, ("runtime.shadow=false",), None),                    # the state travels in the pause
+    (0, ("faults=[{step:12,kind:drain,rank:0},{step:0,kind:corrupt_shadow,rank:0}]",), "mismatch"),
+], ids=["last-stage-state-in-pause", "forced-shadow-mismatch-falls-back"])
+def test_planned_migration_is_exact(launch, baseline, rank, extra, shadow):
+    """Shadowed moves of the first and the last stage are checked by the run of three events below."""
+    faults = () if any(e.startswith("faults=") for e in extra) else (f"faults=[{{step:12,kind:drain,rank:{rank}}}]",)
+    s = _run(launch, baseline, "standby.count=1", *faults, *extra)
+    (ev,) = events_of(s, "planned")
+    assert_planned(ev, rank, shadow)
+    assert not events_of(s, "restart")
 
 
 def test_planned_middle_stage_with_pp3(launch, baseline):
@@ -70,14 +73,13 @@ def test_planned_middle_stage_with_pp3(launch, baseline):
     assert ev["ranks"] == [4]
 
 
-@pytest.mark.parametrize("kind,cause", [("kill", "process exit"), ("stop", "stopped")])
-def test_unexpected_failure_is_exact(launch, baseline, kind, cause):
-    """A SIGSTOPped rank is reported by its node's monitor after runtime.node_timeout_s (0.8 s),
-    before BASE's 2 s heartbeat timeout."""
-    s = _run(launch, baseline, "standby.count=1", f"faults=[{{step:12,kind:{kind},rank:2}}]")
-    (ev,) = events_of(s, "unexpected")
-    assert ev["ranks"] == [2] and ev["cause"] == cause
-    assert ev["detect_s"] < (0.5 if kind == "kill" else 1.8), ev
+def test_unexpected_failures_kill_then_stop_are_exact(launch, baseline):
+    """A killed rank's exit is seen at once; a SIGSTOPped rank is reported by its node's monitor after
+    runtime.node_timeout_s (0.8 s), before BASE's 2 s heartbeat timeout. One run, two standbys."""
+    s = _run(launch, baseline, "standby.count=2", "faults=[{step:8,kind:kill,rank:2},{step:16,kind:stop,rank:1}]")
+    kill, stop = events_of(s, "unexpected")
+    assert kill["ranks"] == [2] and kill["cause"] == "process exit" and kill["detect_s"] < 0.5, kill
+    assert stop["ranks"] == [1] and stop["cause"] == "stopped" and stop["detect_s"] < 1.8, stop
     assert not events_of(s, "restart")
 
 
@@ -115,9 +117,14 @@ def test_only_standby_killed_in_warmup_then_failure_falls_back_to_checkpoint(lau
 
 
 def test_two_planned_migrations_and_a_failure_in_one_run(launch, baseline):
+    """The drains move the first stage (rank 0) and the last stage (rank 3), each shadowed: the pause
+    moves no state."""
     s = _run(launch, baseline, "standby.count=3",
              "faults=[{step:6,kind:drain,rank:0},{step:12,kind:drain,rank:3},{step:18,kind:kill,rank:1}]")
-    assert len(events_of(s, "planned")) == 2 and len(events_of(s, "unexpected")) == 1, s["events"]
+    first, last = events_of(s, "planned")
+    assert_planned(first, 0, "matched")
+    assert_planned(last, 3, "matched")
+    assert len(events_of(s, "unexpected")) == 1, s["events"]
     assert not events_of(s, "restart")
 
 

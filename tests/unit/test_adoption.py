@@ -109,6 +109,16 @@ def test_a_fault_fired_after_the_last_snapshot_is_not_handed_out_again(tmp_path)
     assert r.ctl.state.fired == {0, 1}
 
 
+def test_a_restart_after_the_last_snapshot_keeps_its_incarnation(tmp_path):
+    """Processes are named after their incarnation (a Slurm step is fenced by that name): a restarted
+    controller that took an older number from the snapshot would start ``rank2.3`` while the fence
+    of the previous ``rank2.3`` is still on its way."""
+    h = first_incarnation(tmp_path)  # incarnation 2 in the snapshot
+    h.ctl.ctx.journal.write("restart", epoch=5, cause="process exit", from_step=0, lost_steps=3, incarnation=3)
+    r = Restarted(tmp_path, ALL)
+    assert r.ctl.state.incarnation == 3
+
+
 # (what each rank reports: last decision received, vote waiting) -> outcome
 CASES = {
     "all at the same decision, two votes waiting": ({0: (2, 3), 1: (2, 3), 2: (2, None), 3: (2, None)}, "adopted", []),

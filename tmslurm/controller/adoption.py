@@ -117,7 +117,9 @@ class Adoption:
         seen = [int(e["epoch"]) for e in journal if isinstance(e.get("epoch"), int)]
         st.epochs = max([int(snap.get("epochs", 0)), int(snap.get("epoch", 0)), *seen])
         st.epoch = int(snap.get("epoch", 0))
-        st.incarnation = int(snap.get("incarnation", 0))
+        st.incarnation = max([int(snap.get("incarnation", 0)),  # a restart after the last snapshot: its own
+                              *(int(e["incarnation"]) for e in journal
+                                if e.get("type") == "restart" and isinstance(e.get("incarnation"), int))])
         st.expected = set(self.order.alive) - found_gone(journal)  # not waited for: found lost already
         st.mode = Mode.ADOPTING
         self.ctx.events.restore([e for e in journal if e.get("type") == "event"],

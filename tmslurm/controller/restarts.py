@@ -71,7 +71,8 @@ class Restarts:
         k = latest_complete(self.ctx.rundir.path, self.ctx.layout.shard_names) or 0
         rec = self._record("restart" if mode == "tmslurm" else mode, trigger, cause, ranks, detect_t, failure_t, target, k)
         rec["stop_s"] = time.time() - t0
-        self.ctx.journal.write("restart", epoch=self.state.epoch, cause=cause, from_step=k, lost_steps=target - k)
+        self.ctx.journal.write("restart", epoch=self.state.epoch, cause=cause, from_step=k, lost_steps=target - k,
+                               incarnation=self.state.incarnation + 1)  # the processes about to start
         log.warning("restarting every rank from checkpoint step %d (%s)", k, cause)
         failed = self._respawn_all(k)
         if failed and self.ctx.hooks.can_requeue():  # no node left for them in this job: Slurm allocates anew
