@@ -119,6 +119,43 @@ def test_a_restart_after_the_last_snapshot_keeps_its_incarnation(tmp_path):
     assert r.ctl.state.incarnation == 3
 
 
+def test_a_restart_still_open_when_the_controller_died_is_taken_back_and_completes(tmp_path):
+    """Seen in the hour-long soak: a restart, then a requeue, then a kill -9 of the controller before the
+    first commit; both events were only in the dead controller's memory and vanished from the summary."""
+    h = first_incarnation(tmp_path)
+    h.ctl.restarts.restart("process exit", [2], "unexpected", time.time())
+    (held,) = [e for e in h.ctl.ctx.events.items if e["kind"] == "restart"]
+    r = Restarted(tmp_path, ALL)
+    (back,) = [e for e in r.ctl.ctx.events.items if e["kind"] == "restart"]
+    assert back["eid"] == held["eid"] and back["status"] == "switched" and back["target_step"] == COMMITTED
+    r.ctl.ctx.events.on_commit(COMMITTED, time.time(), 0.01)
+    assert back["status"] == "done" and back["gap_s"] > 0
+
+
+def _open(eid: str, **extra: Any) -> dict[str, Any]:
+    return {"type": "event_open", "eid": eid, "kind": "restart", "status": "switched", "target_step": 9, **extra}
+
+
+# journal -> eids of the events a restarted controller holds
+RESTORED = {
+    "open": ([_open("a")], ["a"]),
+    "completed": ([_open("a"), {**_open("a"), "type": "event", "status": "done"}], ["a"]),
+    "dropped (its restart could not start the ranks)": ([_open("a"), {"type": "event_dropped", "eid": "a"}], []),
+    "held by the job before a requeue, not carried over": ([_open("a"), {"type": "resumed_after_lost_controller"}], []),
+    "carried over by the requeue and held again": ([_open("a"), {"type": "resumed_after_requeue"}, _open("a")], ["a"]),
+}
+
+
+@pytest.mark.parametrize("case", list(RESTORED))
+def test_restored_events_are_the_completed_and_the_still_open_of_this_job(case):
+    from tmslurm.controller.events import EventLog
+
+    journal, eids = RESTORED[case]
+    log = EventLog(journal=None)  # type: ignore[arg-type]  (restore writes nothing)
+    log.restore(journal, None)
+    assert [e["eid"] for e in log.items] == eids
+
+
 # (what each rank reports: last decision received, vote waiting) -> outcome
 CASES = {
     "all at the same decision, two votes waiting": ({0: (2, 3), 1: (2, 3), 2: (2, None), 3: (2, None)}, "adopted", []),

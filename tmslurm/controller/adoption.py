@@ -118,8 +118,7 @@ class Adoption:
         st.incarnation = max([int(snap.get("incarnation", 0)), *journalled(journal, ("restart",), "incarnation")])
         st.expected = set(self.order.alive) - found_gone(journal)  # not waited for: found lost already
         st.mode = Mode.ADOPTING
-        self.ctx.events.restore([e for e in journal if e.get("type") == "event"],
-                                st.step_log[-1]["t_end"] if st.step_log else None)
+        self.ctx.events.restore(journal, st.step_log[-1]["t_end"] if st.step_log else None)
         self.ctx.journal.write("adopting", incarnation=self.order.incarnation, step=st.step,
                                expected=[f"{k}{i}" for k, i in sorted(st.expected)])
         log.warning("controller incarnation %d: adopting %d live processes at step %d", self.order.incarnation,

@@ -10,12 +10,18 @@ leaver and the joiner; see docs/benchmarks.md); ``other_s`` is the part of the g
 (:func:`pause_parts`), so the parts always add up to the gap;
 :meth:`finalize` recomputes ``downtime_s`` with the whole run's median. Each completed event is
 journalled and logged as one line with its parts.
+
+A restart or a requeue is an event with no plan: :meth:`EventLog.hold` journals it (``event_open``,
+with an ``eid``) as soon as its record is complete, :meth:`EventLog.drop` when it is superseded before
+it completes (``event_dropped``), so a restarted controller takes back every such event still open
+(:meth:`EventLog.restore`) instead of losing it with the dead controller's memory.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import uuid
 from typing import Any
 
 from tmslurm.controller.journal import Journal
@@ -24,6 +30,8 @@ log = logging.getLogger(__name__)
 PARTS = ("detect_s", "pick_s", "phase1_s", "phase2_s", "apply_s", "transfer_s", "verify_s", "first_step_s")
 """``verify_s``: a shadowed switch comparing the leaver's and the shadow's fingerprints (no state moves)."""
 RESTART_PARTS = ("detect_s", "stop_s", "reschedule_s", "startup_s", "group_setup_s", "ckpt_load_s", "redo_s")
+JOB_STARTS = ("resumed_after_requeue", "resumed_after_lost_controller", "resumed_after_unfinished_end")
+"""Journal records a Slurm job's controller writes when it takes over from the job before."""
 CONTROLLER_PARTS = ("before_death_s", "restart_s", "adopt_s")
 """A controller restart: last commit -> death, death -> new controller up, up -> adopted; then first_step_s."""
 
@@ -77,9 +85,28 @@ class EventLog:
         """An event a dead controller began (its ``event_begin`` is in the journal), open again in its successor."""
         self.items.append(rec)
 
-    def restore(self, done: list[dict[str, Any]], last_commit_t: float | None) -> None:
-        """A restarted controller takes back the completed events (journal ``event`` lines) and the last commit."""
-        self.items = [{k: v for k, v in rec.items() if k not in ("t", "type")} for rec in done]
+    def hold(self, rec: dict[str, Any]) -> None:
+        """An event with no plan (a restart, a requeue) is open: completed by the commit of its
+        ``target_step``, like a switch; journalled now so that a restarted controller takes it back."""
+        rec.setdefault("eid", uuid.uuid4().hex[:12])
+        if rec not in self.items:
+            self.items.append(rec)
+        self.journal.write("event_open", **rec)
+
+    def drop(self, rec: dict[str, Any]) -> None:
+        """A held event superseded before it completed (its restart could not start the ranks)."""
+        self.items.remove(rec)
+        self.journal.write("event_dropped", eid=rec.get("eid"))
+
+    def restore(self, journal: list[dict[str, Any]], last_commit_t: float | None) -> None:
+        """A restarted controller takes back the completed events (journal ``event`` lines), the events
+        this Slurm job held that are still open (``event_open`` since the job's start, never completed nor
+        dropped; a job resumed after a requeue holds again the ones it carried over) and the last commit."""
+        closed = {e.get("eid") for e in journal if e.get("type") in ("event", "event_dropped")} - {None}
+        start = max((i for i, e in enumerate(journal) if e.get("type") in JOB_STARTS), default=-1)
+        kept = [e for i, e in enumerate(journal) if e.get("type") == "event" or (
+            i > start and e.get("type") == "event_open" and e.get("eid") not in closed)]
+        self.items = [{k: v for k, v in rec.items() if k not in ("t", "type")} for rec in kept]
         self.last_commit_t = last_commit_t
 
     def switched(self, plan: Any) -> None:

@@ -71,12 +71,13 @@ class Restarts:
         k = latest_complete(self.ctx.rundir.path, self.ctx.layout.shard_names) or 0
         rec = self._record("restart" if mode == "tmslurm" else mode, trigger, cause, ranks, detect_t, failure_t, target, k)
         rec["stop_s"] = time.time() - t0
+        self.ctx.events.hold(rec)
         self.ctx.journal.write("restart", epoch=self.state.epoch, cause=cause, from_step=k, lost_steps=target - k,
                                incarnation=self.state.incarnation + 1)  # the processes about to start
         log.warning("restarting every rank from checkpoint step %d (%s)", k, cause)
         failed = self._respawn_all(k)
         if failed and self.ctx.hooks.can_requeue():  # no node left for them in this job: Slurm allocates anew
-            self.ctx.events.items.remove(rec)
+            self.ctx.events.drop(rec)
             log.warning("ranks %s have no node to restart on in this job: requeueing it", failed)
             self.requeue(f"{cause}; no node in this job for ranks {failed}", ranks, trigger, detect_t, failure_t,
                          exclude=[], kind="no_node_requeue")
@@ -93,7 +94,7 @@ class Restarts:
                "standby": "", "notice_t": failure_t or detect_t, "last_commit_t": self.ctx.events.last_commit_t,
                "detect_s": max(0.0, detect_t - (failure_t or detect_t)), "from_checkpoint_step": from_step,
                "lost_steps": target - from_step, "target_step": target, "status": "switched", "switched_t": time.time()}
-        self.ctx.events.items.append(rec)
+        self.ctx.events.items.append(rec)  # held (journalled) by the caller once its record is complete
         return rec
 
     def _stop_all_ranks(self) -> None:
@@ -184,6 +185,8 @@ class Restarts:
         rec["reschedule_s"] = time.time() - saved["requeue_t"]
         st.restart_t = time.time()
         self.ctx.journal.write("resumed_after_requeue", from_step=st.step, reschedule_s=rec["reschedule_s"])
+        for held in [r for r in self.ctx.events.items if r["status"] == "switched"]:  # carried over, and this one
+            self.ctx.events.hold(held)
 
     def _resume_after_unfinished_end(self) -> None:
         """The previous job was told it ends (``job-ending.json``) but was killed before its checkpoint
@@ -201,6 +204,7 @@ class Restarts:
         st.restart_t = time.time()
         self.ctx.journal.write("resumed_after_unfinished_end", from_step=st.step, redo_steps=target - st.step,
                                last_committed=target)
+        self.ctx.events.hold(rec)
         log.warning("the previous job ended (%s) after step %d before its checkpoint was complete: resuming "
                     "from checkpoint step %d, redoing %d steps", told.get("reason"), target, st.step, target - st.step)
 
@@ -224,6 +228,7 @@ class Restarts:
         st.restart_t = time.time()
         self.ctx.journal.write("resumed_after_lost_controller", from_step=st.step, redo_steps=target - st.step,
                                last_committed=target, reschedule_s=rec["reschedule_s"], node=claim.get("node"))
+        self.ctx.events.hold(rec)
         log.warning("the previous incarnation lost its controller after step %d; resuming from checkpoint step %d",
                     target, st.step)
         return True
