@@ -3,12 +3,12 @@
 Contract: built by a restarted incarnation only (the supervisor wrote ``adopt.json``: the
 incarnation number, when the previous one died, and the (kind, ident) of every worker and standby
 process still running). :meth:`Adoption.restore` (called once, before the loop) takes back what the
-dead incarnation had committed: the step log (``steps.jsonl``), the completed events (``event``
-journal lines), the fired faults, the standbys started and the highest epoch ever handed out
-(snapshot and journal), and puts the run in :data:`Mode.ADOPTING`, expecting a hello from the
-listed processes but those its journal found lost. The live agents reconnect with a :class:`~tmslurm.wire.messages.Rejoin`
-(:mod:`tmslurm.agent.link`); :meth:`on_hello` records it. :meth:`tick` decides once every listed
-process said hello, or ``runtime.controller_lost_s`` after the start (the agents give up then):
+dead incarnation had committed: the step log (``steps.jsonl``), the completed events (``event`` journal
+lines), the fired faults, the standbys started, the incarnation and the highest epoch ever handed out
+(the snapshot, and the journal for what came after it), and puts the run in :data:`Mode.ADOPTING`,
+expecting a hello from the listed processes but those its journal found lost. The live agents reconnect
+with a :class:`~tmslurm.wire.messages.Rejoin` (:mod:`tmslurm.agent.link`); :meth:`on_hello` records it.
+:meth:`tick` decides once every listed process said hello, or ``runtime.controller_lost_s`` after the start:
 
 - **Adopted** when every rank's slot is claimed once, no claim is inside a plan (but one caught in
   phase 1 of a planned switch, or the switch completed below), every rank is in the same epoch (or,
@@ -66,7 +66,7 @@ from tmslurm.controller.state import Agent, Mode, found_gone
 from tmslurm.controller.switches import Switches
 from tmslurm.notices import Notice
 from tmslurm.wire.messages import Cancel, Decision, Joined, Rejoin
-from tmslurm.controller.journal import read_journal
+from tmslurm.controller.journal import journalled, read_journal
 
 log = logging.getLogger(__name__)
 
@@ -110,16 +110,12 @@ class Adoption:
         journal = read_journal(rd.events)
         st.step_log = read_steps(rd.steps)
         st.step = st.step_log[-1]["step"] + 1 if st.step_log else st.start_step
-        st.fired = set(snap.get("fired", [])) | {int(e["index"]) for e in journal  # a worker's report or the cluster's
-                                                 if e.get("type") in ("fault", "fault_firing") and isinstance(e.get("index"), int)}
+        st.fired = set(snap.get("fired", [])) | set(journalled(journal, ("fault", "fault_firing"), "index"))
         st.standbys_started = max(int(snap.get("standbys_started", 0)),
                                   1 + max((i for k, i in self.order.alive if k == "standby"), default=-1))
-        seen = [int(e["epoch"]) for e in journal if isinstance(e.get("epoch"), int)]
-        st.epochs = max([int(snap.get("epochs", 0)), int(snap.get("epoch", 0)), *seen])
+        st.epochs = max([int(snap.get("epochs", 0)), int(snap.get("epoch", 0)), *journalled(journal, None, "epoch")])
         st.epoch = int(snap.get("epoch", 0))
-        st.incarnation = max([int(snap.get("incarnation", 0)),  # a restart after the last snapshot: its own
-                              *(int(e["incarnation"]) for e in journal
-                                if e.get("type") == "restart" and isinstance(e.get("incarnation"), int))])
+        st.incarnation = max([int(snap.get("incarnation", 0)), *journalled(journal, ("restart",), "incarnation")])
         st.expected = set(self.order.alive) - found_gone(journal)  # not waited for: found lost already
         st.mode = Mode.ADOPTING
         self.ctx.events.restore([e for e in journal if e.get("type") == "event"],
@@ -401,3 +397,4 @@ class Adoption:
         st.epoch, st.votes, st.mode = st.epochs, {}, Mode.RUNNING
         self.recoveries.restarts.restart(f"the controller restarted and could not adopt the live agents: {why}", [],
                                          "controller_restart", now, self.order.died_t)
+

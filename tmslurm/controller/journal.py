@@ -47,3 +47,8 @@ def read_journal(path: Path) -> list[dict[str, Any]]:
         except ValueError:
             continue
     return out
+
+
+def journalled(entries: list[dict[str, Any]], types: tuple[str, ...] | None, key: str) -> list[int]:
+    """The integer ``key`` of every entry of one of ``types`` (None: of any type); entries without one are skipped."""
+    return [int(e[key]) for e in entries if (types is None or e.get("type") in types) and isinstance(e.get(key), int)]
