@@ -242,6 +242,9 @@ class RuntimeConfig:
     metrics_addr: str = "127.0.0.1"
     """Address the metrics endpoints (the controller's, the monitors') bind to (``0.0.0.0`` to let a
     Prometheus server on another host scrape them)."""
+    fork_agents: bool = True
+    """cluster=local: fork ranks and standbys from one process that imported torch once (a restart
+    of N ranks does not pay N imports); false: each is a fresh ``python -m tmslurm.agent.main``."""
     heartbeats: bool = True
     """Agents send heartbeats (off only to measure their cost; hangs are then not detected)."""
     commit_vote: bool = True

@@ -32,10 +32,19 @@ def running(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
+def is_zygote(pid: int) -> bool:
+    """The process agents are forked from (runtime.fork_agents): it lives as long as the supervisor."""
+    try:
+        return b"tmslurm.agent.zygote" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+
+
 def agents_up(run, n: int) -> set[int]:
+    """The launcher's children but the zygote: the controller, the agents and the monitors."""
     run.wait_for(lambda e: e["type"] == "standby_ready")
     deadline = time.monotonic() + 60
-    while len(pids := children(run.proc.pid)) < n:
+    while len(pids := {p for p in children(run.proc.pid) if not is_zygote(p)}) < n:
         assert time.monotonic() < deadline, f"only {len(pids)} of {n} agents spawned"
         time.sleep(0.05)
     return pids

@@ -9,7 +9,9 @@ With :func:`wants_monitors`, the first process placed on a node also starts that
 (``--monitor``), which stays until the run ends. :class:`LocalSpawner` runs processes on this host
 (``cluster=local``); the Slurm spawner in
 ``tmslurm.slurm`` implements the same interface with ``srun`` steps. Agent output goes to
-``<run_dir>/logs/<who>.log``.
+``<run_dir>/logs/<who>.log``. With ``runtime.fork_agents`` (the default) :class:`LocalSpawner` forks
+ranks and standbys from a zygote that imported torch once (:mod:`tmslurm.controller.forked`); they
+are its own children all the same, and fresh processes where the zygote cannot be used.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Protocol
 
 from tmslurm.config import RunConfig, wants_monitors
+from tmslurm.controller.forked import Forked, Zygote
 from tmslurm.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -60,10 +63,12 @@ class LocalSpawner:
     def __init__(self, run_dir: Path, cfg: RunConfig) -> None:
         self.run_dir = Path(run_dir)
         self.cfg = cfg
-        self.procs: list[subprocess.Popen] = []
-        self.handles: dict[tuple[str, int], subprocess.Popen] = {}
+        self.procs: list[subprocess.Popen | Forked] = []
+        self.handles: dict[tuple[str, int], subprocess.Popen | Forked] = {}
         self.monitored: set[str] = set()
         RunDir(self.run_dir).logs.mkdir(parents=True, exist_ok=True)
+        self.zygote = Zygote(agent_env(cfg), RunDir(self.run_dir).log("zygote")) if cfg.runtime.fork_agents else None
+        """Forks ranks and standbys from one process that imported torch once (monitors import none)."""
 
     def pending_standbys(self) -> list[int]:
         return []  # a local standby is a process from the start: the supervisor lists it
@@ -78,14 +83,19 @@ class LocalSpawner:
         """(kind, ident) of every worker and standby started here whose process still runs."""
         return sorted(key for key, proc in self.handles.items() if proc.poll() is None)
 
-    def _start(self, who: str, args: list[str], node: str) -> subprocess.Popen:
+    def _start(self, who: str, args: list[str], node: str) -> subprocess.Popen | Forked:
         if wants_monitors(self.cfg) and node not in self.monitored:  # the node's monitor, once per node
             self.monitored.add(node)
             self._start(f"monitor-{node}", ["--monitor"], node)
-        logf = open(RunDir(self.run_dir).log(who), "ab")
-        cmd = [sys.executable, "-m", "tmslurm.agent.main", "--run-dir", str(self.run_dir), *args, "--node", node]
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=agent_env(self.cfg), start_new_session=True)
-        logf.close()
+        argv = ["--run-dir", str(self.run_dir), *args, "--node", node]
+        log_path = RunDir(self.run_dir).log(who)
+        proc = None
+        if self.zygote is not None and args[0] != "--monitor":
+            proc = self.zygote.spawn(argv, agent_env(self.cfg), log_path)
+        if proc is None:
+            with open(log_path, "ab") as logf:
+                proc = subprocess.Popen([sys.executable, "-m", "tmslurm.agent.main", *argv], stdout=logf,
+                                        stderr=subprocess.STDOUT, env=agent_env(self.cfg), start_new_session=True)
         self.procs.append(proc)
         return proc
 
@@ -105,6 +115,8 @@ class LocalSpawner:
             proc.kill()  # Popen.kill: only our own child, and never after it was reaped
 
     def stop_all(self, grace_s: float = 0.0) -> None:
+        if self.zygote is not None:
+            self.zygote.close()
         wait_for_exit(self.procs, grace_s)
         for p in self.procs:
             if p.poll() is None:
@@ -120,7 +132,7 @@ class LocalSpawner:
         self.procs = [p for p in self.procs if p.poll() is None]
 
 
-def wait_for_exit(procs: list[subprocess.Popen], grace_s: float) -> None:
+def wait_for_exit(procs: list[subprocess.Popen] | list[subprocess.Popen | Forked], grace_s: float) -> None:
     """Wait until every process in ``procs`` exited, or ``grace_s`` passed (whichever is first)."""
     deadline = time.monotonic() + grace_s
     for p in procs:
