@@ -83,13 +83,12 @@ def _retitle(argv: list[str]) -> None:
     ctypes.memmove(start, line + b"\0" * (end - start - len(line)), end - start)
 
 
-def _agent(req: ForkRequest, keep: tuple[int, ...]) -> None:
-    """In the agent (the grandchild): detach, redirect, run; never returns."""
+def _agent(req: ForkRequest, ready: int) -> None:
+    """In the agent (the grandchild): detach, redirect, say its pid on ``ready`` once it reads as an
+    agent (so whoever gets the pid sees its session and command line), run; never returns."""
     rc = 1
     try:
         os.setsid()
-        for fd in keep:
-            os.close(fd)
         null = os.open(os.devnull, os.O_RDONLY)
         out = os.open(req.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(null, 0)
@@ -101,6 +100,8 @@ def _agent(req: ForkRequest, keep: tuple[int, ...]) -> None:
         os.environ.update(req.env)
         _retitle(req.argv)
         random.seed()
+        os.write(ready, str(os.getpid()).encode())
+        os.close(ready)
         from tmslurm.agent.main import exit_now, main
 
         sys.argv = ["tmslurm.agent.main", *req.argv]
@@ -115,22 +116,21 @@ def _agent(req: ForkRequest, keep: tuple[int, ...]) -> None:
 
 
 def fork_agent(req: ForkRequest) -> int:
-    """Fork the agent of ``req`` through a child that exits at once; return the agent's pid."""
+    """Fork the agent of ``req`` through a child that exits at once; return the agent's pid once it
+    is re-parented and reads as an agent."""
     r, w = os.pipe()
     child = os.fork()
     if child == 0:
         try:
             os.close(r)
-            agent = os.fork()
-            if agent == 0:
-                _agent(req, (w,))
-            os.write(w, str(agent).encode())
+            if os.fork() == 0:
+                _agent(req, w)
         finally:
             os._exit(0)
     os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
     os.waitpid(child, 0)  # the agent is an orphan from here: re-parented to the subreaper
+    with os.fdopen(r, "rb") as f:
+        data = f.read()  # its pid, written when it is ready; EOF when it died before
     if not data.strip().isdigit():
         raise OSError("the zygote's child could not fork the agent")
     return int(data)
