@@ -10,7 +10,8 @@ parameters + AdamW moments per rank at DP2 x PP2), local processes (``cluster=lo
 - ``unexpected``: ``--repeats`` runs, each with a SIGKILL of rank 1 (midstep) once the standby is warm;
   the DP peer that sends the state is the *source*, whose peak RSS is read before and after;
 - ``injob_restart``: one run with ``--repeats`` drains 6 steps apart, ``runtime.restart_mode=injob_restart``
-  (each restart reloads a checkpoint of that size).
+  (each restart reloads a checkpoint of that size) and ``runtime.fork_agents=false`` (each restarted
+  rank is a fresh process that imports torch, as on a cluster).
 
 Per event it reads ``pause_s`` (gap - the first step's own time) and ``downtime_s`` (gap - median
 step) from summary.json; per row p50s, the samples, the standby's and the largest rank's RSS, and
@@ -110,8 +111,10 @@ def source_rss(summary: dict[str, Any], ev: dict[str, Any]) -> dict[str, float |
 
 def restarts(out: Path, model: str, repeats: int) -> dict[str, Any]:
     faults = ",".join(f"{{step:{4 + 6 * i},kind:drain,rank:1}}" for i in range(repeats))
+    # fresh processes, as a restart on a cluster has (a forked agent would skip importing torch)
     s = run_local(out / f"{model}-injob", [*BASE, f"model={model}", "standby.count=0", "runtime.restart_mode=injob_restart",
-                                           f"train.steps={6 * repeats + 4}", f"faults=[{faults}]"], timeout=7200)
+                                           "runtime.fork_agents=false", f"train.steps={6 * repeats + 4}",
+                                           f"faults=[{faults}]"], timeout=7200)
     events = _events(s, "injob_restart")
     say(f"{model}: {len(events)} in-job restarts")
     return {"summary": s, "events": events}
