@@ -92,8 +92,7 @@ class Chaos:
             ranks = [r for r in ranks if r["node"] != self.host]
         if kind == "controller_kill":
             kills = sum(1 for f in self.faults if f.kind == kind)
-            adopted = sum(1 for e in st.get("events", []) if e.get("kind") == "controller_restart" and e.get("status") == "done")
-            ok = kills < self.args.max_controller_kills and adopted >= kills and self.controller_alive()
+            ok = kills < self.args.max_controller_kills and handled_kills(st) >= kills and self.controller_alive()
             return [] if ok and not self.outage() else None
         if kind == "slurmctld_stop":
             return [] if not self.outage() else None
@@ -282,3 +281,14 @@ def _result(args: argparse.Namespace, chaos: Chaos, summary: dict[str, Any], rep
             "false_alarms": report.false_alarms, "pids_checked": npids, "leftover_processes": left,
             "checks": {c.name: {"status": c.status, "detail": c.detail, "offending": c.offending[:20]} for c in report.checks},
             "passed": report.passed and not left, "fault_list": [f.record() for f in chaos.faults]}
+
+
+REFUSED_ADOPTION = "the controller restarted and could not adopt"
+"""The cause of the checkpoint restart a refused adoption turns into (tmslurm/controller/adoption.py)."""
+
+
+def handled_kills(st: dict[str, Any]) -> int:
+    """Controller kills the run has dealt with: adopted (a completed ``controller_restart`` event) or
+    refused and restarted from a checkpoint (a ``restart`` event with that cause)."""
+    return sum(1 for e in st.get("events", []) if e.get("status") == "done" and (
+        e.get("kind") == "controller_restart" or (e.get("kind") == "restart" and str(e.get("cause", "")).startswith(REFUSED_ADOPTION))))

@@ -90,18 +90,21 @@ def _row(kind: str, amount: str, node: str, s0: int, t0: float, rd: RunDir, summ
         lost = round(sum(max(0.0, g - before) for g in gaps) / before, 2)
     return {"kind": kind, "amount": amount, "node": node, "slowed_at_step": s0,
             "evicted": evict is not None, "detect_steps": evict["step"] - s0 if evict else None,
-            "detect_s": round(evict["t"] - t0, 3) if evict else None, "ratio": evict["ratio"] if evict else None,
+            "detect_s": round(evict["t"] - t0, 3) if evict else None, "ratio": evict.get("ratio") if evict else None,
+            "found_by": evict.get("cause") if evict else None, "best_mbps": evict.get("best_mbps") if evict else None,
+            "median_mbps": evict.get("median_mbps") if evict else None,
             "moved_at_step": moved["target_step"] if moved else None, "steps_lost": lost,
             "median_step_before_s": round(before, 4) if before else None, "median_step_slowed_s": round(during, 4) if during else None,
-            "false_alarms": len(false_alarms), "peak_ratio": summary.get("gray", {}).get("peak_ratio"),
+            "false_alarms": len(false_alarms), "peak_ratio": (summary.get("gray") or {}).get("peak_ratio"),
+            "link_best_mbps": (summary.get("links") or {}).get("best_mbps"),
             "replicas_equal": summary.get("replicas_equal")}
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| kind | amount | evicted | detect steps | detect s | steps lost | median step before / slowed s | false alarms |",
-             "|---|---|---|---:|---:|---:|---:|---:|"]
+    lines = ["| kind | amount | evicted | found by | detect steps | detect s | steps lost | median step before / slowed s | false alarms |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['kind']} | {r['amount']} | {r['evicted']} | {r['detect_steps']} | {r['detect_s']} | {r['steps_lost']} "
+        lines.append(f"| {r['kind']} | {r['amount']} | {r['evicted']} | {r['found_by']} | {r['detect_steps']} | {r['detect_s']} | {r['steps_lost']} "
                      f"| {r['median_step_before_s']} / {r['median_step_slowed_s']} | {r['false_alarms']} |")
     return "\n".join(lines)
 
@@ -124,6 +127,6 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
 def _result(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     return {"command": recorded_command("gray"), "commit": commit(), "date": datetime.date.today().isoformat(),
             "setup": {"cluster": "local Slurm (scripts/local-slurm), one rank per lab node, all on one 2-core host",
-                      "layout": "DP2 x PP2", "model": args.model, "gray": "runtime.gray_evict=true, defaults otherwise",
+                      "layout": "DP2 x PP2", "model": args.model, "gray": "runtime.gray_evict=true (busy times and link probes), defaults otherwise",
                       "slowed": "rank 1's node, by the benchmark through the lab, after --baseline steps"},
             "rows": rows}

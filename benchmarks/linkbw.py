@@ -56,7 +56,8 @@ def _peer(rank: int, host: str, port: int, model: str, repeats: int) -> dict[str
     import torch
     import torch.distributed as dist
 
-    from tmslurm.comm.fabric import FabricSettings, local_address_towards, make_pg
+    from tmslurm.comm.fabric import FabricSettings, make_pg
+    from tmslurm.netaddr import local_address_towards
     from tmslurm.comm.transfer import recv_state, send_state
     from tmslurm.train.schedule import state_digest, tensor_bytes
 

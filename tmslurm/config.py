@@ -268,6 +268,21 @@ class RuntimeConfig:
     """And slower than its peers by at least this many seconds a step (tiny steps are noise)."""
     gray_budget_per_hour: int = 2
     """At most this many gray evictions in any hour (a guard against evicting node after node)."""
+    link_probe_s: float = 2.0
+    """With runtime.gray_evict and node monitors: every this many seconds each monitor sends
+    runtime.link_probe_bytes to another node's monitor, so that a slow link is found (a slow link
+    slows every rank alike, so busy times cannot). 0 turns link probes off."""
+    link_probe_bytes: int = 2097152
+    """Bytes per link probe. Several times a token bucket's burst, or the burst hides the rate (the
+    failure lab's slowlink passes 256 KiB at full speed); on fast fabrics use tens of MiB."""
+    link_probe_timeout_s: float = 10.0
+    """A probe not acknowledged within this counts as a sample of at most bytes/timeout."""
+    link_slow_factor: float = 4.0
+    """A node's link is slow when even its best probe over runtime.link_window is this many times
+    below the median of every node's best."""
+    link_window: int = 4
+    """Probes per node judged together (each round a node sends one and receives one, each with
+    another partner): its best must be slow, so one slow partner or one hiccup moves nothing."""
 
 
 @dataclass(kw_only=True)
@@ -510,6 +525,16 @@ def _validate_gray(cfg: RunConfig) -> None:
                           "Fix: pass runtime.gray_factor=<x> with x > 1.")
     if rt.gray_min_excess_s < 0:
         raise ConfigError("runtime.gray_min_excess_s must be >= 0. Fix: pass runtime.gray_min_excess_s=<seconds>.")
+    if rt.link_probe_s < 0 or 0 < rt.link_probe_s < 0.1:
+        raise ConfigError(f"runtime.link_probe_s={rt.link_probe_s} must be 0 (off) or at least 0.1. Fix: pass runtime.link_probe_s=<seconds>.")
+    if not 1 << 16 <= rt.link_probe_bytes <= 64 << 20:
+        raise ConfigError(f"runtime.link_probe_bytes={rt.link_probe_bytes} must be 64 KiB..64 MiB (65536..67108864). "
+                          "Fix: pass runtime.link_probe_bytes=<bytes>.")
+    if rt.link_probe_timeout_s <= 0:
+        raise ConfigError("runtime.link_probe_timeout_s must be > 0. Fix: pass runtime.link_probe_timeout_s=<seconds>.")
+    if rt.link_slow_factor <= 1.0:
+        raise ConfigError(f"runtime.link_slow_factor={rt.link_slow_factor} must be > 1. Fix: pass runtime.link_slow_factor=<x> with x > 1.")
+    _positive(rt.link_window, "runtime.link_window", minimum=2)
     if rt.gray_evict and cfg.parallel.dp < 2:
         raise ConfigError(f"runtime.gray_evict=true judges a rank against its data-parallel peers, and parallel.dp={cfg.parallel.dp} "
                           "has none. Fix: pass parallel.dp >= 2 or runtime.gray_evict=false.")

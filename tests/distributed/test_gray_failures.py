@@ -30,7 +30,8 @@ def test_a_slow_rank_is_moved_off_and_a_hiccup_moves_nothing(launch, baseline):
     (evict,) = [e for e in slow.journal() if e["type"] == "gray_evict"]
     # slow from step 6: found once 4 of its 6 windowed steps were slow (step 9; the vote of a step carries its busy time)
     assert evict["rank"] == 1 and 9 <= evict["step"] <= 10 and evict["ratio"] >= 1.5, evict
-    assert s["gray"]["evictions"] == [{"rank": 1, "node": evict["node"], "step": evict["step"], "ratio": evict["ratio"]}]
+    assert s["gray"]["evictions"] == [{"cause": "compute", "rank": 1, "node": evict["node"], "step": evict["step"],
+                                       "ratio": evict["ratio"], "excess_s": evict["excess_s"]}]
 
     assert_exact(h, ref)
     assert h["events"] == [] and not any(e["type"].startswith("gray") for e in hiccup.journal())
@@ -38,4 +39,7 @@ def test_a_slow_rank_is_moved_off_and_a_hiccup_moves_nothing(launch, baseline):
     assert max(e["dt"] for e in h["step_log"]) >= 2.0  # the stall did happen
     # a healthy rank never came near the factor (what the default is chosen against)
     assert h["gray"]["peak_ratio"]["3"] < 1.5, h["gray"]
+    # the node monitors probed each other's links all along (loopback here) and found nothing slow
+    for summary in (s, h):
+        assert summary["links"]["probes"] > 0 and summary["links"]["moved"] == [], summary["links"]
     assert len(events_of(s, "planned")) == 1

@@ -92,8 +92,10 @@ def test_a_throttled_node_is_found_slow_and_moved_off(slurm, tmp_path, tmp_path_
     layout, steps = [*LAYOUT, "model=medium"], 36  # medium steps take ~0.55 s: 36 leave 12 after the bound
     ref = reference_hash(tmp_path_factory, *layout, steps=steps)
     common = [o if not o.startswith("train.steps=") else f"train.steps={steps}" for o in COMMON]
+    # link probes off: a node throttled this hard also answers its probes slowly (its monitor shares
+    # the quota), and this test is about busy times
     run = SlurmRun(slurm, tmp_path / "run", [*layout, "standby.count=1", *common, "runtime.gray_evict=true",
-                                             "faults=[{step:12,kind:throttle,rank:1,amount:'15'}]"])
+                                             "runtime.link_probe_s=0", "faults=[{step:12,kind:throttle,rank:1,amount:'15'}]"])
     fault = run.wait_for(lambda e: e["type"] == "fault" and e.get("via") == "lab", what="the lab's throttle")
     assert fault["kind"] == "throttle" and fault["amount"] == "15" and slurm.node_slowness()[fault["node"]][0] == "15"
     evict = run.wait_for(lambda e: e["type"] == "gray_evict", what="the controller to move the slow node off")
@@ -104,6 +106,30 @@ def test_a_throttled_node_is_found_slow_and_moved_off(slurm, tmp_path, tmp_path_
     # found within the window (8 steps) plus the steps the throttle takes to show (documented bound)
     assert evict["step"] - 12 <= 12, evict
     assert max(v for r, v in s["gray"]["peak_ratio"].items() if r != "1") < 1.5, s["gray"]
+    assert exact(s, ref), {k: v for k, v in s.items() if k != "step_log"}
+
+
+def test_a_node_on_a_slow_link_is_found_by_link_probes_and_moved_off(slurm, tmp_path, tmp_path_factory):
+    """The lab limits rank 1's node's link to 20 mbit/s (tc tbf, both directions) at step 12. Busy
+    times cannot tell whose link it is (everyone waits alike); the node monitors' link probes can:
+    the node's best probe over its window is far below the other nodes', so the controller moves
+    it to the warm standby with a planned switch, and the run ends exact. No other node is judged
+    slow, and the batch host (which sees every other node's probes too) is not."""
+    ref = reference_hash(tmp_path_factory, *LAYOUT)
+    run = SlurmRun(slurm, tmp_path / "run", [*LAYOUT, "standby.count=1", *SLOW, "runtime.gray_evict=true",
+                                             "faults=[{step:12,kind:slowlink,rank:1,amount:'20mbit'}]"])
+    fault = run.wait_for(lambda e: e["type"] == "fault" and e.get("via") == "lab", what="the lab's slow link")
+    assert fault["kind"] == "slowlink" and slurm.node_slowness()[fault["node"]][1] == "20mbit", slurm.node_slowness()
+    evict = run.wait_for(lambda e: e["type"] == "gray_evict", what="the controller to move the slow-linked node off")
+    assert evict["cause"] == "link" and evict["node"] == fault["node"], evict
+    assert evict["best_mbps"] * 4 <= evict["median_mbps"], evict
+    # found within three rounds of probes (runtime.link_probe_s=2, a window of 4: two rounds) after the limit
+    assert evict["t"] - fault["at"] < 3 * 2.0 + 10.0, (evict, fault)
+    s = run.summary()
+    (ev,) = s["events"]
+    assert ev["kind"] == "planned" and ev["ranks"] == [1] and ev["status"] == "done", ev
+    assert s["links"]["moved"] == [fault["node"]] and s["links"]["probes"] > 0, s["links"]
+    assert [e for e in run.journal() if e["type"] in ("gray_evict", "link_slow") and e.get("node") != fault["node"]] == []
     assert exact(s, ref), {k: v for k, v in s.items() if k != "step_log"}
 
 

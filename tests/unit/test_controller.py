@@ -330,12 +330,28 @@ def test_a_gate_batch_is_handled_item_by_item_in_order(tmp_path):
     step = h.state.step
     votes = [MessageIn(h.conns[r], decode_agent({"type": "vote", "step": step, "epoch": 0, "rank": r, "loss": 1.0,
                                                  "dt": 0.01, "peak_rss_mb": 1.0})) for r in range(4)]
-    # a handler failing on one item (no handler for a heartbeat: the gate never queues one) leaves the
-    # items after it handled
+    # a handler failing on one item (a bug) leaves the items after it handled
     broken = MessageIn(h.conns[1], decode_agent({"type": "hb"}))
+
+    def bug(agent, msg):
+        raise RuntimeError("a bug in a handler")
+
+    h.ctl.handlers[type(broken.msg)] = bug
     h.ctl.handle(Batch([votes[0], votes[1], broken, votes[2], votes[3]]))
     assert h.state.step == step + 1 and h.got(0, "decision")[-1]["step"] == step
     assert [e["item"] for e in h.journal("handler_error")] == ["msg"]
+
+
+@pytest.mark.parametrize("msg", [{"type": "exited", "agent": "worker0.0#1", "pid": 1}, {"type": "probed", "seq": 1, "seconds": 0.1},
+                                 {"type": "sink", "host": "10.0.0.9", "port": 9}, {"type": "hb"}])
+def test_a_monitors_message_from_a_worker_is_refused_and_changes_nothing(tmp_path, msg):
+    h = Harness(tmp_path)
+    before = (h.state.step, h.state.epoch, {a: x.alive for a, x in h.state.agents.items()})
+    h.ctl.handle(MessageIn(h.conns[0], decode_agent(msg)))
+    assert (h.state.step, h.state.epoch, {a: x.alive for a, x in h.state.agents.items()}) == before
+    (refused,) = h.journal("message_refused")
+    assert refused["msg"] == msg["type"] and refused["agent"] == h.aid(0)
+    assert h.journal("handler_error") == []
 
 
 def test_the_step_log_keeps_a_ranks_peak_rss_only_when_it_changed(tmp_path):

@@ -45,6 +45,9 @@ def test_a_scrape_reads_commits_events_nodes_and_standbys(tmp_path):
     journal.write("node_lost", node="n1")
     journal.write("fenced", agent="a", rank=1, node="n1", cause="node lost")
     journal.write("node_released", node="n1")
+    journal.write("gray_evict", cause="link", node="n1", best_mbps=2.9, median_mbps=400.0, step=3)
+    journal.write("gray_evict", cause="compute", rank=1, node="n1", ratio=1.8, step=3)
+    journal.write("gray_evict", cause="compute", rank=0, node="n0", ratio=1.9, step=3)
     journal.write("abort", epoch=1, step=3)  # counts nothing
     run = tmp_path.name
     s = _scrape(port)
@@ -62,6 +65,8 @@ def test_a_scrape_reads_commits_events_nodes_and_standbys(tmp_path):
     assert math.isnan(_get(s, "tmslurm_last_event_seconds", run=run, part="pause_s"))  # the last event had none
     assert _get(s, "tmslurm_nodes_lost_total", run=run) == 1 and _get(s, "tmslurm_ranks_fenced_total", run=run) == 1
     assert _get(s, "tmslurm_nodes_given_back_total", run=run) == 1
+    assert _get(s, "tmslurm_gray_evictions_total", run=run, cause="compute") == 2
+    assert _get(s, "tmslurm_gray_evictions_total", run=run, cause="link") == 1
     assert _get(s, "tmslurm_warm_standbys", run=run, shape_class="only") == 1
     assert _get(s, "tmslurm_controller_restarts", run=run) == 0
     assert _get(s, "tmslurm_checkpoint_age_steps", run=run) == 3  # no checkpoint yet

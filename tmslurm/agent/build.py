@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 
 from tmslurm.agent.link import Link
-from tmslurm.comm.fabric import Fabric, FabricSettings, local_address_towards
+from tmslurm.comm.fabric import Fabric, FabricSettings
+from tmslurm.netaddr import local_address_towards
 from tmslurm.config import RunConfig
 from tmslurm.topology import Layout, split_layers
 from tmslurm.train.schedule import StageRunner

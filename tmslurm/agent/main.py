@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         if kind == "monitor":
             from tmslurm.agent.monitor import run_monitor
 
-            return run_monitor(args.run_dir, link, node_name(args.node), welcome.config["runtime"])
+            return run_monitor(args.run_dir, link, node_name(args.node), welcome.config["runtime"], welcome.address.host)
         if kind == "worker":
             from tmslurm.agent.worker import Worker
 

@@ -28,9 +28,11 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING, Any
 
-from tmslurm.wire.messages import Exited, Finish, Stopped, Watch
+from tmslurm.wire.messages import Exited, Finish, ProbeLink, Probed, SinkAt, Stopped, Watch
 from tmslurm.agent.link import Link
+from tmslurm.agent.linkprobe import Prober, ProbeJob, Sink
 from tmslurm.agent.relay import start_relay
+from tmslurm.netaddr import local_address_towards
 
 if TYPE_CHECKING:
     from tmslurm.agent.nodemetrics import NodeMetrics
@@ -44,8 +46,11 @@ REJOINED = object()
 
 class Monitor:
     def __init__(self, run_dir: Path, link: Link, node: str, stop_after_s: float, poll_s: float = 0.05,
-                 metrics: NodeMetrics | None = None) -> None:
+                 metrics: NodeMetrics | None = None, sink: Sink | None = None, prober: Prober | None = None) -> None:
         self.run_dir = Path(run_dir)
+        self.sink = sink
+        """This node's link-probe sink (``runtime.link_probe_s`` > 0), announced at start and on a rejoin."""
+        self.prober = prober
         self.metrics = metrics
         self.link = link
         self.node = node
@@ -61,6 +66,7 @@ class Monitor:
 
     def run(self) -> int:
         log.info("monitoring node %s", self.node)
+        self._announce_sink()
         try:
             while True:
                 if self._messages():
@@ -83,10 +89,24 @@ class Monitor:
                 return True
             if msg is REJOINED:
                 self._forget_all()
+                self._announce_sink()
                 if self.metrics is not None:
                     self.metrics.rejoins.inc()
             elif isinstance(msg, Watch):
                 self.watch(msg.agent, msg.pid)
+            elif isinstance(msg, ProbeLink):
+                self._probe(msg)
+
+    def _announce_sink(self) -> None:
+        if self.sink is not None:
+            host, port = self.sink.address
+            self.link.send(SinkAt(host=host, port=port))
+
+    def _probe(self, msg: ProbeLink) -> None:
+        if self.prober is None:
+            self.link.send(Probed(seq=msg.seq, error="this monitor runs no link probes"))
+        else:
+            self.prober.submit(ProbeJob(msg.seq, msg.host, msg.port, msg.nbytes))
 
     def watch(self, agent: str, pid: int) -> bool:
         if not is_agent_of(pid, self.run_dir):
@@ -164,9 +184,15 @@ def is_agent_of(pid: int, run_dir: Path) -> bool:
     return bool(given) and Path(os.fsdecode(given[0])).resolve() == Path(run_dir).resolve()
 
 
-def run_monitor(run_dir: Path, link: Link, node: str, rt: dict[str, Any]) -> int:
-    """The node's monitor, and its node relay (:mod:`tmslurm.agent.relay`) when ``runtime.relay`` is on."""
+def run_monitor(run_dir: Path, link: Link, node: str, rt: dict[str, Any], controller_host: str) -> int:
+    """The node's monitor, and its node relay (:mod:`tmslurm.agent.relay`) when ``runtime.relay`` is on,
+    and its link-probe sink and prober when ``runtime.gray_evict`` and ``runtime.link_probe_s`` are on."""
     relay = start_relay(run_dir, node, float(rt["heartbeat_interval_s"])) if rt.get("relay") else None
+    sink = prober = None
+    if rt.get("gray_evict") and float(rt.get("link_probe_s") or 0) > 0:
+        sink = Sink(local_address_towards(controller_host)).start()
+        prober = Prober(lambda seq, sec, err, late: link.send(Probed(seq=seq, seconds=sec, error=err, timed_out=late)),
+                        timeout_s=float(rt["link_probe_timeout_s"]))
     metrics = None
     if rt.get("monitor_metrics_port"):
         from tmslurm.agent.nodemetrics import NodeMetrics
@@ -174,8 +200,10 @@ def run_monitor(run_dir: Path, link: Link, node: str, rt: dict[str, Any]) -> int
         metrics = NodeMetrics(run_dir, node)
         metrics.serve(str(rt["metrics_addr"]), int(rt["monitor_metrics_port"]))
     try:
-        return Monitor(run_dir, link, node, float(rt["node_timeout_s"]), metrics=metrics).run()
+        return Monitor(run_dir, link, node, float(rt["node_timeout_s"]), metrics=metrics, sink=sink, prober=prober).run()
     finally:
+        if sink is not None:
+            sink.stop()
         if relay is not None:
             relay.drain(RELAY_DRAIN_S)
             relay.stop()

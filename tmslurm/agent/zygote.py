@@ -37,23 +37,10 @@ import random
 import sys
 import traceback
 from pathlib import Path
-from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
-CMDLINE_ROOM = 4096
-"""Bytes of command line the spawner gives the zygote (a padding argument), so that each agent can
-rewrite its own to a fresh agent's (:func:`_retitle`)."""
-
-class ForkRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-    argv: Annotated[list[str], Field(min_length=1, max_length=32)]
-    """Arguments of ``tmslurm.agent.main`` (``--run-dir D --rank R --node N``, ...)."""
-    env: dict[str, str]
-    """The agent's whole environment."""
-    log: Annotated[str, Field(min_length=1)]
-    """File its standard output and error are appended to."""
-
+from tmslurm.wire.zygote import ForkRequest
 
 def _preload() -> None:
     import torch  # noqa: F401  (the reason this process exists)
@@ -77,7 +64,7 @@ def _arg_area() -> tuple[int, int]:
 def _retitle(argv: list[str]) -> None:
     """Rewrite this process's command line in place to a fresh agent's (as ``setproctitle`` does),
     so whoever identifies agents on ``/proc`` (the node monitor, the benchmarks) sees one. The
-    zygote's own command line holds :data:`CMDLINE_ROOM` bytes of room for it."""
+    zygote's own command line holds :data:`tmslurm.wire.zygote.CMDLINE_ROOM` bytes of room for it."""
     start, end = _arg_area()
     line = _cmdline(argv)
     ctypes.memmove(start, line + b"\0" * (end - start - len(line)), end - start)

@@ -68,25 +68,6 @@ class FabricSettings:
     """Local address gloo binds to and advertises (None: gloo's default, this host's name)."""
 
 
-def local_address_towards(host: str) -> str:
-    """The local address this host uses to reach ``host`` (the rendezvous store's address).
-
-    On a real cluster a node's name may resolve to an address of another network (or not resolve
-    at all, as in the failure lab): gloo would then advertise an address its peers cannot reach,
-    or fall back to loopback. The address of the interface that routes to the store is reachable
-    by every peer that reaches the store. A UDP ``connect`` only consults the routing table; it
-    sends nothing. ``GLOO_SOCKET_IFNAME``, when set, still wins (torch's own convention)."""
-    import socket
-
-    probe = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        probe.connect((host, 9))
-        return probe.getsockname()[0]
-    except OSError as exc:
-        raise CommError(f"no route from this host to the rendezvous store at {host}: {exc}") from exc
-    finally:
-        probe.close()
-
 
 def gloo_device(s: FabricSettings) -> Any:
     import os

@@ -31,10 +31,10 @@ import time
 from pathlib import Path
 from typing import IO
 
+from tmslurm.wire.zygote import CMDLINE_ROOM, ForkRequest
+
 log = logging.getLogger(__name__)
 PR_SET_CHILD_SUBREAPER = 36
-CMDLINE_ROOM = 4096
-"""Bytes of padding on the zygote's command line (tmslurm.agent.zygote.CMDLINE_ROOM: the same)."""
 START_TIMEOUT_S = 120.0
 """Longest wait for the zygote's first answer (it imports torch before reading anything)."""
 
@@ -111,7 +111,7 @@ class Zygote:
         proc = self.proc or self._start()
         if proc is None:
             return None
-        line = json.dumps({"argv": argv, "env": env, "log": str(log_path)}) + "\n"
+        line = ForkRequest(argv=argv, env=env, log=str(log_path)).model_dump_json() + "\n"
         try:
             proc.stdin.write(line.encode())
             proc.stdin.flush()

@@ -17,7 +17,9 @@ Contract (pure: the caller passes every committed step's busy times and the cloc
 - :meth:`GrayWatch.allow_eviction` spends the hourly budget: at most ``budget_per_hour``
   evictions in any hour.
 - :class:`GrayEvictions` (``runtime.gray_evict``) feeds it each commit and turns a slow rank into a
-  maintenance notice for its node, so that the ordinary planned switch moves it to a warm standby.
+  maintenance notice for its node, so that the ordinary planned switch moves it to a warm standby;
+  :meth:`GrayEvictions.move_off` does the same for a node whose link is slow
+  (:mod:`tmslurm.controller.linkwatch`), under the same conditions and hourly budget.
 Nothing here raises on odd input: a vote without a busy time is skipped.
 """
 
@@ -152,25 +154,36 @@ class GrayEvictions:
             self._act(slow)
 
     def _act(self, slow: Slow) -> None:
-        st = self.ctx.state
-        agent = st.agent_of(slow.rank)
+        agent = self.ctx.state.agent_of(slow.rank)
         node = agent.node if agent is not None else None
-        if st.plan is not None or st.mode is not Mode.RUNNING or st.pending_notices:
-            return self._keep(slow, node, "a switch or recovery is in flight")
-        if not self.members.any_idle_standby():
-            return self._keep(slow, node, "no idle standby")
-        if not self.watch.allow_eviction(time.time()):
-            return self._keep(slow, node, f"the budget of runtime.gray_budget_per_hour={self.watch.s.budget_per_hour} is spent")
         reason = f"gray: rank {slow.rank} busy {slow.ratio:.2f}x its peers' (+{slow.excess_s:.3f} s a step) over {self.watch.s.window} steps"
-        self.evicted.append({"rank": slow.rank, "node": node, "step": st.step, "ratio": slow.ratio})
-        self.ctx.journal.write("gray_evict", rank=slow.rank, node=node, ratio=slow.ratio, excess_s=slow.excess_s, step=st.step)
+        why = self.move_off(node, reason, {"cause": "compute", "rank": slow.rank, "ratio": slow.ratio, "excess_s": slow.excess_s},
+                            fallback_rank=slow.rank)
+        if why is not None:
+            self._keep(slow, node, why)
+
+    def move_off(self, node: str | None, reason: str, record: dict[str, object], fallback_rank: int | None = None) -> str | None:
+        """Notice every rank of ``node`` (or ``fallback_rank`` when the node is unknown) for
+        maintenance: None once done (journal ``gray_evict`` with ``record``), else why nothing moved
+        (a switch or recovery in flight, no idle standby, the hourly budget spent)."""
+        st = self.ctx.state
+        if st.plan is not None or st.mode is not Mode.RUNNING or st.pending_notices:
+            return "a switch or recovery is in flight"
+        if not self.members.any_idle_standby():
+            return "no idle standby"
+        if not self.watch.allow_eviction(time.time()):
+            return f"the budget of runtime.gray_budget_per_hour={self.watch.s.budget_per_hour} is spent"
+        self.evicted.append({**record, "node": node, "step": st.step})
+        self.ctx.journal.write("gray_evict", **record, node=node, step=st.step)
         log.warning("%s: moving node %s off", reason, node)
         if node:
             self.ctx.hooks.node_lost(node)  # remembered as bad: no restarted rank or new spare lands there
         # one notice per rank of the node, by rank: a node notice for the batch host would checkpoint
         # and requeue the whole job, and a slow node is not worth that
-        for rank in (self.members.ranks_of_node(node) if node else []) or [slow.rank]:
+        ranks = (self.members.ranks_of_node(node) if node else []) or ([] if fallback_rank is None else [fallback_rank])
+        for rank in ranks:
             self.ctx.submit(NoticeIn(Notice(kind="maintenance", rank=rank, source="controller", reason=reason, time=time.time())))
+        return None
 
     def report(self) -> dict[str, object]:
         """For the summary: the settings, the evictions and each rank's largest windowed ratio."""

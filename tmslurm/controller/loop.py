@@ -35,10 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from tmslurm.config import RunConfig
+from tmslurm.config import RunConfig, wants_monitors
 from tmslurm.controller.adoption import AdoptOrder, Adoption
 from tmslurm.controller.commits import Commits
 from tmslurm.controller.gray import GrayEvictions
+from tmslurm.controller.linkwatch import LinkProbes
 from tmslurm.controller.context import Context
 from tmslurm.controller.deadlines import Deadlines
 from tmslurm.controller.hooks import ClusterHooks
@@ -104,11 +105,14 @@ class Controller:
         self.restarts = Restarts(self.ctx, self.members, self.plans)
         self.recoveries = Recoveries(self.ctx, self.members, self.plans, self.restarts)
         self.switches = Switches(self.ctx, self.members, self.plans, self.restarts, self.recoveries)
-        self.commits = Commits(self.ctx, self.members, GrayEvictions(self.ctx, self.members) if cfg.runtime.gray_evict else None)
-        self.summary = Summary(self.ctx, self.commits)
+        gray = GrayEvictions(self.ctx, self.members) if cfg.runtime.gray_evict else None
+        self.commits = Commits(self.ctx, self.members, gray)
+        links = (LinkProbes(self.ctx, gray.move_off, self.members.ranks_of_node)
+                 if gray is not None and cfg.runtime.link_probe_s > 0 and wants_monitors(cfg) else None)
+        self.summary = Summary(self.ctx, self.commits, links)
         self.intake = Intake(self.ctx, self.members, self.switches, self.recoveries, self.restarts, self.summary.status)
         self.deadlines = Deadlines(self.ctx, self.members, self.plans, self.recoveries, self.restarts, self.commits)
-        self.monitors = NodeMonitors(self.ctx, self.members, self.recoveries)
+        self.monitors = NodeMonitors(self.ctx, self.members, self.recoveries, links)
         self.renewal = SpareRenewal(self.ctx, self.members)
         self.handlers: dict[type, Callable[[Agent, Any], None]] = {
             m.Vote: self.commits.on_vote, m.Progress: self.commits.on_progress, m.Groups: self.commits.on_groups,
@@ -245,8 +249,13 @@ class Controller:
             self.monitors.on_msg(item.conn, item.msg)
             return
         agent = self.members.agent_of_conn(item.conn)
-        if agent is not None and agent.alive:
-            self.handlers[type(item.msg)](agent, item.msg)
+        if agent is None or not agent.alive:
+            return
+        handler = self.handlers.get(type(item.msg))
+        if handler is None:  # a monitor's message (exited, probed, ...) from a worker or standby: changes nothing
+            self.ctx.journal.write("message_refused", agent=agent.aid, msg=str(item.msg.type)[:40])
+            return
+        handler(agent, item.msg)
 
     def _on_disconnect(self, item: Disconnected) -> None:
         if self.monitors.owns(item.conn):

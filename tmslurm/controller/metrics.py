@@ -7,7 +7,7 @@ Contract:
   downtime ``part``, a standby's ``shape_class``. Never a step number or a node name.
 - It is fed from two places, both cheap: :meth:`observe` is the journal's listener (completed
   events with their downtime and parts, nodes lost, ranks fenced, nodes given back, a controller
-  restart), and :meth:`on_commits` gets the step log entries of new commits and the warm pool
+  restart, a gray eviction by ``cause``), and :meth:`on_commits` gets the step log entries of new commits and the warm pool
   (steps, step times, commit latencies, checkpoint stalls, warm standbys by shape class). The checkpoint's age is read at scrape time
   from the run directory (:func:`~tmslurm.train.ckpt_index.latest_complete`).
 - :meth:`serve` starts prometheus_client's HTTP server on ``runtime.metrics_addr`` (default
@@ -80,6 +80,8 @@ class RunMetrics:
                               registry=reg).labels(**self.base)
         self.given_back = Counter("tmslurm_nodes_given_back", "Nodes given back to Slurm after a switch emptied them",
                                   names, registry=reg).labels(**self.base)
+        self.gray_evictions = Counter("tmslurm_gray_evictions", "Nodes moved off because they were slow: their ranks' "
+                                      "compute (cause=compute) or their link (cause=link)", [*names, "cause"], registry=reg)
         self.controller_restarts = Gauge("tmslurm_controller_restarts", "Times this run's controller was restarted",
                                          names, registry=reg).labels(**self.base)
         self.controller_restarts.set(controller_incarnation)
@@ -89,6 +91,7 @@ class RunMetrics:
         self.handlers: dict[str, Callable[[dict[str, Any]], None]] = {
             "event": self._on_event, "node_lost": lambda e: self.nodes_lost.inc(),
             "fenced": lambda e: self.fenced.inc(), "node_released": lambda e: self.given_back.inc(),
+            "gray_evict": self._on_gray_evict,
         }
         """Journal entry type -> what it counts."""
 
@@ -107,6 +110,10 @@ class RunMetrics:
         for part in EVENT_PARTS:
             value = rec.get(part)
             self.last_parts.labels(**self.base, part=part).set(value if isinstance(value, (int, float)) else float("nan"))
+
+    def _on_gray_evict(self, rec: dict[str, Any]) -> None:
+        cause = rec.get("cause")
+        self.gray_evictions.labels(**self.base, cause=cause if cause in ("compute", "link") else "other").inc()
 
     def on_commits(self, entries: list[dict[str, Any]], warm: dict[str, int]) -> None:
         """New step log entries (one per commit) and the idle warm standbys per shape class."""

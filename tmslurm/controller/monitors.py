@@ -17,7 +17,10 @@ thread, which only stamps a time):
   heartbeat timeout.
 - A monitor that disconnects or goes silent alone is dropped (``monitor_gone``); its node falls
   back to heartbeats. Monitors get a ``beat`` every ``runtime.controller_lost_s`` / 5 (they get no
-  decisions) and ``finish`` at the end like every agent. Nothing here raises.
+  decisions) and ``finish`` at the end like every agent.
+- With link probes on, a monitor's ``sink`` and ``probed`` go to :class:`LinkProbes`, every
+  :meth:`tick` lets it start a round among the live monitors, and a dropped monitor's node is
+  forgotten there. Nothing here raises.
 """
 
 from __future__ import annotations
@@ -27,11 +30,12 @@ import time
 from dataclasses import dataclass
 
 from tmslurm.controller.context import Context
+from tmslurm.controller.linkwatch import LinkProbes
 from tmslurm.controller.membership import Membership
 from tmslurm.controller.recoveries import Recoveries
 from tmslurm.config import to_dict
 from tmslurm.controller.state import Agent, Mode
-from tmslurm.wire.messages import Address, Beat, ErrorReply, Exited, Finish, Hello, Stopped, Watch, Welcome
+from tmslurm.wire.messages import Address, Beat, ErrorReply, Exited, Finish, Hello, Probed, SinkAt, Stopped, Watch, Welcome
 from tmslurm.wire.protocol import LineChannel
 
 log = logging.getLogger(__name__)
@@ -48,8 +52,10 @@ class NodeMonitor:
 
 
 class NodeMonitors:
-    def __init__(self, ctx: Context, members: Membership, recoveries: Recoveries) -> None:
+    def __init__(self, ctx: Context, members: Membership, recoveries: Recoveries, links: LinkProbes | None = None) -> None:
         self.ctx = ctx
+        self.links = links
+        """Link probes between the monitors (``runtime.gray_evict`` with ``runtime.link_probe_s`` > 0); None: off."""
         self.state = ctx.state
         self.members = members
         self.recoveries = recoveries
@@ -92,6 +98,8 @@ class NodeMonitors:
 
     def on_msg(self, conn: int, msg: object) -> None:
         mon = self.monitors[conn]
+        if mon.alive and self.links is not None and isinstance(msg, (SinkAt, Probed)):
+            return self.links.sink_at(mon.node, msg) if isinstance(msg, SinkAt) else self.links.probed(mon.node, msg)
         if not mon.alive or not isinstance(msg, (Exited, Stopped)):
             return
         agent = self.state.agents.get(msg.agent)
@@ -134,6 +142,8 @@ class NodeMonitors:
             if now_m - self._freshest_elsewhere(mon.node) > limit / 2:
                 continue  # nobody else heard either: the controller stalled, not the node
             self._node_lost(mon, agents, now_m - mon.last_seen)
+        if self.links is not None:
+            self.links.tick(now_m, {m.node: m.channel for m in self.monitors.values() if m.alive})
 
     def _beat(self, now_m: float) -> None:
         """Monitors get no decisions: the beat is all that tells them their controller lives."""
@@ -177,6 +187,8 @@ class NodeMonitors:
     def _drop(self, mon: NodeMonitor, why: str) -> None:
         mon.alive = False
         mon.channel.close()
+        if self.links is not None:
+            self.links.forget(mon.node)
         self.ctx.journal.write("monitor_gone", node=mon.node, why=why)
 
     def finish(self) -> None:

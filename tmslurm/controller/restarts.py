@@ -43,7 +43,7 @@ from tmslurm.controller.membership import Membership
 from tmslurm.controller.planbook import PlanBook
 from tmslurm.controller.state import CheckpointThen, JobEnd, Mode
 from tmslurm.wire.messages import Started
-from tmslurm.controller.journal import read_journal
+from tmslurm.controller.journal import journalled, read_journal
 from tmslurm.train.ckpt_index import latest_complete
 
 log = logging.getLogger(__name__)
@@ -217,8 +217,7 @@ class Restarts:
         if claim is None:
             return False
         target, snap = self._last_commit()
-        st.fired = set(snap.get("fired", [])) | {e["index"] for e in read_journal(rd.events)
-                                                   if e.get("type") in ("fault", "fault_firing") and "index" in e}
+        st.fired = set(snap.get("fired", [])) | set(journalled(read_journal(rd.events), ("fault", "fault_firing"), "index"))
         cause = f"controller lost ({claim.get('why', '?')}); requeued by the monitor of {claim.get('node', '?')}"
         rec = self._record("controller_lost_requeue", "unexpected", cause, [], float(claim.get("t", time.time())),
                            snap.get("last_commit_t"), target, st.step)

@@ -19,6 +19,7 @@ import logging
 from typing import Any
 
 from tmslurm.controller.commits import Commits
+from tmslurm.controller.linkwatch import LinkProbes
 from tmslurm.controller.context import Context
 from tmslurm.controller.events import describe
 from tmslurm.controller.final import final_hashes, fold_slices
@@ -41,10 +42,11 @@ def job_chain(events: list[dict[str, Any]], job_id: str | None) -> list[dict[str
 
 
 class Summary:
-    def __init__(self, ctx: Context, commits: Commits) -> None:
+    def __init__(self, ctx: Context, commits: Commits, links: LinkProbes | None = None) -> None:
         self.ctx = ctx
         self.state = ctx.state
         self.commits = commits
+        self.links = links
 
     def status(self) -> dict[str, Any]:
         st, layout = self.state, self.ctx.layout
@@ -98,6 +100,7 @@ class Summary:
             "memory": self.memory(),
             "pending_notices": [dataclasses.asdict(n) for n in st.pending_notices],
             "gray": self.commits.gray.report() if self.commits.gray is not None else None,
+            "links": self.links.report() if self.links is not None else None,
             "restart_mode": self.ctx.cfg.runtime.restart_mode, "failed": st.failed_reason, **cluster,
             "jobs": job_chain(summary_events, cluster.get("main_job_id")),
         }

@@ -41,6 +41,7 @@ Name = Annotated[str, Field(min_length=1, max_length=256)]
 Text = Annotated[str, Field(max_length=4000)]
 Token = Annotated[str, Field(max_length=256)]
 Digest = Annotated[str, Field(min_length=1, max_length=128)]
+Port = Annotated[int, Field(ge=1, le=65535)]
 
 
 class BadMessage(ProtocolError):
@@ -414,8 +415,27 @@ class Stopped(Msg):
     stopped_s: Seconds
 
 
+class SinkAt(Msg):
+    """A node monitor's link-probe sink listens here (:mod:`tmslurm.agent.linkprobe`)."""
+
+    type: Literal["sink"] = "sink"
+    host: Name
+    port: Port
+
+
+class Probed(Msg):
+    """A node monitor's answer to :class:`ProbeLink` ``seq``: the seconds it took, or why there are none."""
+
+    type: Literal["probed"] = "probed"
+    seq: Count
+    seconds: Seconds | None = None
+    error: Text = ""
+    timed_out: bool = False
+    """No seconds because the bytes took longer than the probe's timeout (a slow link, not a cut one)."""
+
+
 AgentMessage = Annotated[Union[Heartbeat, Started, Groups, Vote, Progress, Prepared, Switched, Left, ShadowReady, Aborted, Recovered,
-                               CommErrorReport, FaultFired, Done, Ready, Joined, JoinFailed, Exited, Stopped],
+                               CommErrorReport, FaultFired, Done, Ready, Joined, JoinFailed, Exited, Stopped, SinkAt, Probed],
                          Field(discriminator="type")]
 
 
@@ -556,6 +576,16 @@ class Watch(Msg):
     pid: AnyInt
 
 
+class ProbeLink(Msg):
+    """To a node monitor: send ``nbytes`` to the link-probe sink at host:port and say how long it took."""
+
+    type: Literal["probe"] = "probe"
+    seq: Count
+    host: Name
+    port: Port
+    nbytes: Annotated[int, Field(ge=1, le=64 << 20)]
+
+
 class Beat(Msg):
     """The controller is alive (sent every ``runtime.controller_lost_s`` / 5)."""
 
@@ -583,7 +613,7 @@ class StatusReply(Msg):
 
 
 ControllerMessage = Annotated[Union[Welcome, Decision, Abort, Prepare, Join, Activate, Recover, Cancel, Finish, Beat,
-                                    Watch, ErrorReply, OkReply, StatusReply], Field(discriminator="type")]
+                                    Watch, ProbeLink, ErrorReply, OkReply, StatusReply], Field(discriminator="type")]
 
 Hello.model_rebuild()  # its ``rejoin`` names Rejoin, defined after it
 _AGENT: TypeAdapter[Any] = TypeAdapter(AgentMessage)

@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     except TmslurmError as exc:
         log.error("%s", exc)
         return 2
-    return run_monitor(args.run_dir, link, node, welcome.config["runtime"])
+    return run_monitor(args.run_dir, link, node, welcome.config["runtime"], welcome.address.host)
 
 
 if __name__ == "__main__":
