@@ -277,10 +277,11 @@ class RuntimeConfig:
     failure lab's slowlink passes 256 KiB at full speed); on fast fabrics use tens of MiB."""
     link_probe_timeout_s: float = 10.0
     """A probe not acknowledged within this counts as a sample of at most bytes/timeout."""
-    link_slow_factor: float = 4.0
+    link_slow_factor: float = 10.0
     """A node's link is slow when even its best probe over runtime.link_window is this many times
-    below the median of every node's best."""
-    link_window: int = 4
+    below the median of every node's best (on the 2-core lab a healthy node's best was once 8.7x
+    below; a 20 mbit/s link is ~900x)."""
+    link_window: int = 6
     """Probes per node judged together (each round a node sends one and receives one, each with
     another partner): its best must be slow, so one slow partner or one hiccup moves nothing."""
 

@@ -10,7 +10,7 @@ from tests.unit.controller_harness import Harness
 from tests.unit.test_gray import _notices
 from tests.unit.test_monitors import add_monitor
 from tmslurm.controller.items import MessageIn
-from tmslurm.controller.linkwatch import LinkSettings, LinkWatch
+from tmslurm.controller.linkwatch import SETTLE_STEPS, LinkSettings, LinkWatch
 from tmslurm.wire.messages import Probed, SinkAt
 
 S = LinkSettings(factor=4.0, window=4)
@@ -87,6 +87,9 @@ def _harness(tmp_path, standbys: int = 1) -> tuple[Harness, dict[str, tuple[int,
         conn, ch = add_monitor(h, node)
         h.ctl.handle(MessageIn(conn, SinkAt(host=f"10.0.0.{len(mons) + 1}", port=9000)))
         mons[node] = (conn, ch)
+    h.ctl.monitors.tick(999.0)  # epoch 0 seen: steady once SETTLE_STEPS steps are committed
+    for _ in range(SETTLE_STEPS):
+        h.commit_all()
     return h, mons
 
 
@@ -156,3 +159,28 @@ def test_a_monitor_that_goes_away_is_forgotten(tmp_path):
     h.ctl.handle(Disconnected(mons["n3"][0]))
     links = h.ctl.monitors.links
     assert "n3" not in links.sinks and "n3" not in links.watch.samples
+
+
+def test_links_are_probed_only_while_the_run_is_steady_and_a_change_of_epoch_starts_every_window_over(tmp_path):
+    h = Harness(tmp_path, 2, 2, 1, "runtime.gray_evict=true", "runtime.link_probe_s=1.0", "runtime.link_window=2")
+    mons = {}
+    for node in ["n0", "n1", "n2", "n3", "s0"]:
+        conn, ch = add_monitor(h, node)
+        h.ctl.handle(MessageIn(conn, SinkAt(host="10.0.0.1", port=9000)))
+        mons[node] = (conn, ch)
+    probes = lambda: [m for _, ch in mons.values() for m in ch.sent if m["type"] == "probe"]  # noqa: E731
+    for i in range(SETTLE_STEPS):  # starting processes starve the monitors: no probe yet
+        h.ctl.monitors.tick(1000.0 + i)
+        assert probes() == []
+        h.commit_all()
+    _round(h, mons, 1010.0, {})
+    links = h.ctl.monitors.links
+    assert len(probes()) == 5 and all(len(d) == 2 for d in links.watch.samples.values())
+    h.ctl.monitors.tick(1011.0)
+    (late,) = [m for m in mons["n0"][1].sent if m["type"] == "probe" and not m.get("_answered")]
+    h.state.epoch += 1  # a switch or a recovery: who holds the slots changed
+    h.ctl.handle(MessageIn(mons["n0"][0], Probed(seq=late["seq"], seconds=0.9)))  # sent in the old epoch
+    assert links.watch.samples == {}
+    sent = len(probes())
+    h.ctl.monitors.tick(1020.0)
+    assert len(probes()) == sent  # not steady again until SETTLE_STEPS more steps

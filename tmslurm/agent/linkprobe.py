@@ -38,7 +38,6 @@ ACK = b"TMSLACK1"
 MAX_PROBE_BYTES = 64 << 20
 CHUNK = 1 << 16
 MAX_CONNECTIONS = 8
-_ZEROS = bytes(CHUNK)
 
 
 class ProbeTimeout(TimeoutError):
@@ -101,12 +100,13 @@ class Sink:
         (n,) = struct.unpack(">Q", head[8:])
         if n > MAX_PROBE_BYTES:
             raise ValueError(f"probe of {n} bytes is over the limit of {MAX_PROBE_BYTES}")
+        buf = memoryview(bytearray(min(n, CHUNK * 16) or 1))
         left = n
         while left:
-            got = conn.recv(min(CHUNK, left))
+            got = conn.recv_into(buf, min(len(buf), left))
             if not got:
                 raise ConnectionError(f"probe ended {left} bytes short")
-            left -= len(got)
+            left -= got
         with self.count_lock:
             self.served += 1  # before the answer: whoever got the answer sees it counted
         conn.sendall(ACK + struct.pack(">Q", n))
@@ -130,16 +130,14 @@ def probe(host: str, port: int, nbytes: int, timeout_s: float) -> float:
         conn = socket.create_connection((host, port), timeout=timeout_s)
     except TimeoutError as exc:
         raise ConnectionError(f"no connection to the sink within {timeout_s:g} s") from exc
+    payload = memoryview(bytearray(nbytes))
     with conn:
         t0 = time.monotonic()
-        deadline = t0 + timeout_s
         try:
+            conn.settimeout(timeout_s)  # for the whole sendall (Python >= 3.5), not per chunk
             conn.sendall(MAGIC + struct.pack(">Q", nbytes))
-            left = nbytes
-            while left:
-                conn.settimeout(max(0.01, deadline - time.monotonic()))
-                left -= conn.send(_ZEROS[:min(CHUNK, left)])
-            conn.settimeout(max(0.01, deadline - time.monotonic()))
+            conn.sendall(payload)
+            conn.settimeout(max(0.01, t0 + timeout_s - time.monotonic()))
             ack = _read_exactly(conn, 16)
         except TimeoutError as exc:
             raise ProbeTimeout(f"{nbytes} bytes not acknowledged within {timeout_s:g} s") from exc

@@ -16,7 +16,10 @@ Contract:
 - :meth:`LinkWatch.pairs` pairs the nodes for one round: node i sends to node i+k, with k turning
   every round, so each node sends one probe and receives one, each round from other partners.
 - :class:`LinkProbes` (on the controller's thread) sends each round's :class:`ProbeLink` to the
-  monitors, matches each :class:`Probed` to its request (an unknown or foreign ``seq`` changes
+  monitors only while the run is steady (running, no plan in flight, at least
+  :data:`SETTLE_STEPS` steps committed since the last change of epoch, whose start clears every
+  window: starting and warming processes starve the monitors of CPU on a small host, and a probe
+  then measures the CPU, not the link), matches each :class:`Probed` to its request (an unknown or foreign ``seq`` changes
   nothing), turns a timed-out probe into a sample of at most ``nbytes / timeout``, and hands a
   slow node to :meth:`GrayEvictions.move_off`, which moves its ranks to warm standbys or journals
   why not (``gray_suspect``). A node without ranks (a spare's) is journalled (``link_slow``) and
@@ -32,10 +35,13 @@ from dataclasses import dataclass
 from typing import Callable
 
 from tmslurm.controller.context import Context
+from tmslurm.controller.state import Mode
 from tmslurm.wire.messages import Probed, ProbeLink, SinkAt
 from tmslurm.wire.protocol import LineChannel
 
 log = logging.getLogger(__name__)
+SETTLE_STEPS = 3
+"""Steps committed after a change of epoch (or the start) before links are probed again."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,6 +76,10 @@ class LinkWatch:
         self.samples.pop(node, None)
         self.reported.discard(node)
 
+    def restart(self) -> None:
+        """Every window starts over (what a node reported stays reported until it is fast again)."""
+        self.samples.clear()
+
     def best(self) -> dict[str, float]:
         """Each node with a full window of at least two partners: its best throughput."""
         return {n: max(m for _, m in d) for n, d in self.samples.items()
@@ -103,6 +113,7 @@ class Pending:
     sender: str
     sink: str
     sent_m: float
+    epoch: int
 
 
 class LinkProbes:
@@ -130,6 +141,9 @@ class LinkProbes:
         """The last reason journalled for a slow node that was not moved, per node."""
         self.probes = 0
         self.failed = 0
+        self.epoch = -1
+        self.settled_at = 0
+        """The step from which the current epoch counts as steady."""
 
     def sink_at(self, node: str, msg: SinkAt) -> None:
         self.sinks[node] = (msg.host, msg.port)
@@ -144,7 +158,7 @@ class LinkProbes:
         stale = [s for s, p in self.pending.items() if now_m - p.sent_m > self.timeout_s + 10.0]
         for s in stale:
             del self.pending[s]
-        if now_m < self.next_round_m:
+        if now_m < self.next_round_m or not self._steady():
             return
         self.next_round_m = now_m + self.period_s
         nodes = sorted(n for n in self.sinks if n in channels and n not in self.moved)
@@ -155,8 +169,15 @@ class LinkProbes:
             self.seq += 1
             host, port = self.sinks[sink]
             if channels[sender].try_send(ProbeLink(seq=self.seq, host=host, port=port, nbytes=self.nbytes)):
-                self.pending[self.seq] = Pending(sender, sink, now_m)
+                self.pending[self.seq] = Pending(sender, sink, now_m, self.epoch)
         self.round_no += 1
+
+    def _steady(self) -> bool:
+        st = self.ctx.state
+        if st.epoch != self.epoch:
+            self.epoch, self.settled_at = st.epoch, st.step + SETTLE_STEPS
+            self.watch.restart()
+        return st.mode is Mode.RUNNING and st.plan is None and st.step >= self.settled_at
 
     def probed(self, node: str, msg: Probed) -> None:
         p = self.pending.get(msg.seq)
@@ -165,6 +186,8 @@ class LinkProbes:
             return
         del self.pending[msg.seq]
         self.probes += 1
+        if not self._steady() or p.epoch != self.epoch:
+            return  # sent before a change, or answered during one: it measured a busy host
         if msg.seconds is not None and msg.seconds > 0:
             mbps = self.nbytes / msg.seconds / 1e6
         elif msg.timed_out:
