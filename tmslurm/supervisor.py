@@ -19,7 +19,8 @@ connect through their node's relay (``runtime.relay``) and ``advert``, replaced 
 - The controller exits with a finished status (0, or 10 without a final hash) or a start error
   (2): :meth:`Supervisor.run` stops every process and returns that status.
 - It dies otherwise (a signal such as ``kill -9``, a crash): ``controller_died`` is journalled and,
-  while ``runtime.controller_restarts`` allows and some worker still runs, ``adopt.json`` is
+  while ``runtime.controller_restarts`` allows and some worker or standby still runs (a standby may
+  serve a rank, and one that does not is adopted warm), ``adopt.json`` is
   written (incarnation, time of death, the processes still alive) and a new controller starts at
   once with ``--adopt`` (:mod:`tmslurm.controller.adoption`). Otherwise every process is stopped
   and the status returned.
@@ -148,8 +149,8 @@ class Supervisor:
         if incarnation >= limit:
             log.error("the controller died (status %s) and runtime.controller_restarts=%d are used up: the run ends", rc, limit)
             return False
-        if not any(kind == "worker" for kind, _ in alive):
-            log.error("the controller died (status %s) and no rank is left to adopt: the run ends", rc)
+        if not alive:  # a standby may serve a rank: once every first worker was replaced, only standbys do
+            log.error("the controller died (status %s) and no worker or standby is left to adopt: the run ends", rc)
             return False
         log.warning("the controller died (status %s); starting incarnation %d to adopt %d live processes",
                     rc, incarnation + 1, len(alive))
