@@ -463,6 +463,22 @@ def test_a_recovery_caught_by_the_controllers_death_is_redone_from_its_start(tmp
         assert {"type": "abort", "epoch": 2, "step": 3} in r.channels[rank].sent
 
 
+def test_a_recovery_of_ranks_that_got_no_decision_yet_is_redone_at_the_step_they_compute(tmp_path):
+    """Every live rank was started (or joined) since the last decision: none holds one, each computes
+    step 3 when the dead controller aborted it. The recovery is redone at step 3, not at the run's
+    start step (which would commit steps 0..2 again: a step logged twice with no restart to say so)."""
+    first_incarnation(tmp_path)
+    r = Restarted(tmp_path, [k for k in ALL if k != ("worker", 2)])
+    r.hello("s0", "standby", 0, rejoin(None, None))
+    for rank in (0, 1, 3):
+        r.hello(rank, "worker", rank, rejoin(rank, None, epoch=1).model_copy(
+            update={"step": 3, "in_plan": True, "aborting": True}))
+    r.ctl.adoption.tick()
+    (abort,) = r.journal("abort")
+    assert r.journal("adopted")[0]["resumed_recovery"] is True and abort["step"] == 3 and abort["dead"] == [2]
+    assert r.ctl.state.step == 3
+
+
 def test_a_recovery_join_that_finishes_while_adopting_is_ignored_as_before(tmp_path):
     """Only a committed switch's joiner takes its slot from a ``joined`` sent while adopting; a
     recovery's joiner does not: the recovery is redone with its rank dead."""
@@ -484,6 +500,17 @@ def test_a_recovery_is_not_redone_over_decisions_that_differ(tmp_path):
         r.hello(rank, "worker", rank, rejoin(rank, 2 if rank else 1).model_copy(update={"in_plan": True, "aborting": True}))
     r.ctl.adoption.tick()
     assert restarted_after_refusal(r, "decisions differ")
+
+
+def test_a_recovery_is_not_redone_when_a_rank_with_no_decision_computes_another_step(tmp_path):
+    first_incarnation(tmp_path)
+    r = Restarted(tmp_path, ALL)
+    r.hello("s0", "standby", 0, rejoin(None, None))
+    for rank in range(4):
+        rj = rejoin(rank, None if rank == 3 else 2).model_copy(update={"step": 5 if rank == 3 else 3})
+        r.hello(rank, "worker", rank, rj.model_copy(update={"in_plan": True, "aborting": True}))
+    r.ctl.adoption.tick()
+    assert restarted_after_refusal(r, "decisions differ: [2, 4]")
 
 
 def test_a_standby_that_joined_and_got_no_decision_yet_is_placed_by_its_step(tmp_path):

@@ -241,8 +241,9 @@ class Adoption:
         if (why := self._missing(workers)) is not None:
             return why
         decisions = [c.rejoin.decision for c in workers.values() if c.rejoin.decision is not None]
-        if len({d.step for d in decisions}) > 1:
-            return f"a recovery was in flight and the ranks' last decisions differ: {sorted({d.step for d in decisions})}"
+        steps = {self._last_step(c) for c in workers.values()}
+        if len(steps) > 1:
+            return f"a recovery was in flight and the ranks' last decisions differ: {sorted(steps)}"
         if any(d.switch is not None or d.checkpoint for d in decisions):
             return "the last decision carried a switch or a checkpoint"
         if any(c.rejoin is not None and c.rejoin.leaving for c in self.claims.values()):
@@ -255,8 +256,7 @@ class Adoption:
         is gone are the new plan's dead. No step was committed during a recovery: it is redone once."""
         st, now = self.ctx.state, time.time()
         workers = self._workers()
-        decisions = [c.rejoin.decision for c in workers.values() if c.rejoin.decision is not None]
-        last = decisions[0].step if decisions else st.start_step - 1
+        last = max(self._last_step(c) for c in workers.values())  # one step (:meth:`_resume_refusal`)
         st.epoch = max(c.rejoin.epoch for c in self.claims.values() if c.rejoin is not None)
         st.epochs = max(st.epochs, st.epoch)
         st.step, st.mode, st.votes = last + 1, Mode.RUNNING, {}
