@@ -52,9 +52,6 @@ JOB_STARTS = ("requeue", "resumed_after_requeue", "resumed_after_lost_controller
 """Journal records at a Slurm job boundary: the next job's controller starts again at epoch 0."""
 NOTES = {"requeue-*.json": "requeue_t", "controller-lost-*.json": "t"}
 """Archived notes of a job's end and the key of its time (after the job's last commit)."""
-FROM_SNAPSHOT = ("resumed_after_lost_controller", "resumed_after_unfinished_end", "controller_lost_requeue",
-                 "job_end_unfinished")
-"""Redos counted from ``snapshot.json``, which may miss the last commit the step log has: one more allowed."""
 HANDED_OUT = ("event_begin", "abort", "recover", "restart")
 SLACK_S = 1.0
 """How far before its fault an event may be stamped (the journal's writers take time separately)."""
@@ -161,8 +158,8 @@ def redo_allowances(files: RunFiles, events: list[dict[str, Any]]) -> Counter[tu
         if e.get("type") == "restart" and _ints(e, "from_step", "lost_steps"):
             journal[e["from_step"], e["from_step"] + e["lost_steps"]] += 1
         elif str(e.get("type")).startswith("resumed_after_") and _ints(e, "from_step", "redo_steps"):
-            journal[e["from_step"], e["from_step"] + e["redo_steps"] + (e["type"] in FROM_SNAPSHOT)] += 1
-    evs = Counter((e["from_checkpoint_step"], e["from_checkpoint_step"] + e["lost_steps"] + (e.get("kind") in FROM_SNAPSHOT))
+            journal[e["from_step"], e["from_step"] + e["redo_steps"]] += 1
+    evs = Counter((e["from_checkpoint_step"], e["from_checkpoint_step"] + e["lost_steps"])
                   for e in events if _ints(e, "from_checkpoint_step", "lost_steps"))
     return Counter({k: n for k, n in (journal | evs).items() if k[1] > k[0]})
 
@@ -182,7 +179,9 @@ def check_commits(files: RunFiles, events: list[dict[str, Any]]) -> Check:
         elif s < expected:
             redo = next(((a, b) for a, b in sorted(+allowed) if a == s and a < expected <= b), None)
             if redo is None:
-                bad.append({"problem": "duplicate", "step": s, "logged_up_to": expected - 1, "entry": entry, "index": i})
+                first = next((e for e in reversed(steps[:i]) if e["step"] == s), entry)
+                bad.append({"problem": "duplicate", "step": s, "logged_up_to": expected - 1, "entry": entry, "index": i,
+                            "journal_between": journal_between(files.journal, first.get("t_end"), entry.get("t_end"))})
             else:
                 allowed[redo] -= 1
         expected = s + 1
@@ -192,6 +191,21 @@ def check_commits(files: RunFiles, events: list[dict[str, Any]]) -> Check:
         bad.append({"problem": "beyond the summary's last step", "logged_up_to": expected - 1, "last": last})
     detail = f"steps {start}..{last}: {len(steps)} log entries"
     return Check(name="commits", status="FAIL" if bad else "PASS", detail=detail, offending=bad)
+
+
+CONTEXT_KEYS = ("kind", "step", "from_step", "lost_steps", "redo_steps", "target_step", "epoch", "incarnation",
+                "ranks", "cause", "why", "reason")
+
+
+def journal_between(journal: list[dict[str, Any]], t0: Any, t1: Any, most: int = 40) -> list[str]:
+    """The journal records stamped from ``t0`` to ``t1`` (what happened between two commits of one
+    step), one short line each with the keys that say why steps were redone; [] without both times."""
+    if not isinstance(t0, (int, float)) or not isinstance(t1, (int, float)):
+        return []
+    out = [f"{e.get('t', 0) - t0:+.2f}s {e.get('type')} " + " ".join(
+        f"{k}={str(e[k])[:80]}" for k in CONTEXT_KEYS if k in e)
+        for e in journal if isinstance(e.get("t"), (int, float)) and t0 <= e["t"] <= t1]
+    return out if len(out) <= most else out[:most // 2] + [f"... {len(out) - most} more ..."] + out[-most // 2:]
 
 
 def _ints(rec: dict[str, Any], *keys: str) -> bool:

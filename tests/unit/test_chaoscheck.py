@@ -88,8 +88,8 @@ def requeue_run() -> dict[str, Any]:
 
 
 def _lost_controller(r, logged_beyond: int):
-    """The requeue was a node monitor's after the controller was lost: its redo counted from a
-    snapshot that missed the last ``logged_beyond`` commits the step log has."""
+    """The requeue was a node monitor's after the controller was lost: its redo counted ``logged_beyond``
+    commits short of the step log (0: counted right, from the step log)."""
     _no_journal_boundary(r)
     j = [e for e in r["journal"] if e.get("kind") != "requeue_restart"]
     j.insert(-5, {"t": T0 + 30.0, "type": "resumed_after_lost_controller", "from_step": 8,
@@ -207,8 +207,8 @@ CASES: list[tuple[str, Callable[[], dict], Callable | None, str, str]] = [
     ("redo twice", restart_run, _redo_twice, "commits", "FAIL"),
     ("two restarts from one checkpoint", restart_run, _restart_twice, "commits", "PASS"),
     ("requeue redo passes", requeue_run, None, "commits", "PASS"),
-    ("lost controller: snapshot one commit behind", requeue_run, lambda r: _lost_controller(r, 1), "commits", "PASS"),
-    ("lost controller: snapshot two commits behind", requeue_run, lambda r: _lost_controller(r, 2), "commits", "FAIL"),
+    ("lost controller: redo counted from the step log", requeue_run, lambda r: _lost_controller(r, 0), "commits", "PASS"),
+    ("lost controller: redo one commit short", requeue_run, lambda r: _lost_controller(r, 1), "commits", "FAIL"),
     ("epochs pass", switch_run, None, "epochs", "PASS"),
     ("requeue starts at epoch 0 again", requeue_run, None, "epochs", "PASS"),
     ("job boundary from the archived note", requeue_run, _no_journal_boundary, "epochs", "PASS"),
@@ -244,6 +244,19 @@ def test_invariant(tmp_path, make, mutate, check, status):
     assert got.status == status, (got.detail, got.offending)
     assert bool(got.offending) == (status == "FAIL")
     assert report.passed == (status == "PASS")
+
+
+def test_a_duplicate_lists_what_the_journal_says_between_its_two_commits(tmp_path):
+    """A step logged again with no redo to allow it: the report shows the journal from its first commit
+    to the second, which says why (here the restart's record counts 4 of the 5 steps it redoes)."""
+    run = restart_run()
+    run["journal"] = [{**e, "lost_steps": 4} if e["type"] == "restart" else e for e in run["journal"]]
+    run["summary"]["events"] = [{**e, "lost_steps": 4} if e.get("kind") == "restart" else e for e in run["summary"]["events"]]
+    report = check_run(write_run(tmp_path / "run", run))
+    (bad,) = [o for c in report.checks if c.name == "commits" for o in c.offending]
+    assert (bad["problem"], bad["step"], bad["logged_up_to"]) == ("duplicate", 8, 12), bad
+    assert [line.split()[1] for line in bad["journal_between"]] == ["fault", "restart", *["agent_up"] * 4], bad
+    assert "from_step=8 lost_steps=4" in bad["journal_between"][1]
 
 
 def test_false_alarm_is_reported_with_its_cause(tmp_path):

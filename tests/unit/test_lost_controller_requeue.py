@@ -113,3 +113,17 @@ def test_the_next_incarnation_records_the_loss_and_the_steps_it_redoes(tmp_path)
     assert not rd.controller_lost.exists() and list(tmp_path.glob("controller-lost-*.json"))
     (entry,) = h.journal("resumed_after_lost_controller")
     assert entry["redo_steps"] == 26 and entry["node"] == "node2"
+
+
+def test_a_snapshot_a_commit_behind_the_step_log_counts_the_steps_the_log_has(tmp_path):
+    """The host died between appending step 27 to the step log and replacing the snapshot (26 steps):
+    the redo is counted from the log (28 steps), so the step logged twice is an allowed redo."""
+    rd = RunDir(tmp_path)
+    rd.controller_lost.write_text(json.dumps({"t": 1000.0, "node": "node2", "why": "silent 5.1s", "requeue_rc": 0}))
+    rd.snapshot.write_text(json.dumps({"step": 26, "epoch": 0, "t": 990.0, "last_commit_t": 989.5, "fired": []}))
+    rd.steps.write_text("".join(json.dumps({"step": s, "t_end": 900.0 + s}) + "\n" for s in range(28)))
+    h = Harness(tmp_path, 2, 2, 1)
+    (ev,) = h.ctl.ctx.events.items
+    assert ev["target_step"] == 28 and ev["lost_steps"] == 28
+    (entry,) = h.journal("resumed_after_lost_controller")
+    assert entry["redo_steps"] == 28 and entry["last_committed"] == 28

@@ -38,7 +38,7 @@ from typing import Any, Callable
 
 from tmslurm.controller.context import Context
 from tmslurm.controller.items import Released
-from tmslurm.controller.snapshot import read_snapshot
+from tmslurm.controller.snapshot import read_snapshot, read_steps
 from tmslurm.controller.membership import Membership
 from tmslurm.controller.planbook import PlanBook
 from tmslurm.controller.state import CheckpointThen, JobEnd, Mode
@@ -184,7 +184,8 @@ class Restarts:
         rec["from_job_id"] = saved.get("job_id")
         rec["reschedule_s"] = time.time() - saved["requeue_t"]
         st.restart_t = time.time()
-        self.ctx.journal.write("resumed_after_requeue", from_step=st.step, reschedule_s=rec["reschedule_s"])
+        self.ctx.journal.write("resumed_after_requeue", from_step=st.step, redo_steps=rec["lost_steps"],
+                               reschedule_s=rec["reschedule_s"])
         for held in [r for r in self.ctx.events.items if r["status"] == "switched"]:  # carried over, and this one
             self.ctx.events.hold(held)
 
@@ -247,11 +248,14 @@ class Restarts:
         return note
 
     def _last_commit(self) -> tuple[int, dict[str, Any]]:
-        """The previous incarnation's last committed step (``snapshot.json``; this one's step when
-        there is none) and the snapshot; the event log's last commit time is taken from it."""
+        """The steps the previous incarnation committed and its snapshot: the most that ``snapshot.json``
+        or the step log says (the log is appended before the snapshot is replaced, so a host that died
+        between the two leaves a snapshot a commit behind); this one's step when there is neither. The
+        event log's last commit time is taken from the snapshot."""
         snap = read_snapshot(self.ctx.rundir.snapshot) or {}
         self.ctx.events.last_commit_t = snap.get("last_commit_t")
-        return int(snap.get("step", self.state.step)), snap
+        logged = read_steps(self.ctx.rundir.steps)
+        return max(int(snap.get("step", self.state.step)), logged[-1]["step"] + 1 if logged else 0), snap
 
     def checkpoint_and_requeue(self, node: str, reason: str) -> None:
         if self.state.checkpoint_then is not None:
