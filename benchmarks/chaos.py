@@ -156,6 +156,9 @@ def soak(chaos: Chaos, args: argparse.Namespace) -> None:
         if (chaos.job.run_dir / "summary.json").exists():
             raise TmslurmError(f"run {chaos.job.run_dir} ended during the soak; see its events.jsonl")
         st = chaos.job.status()
+        if not st and chaos.job.left_the_queue():
+            raise TmslurmError(f"the main job {chaos.job.job_id} left Slurm's queue during the soak (the run ended "
+                               f"without a summary); see {chaos.job.run_dir}/events.jsonl")
         chaos.repairs(st)
         if time.monotonic() >= next_at and st.get("mode") == "running":
             f = chaos.fault(st)

@@ -2,7 +2,8 @@
 
 Contract: :class:`SlurmJob` submits ``tmslurm-launch cluster=slurm`` with the given overrides and polls
 the run's ``status`` through its control socket; its waits end with :class:`TmslurmError` naming what
-was awaited when the time runs out or the run ends first. :func:`sh` runs one command and raises
+was awaited when the time runs out or the run ends first (a summary, or the main job gone from
+Slurm's queue while its control socket does not answer). :func:`sh` runs one command and raises
 with the tail of its stderr when it fails; :func:`local_slurm` calls the failure lab's script of this
 checkout (``scripts/local-slurm``), so it needs a source checkout, not a wheel.
 """
@@ -51,8 +52,22 @@ class SlurmJob:
                 return st
             if (self.run_dir / "summary.json").exists():
                 raise TmslurmError(f"run ended while waiting for {what}")
+            if not st and self.left_the_queue():
+                raise TmslurmError(f"the main job {self.job_id} left Slurm's queue (the run ended without a summary: "
+                                   f"see {self.run_dir}/events.jsonl) while waiting for {what}")
             time.sleep(0.5)
         raise TmslurmError(f"timed out after {timeout:.0f}s waiting for {what} (job {self.job_id}, run {self.run_dir})")
+
+    def left_the_queue(self) -> bool:
+        """True when Slurm answers and no longer lists the main job (a requeued one is still listed);
+        False while it does or while Slurm does not answer (slurmctld stopped: not known)."""
+        try:
+            r = subprocess.run(["squeue", "-h", "-j", self.job_id, "-o", "%T"], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        if r.returncode != 0:  # an ended job may also be refused as an invalid id once Slurm forgot it
+            return "Invalid job id" in r.stderr
+        return not r.stdout.strip()
 
     def warm_pool(self, n: int, timeout: float = 600) -> dict[str, Any]:
         return self.wait(lambda st: sum(1 for s in st.get("standbys", []) if len(s["roles"]) >= len(_roles(st)) and not s["busy"]) >= n,

@@ -14,7 +14,6 @@ only when the run directory cannot be written.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from typing import Any
 
@@ -23,6 +22,7 @@ from tmslurm.controller.linkwatch import LinkProbes
 from tmslurm.controller.context import Context
 from tmslurm.controller.events import describe
 from tmslurm.controller.final import final_hashes, fold_slices
+from tmslurm.jsonfile import write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class Summary:
             "restart_mode": self.ctx.cfg.runtime.restart_mode, "failed": st.failed_reason, **cluster,
             "jobs": job_chain(summary_events, cluster.get("main_job_id")),
         }
-        self.ctx.rundir.summary.write_text(json.dumps(summary, indent=1, default=str))
+        write_json_atomic(self.ctx.rundir.summary, summary, indent=1)  # pollers wait for it to exist
         for rec in summary["events"]:
             log.info("event: %s", describe(rec))
         return summary
