@@ -41,8 +41,9 @@ from tmslurm.controller.journal import read_journal
 from tmslurm.errors import TmslurmError
 
 SETTLE_S = 900.0
-POOL_WAIT_S = 180.0
-"""How long the end waits for both standbys to be warm again before it settles for no event in flight."""
+POOL_WAIT_S = 90.0
+"""How long the end waits for both standbys to be warm again before it settles for no event in flight
+(a spare starts and warms in ~15 s when a node is free; on a small lab restarted ranks may hold them all)."""
 
 
 def overrides(args: argparse.Namespace) -> list[str]:
