@@ -384,6 +384,22 @@ def test_a_notice_survives_a_checkpoint_restart_and_is_planned_once_the_ranks_ar
     assert h.ctl.summary.write()["pending_notices"] == []
 
 
+def test_a_planned_move_the_run_ended_before_stays_a_pending_notice_in_the_summary(tmp_path):
+    """The notice's planned switch was still in phase 1 when the last step committed (seen in CI: it
+    began while a checkpoint restart's ranks started, and the run reached its end first): the
+    summary lists no planned event and the notice as pending, with the notice's own time."""
+    h = Harness(tmp_path, 2, 2, 1)
+    h.ctl.intake.notice(notice(rank=1, reason="psu"))
+    plan = h.state.plan
+    assert isinstance(plan, PlannedSwitch) and not plan.applied
+    h.ctl.plans.end_of_run()
+    s = h.ctl.summary.write()
+    assert [e for e in s["events"] if e["kind"] == "planned"] == []
+    (pending,) = s["pending_notices"]
+    assert (pending["rank"], pending["reason"], pending["time"]) == (1, "psu", plan.event["notice_t"])
+    assert h.journal("event_cancelled")
+
+
 class RequeueCluster(FakeCluster):
     def __init__(self) -> None:
         super().__init__()

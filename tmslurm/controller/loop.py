@@ -317,8 +317,7 @@ class Controller:
             if agent.alive:
                 agent.channel.try_send(m.Finish())
         self.monitors.finish()
-        if self.state.plan is not None:  # a switch the run ended before: no event, no downtime
-            self.ctx.events.cancel(self.state.plan)
+        self.plans.end_of_run()  # a switch the run ended before: no event, no downtime; its notice stays pending
         summary = self.summary.write()
         self.ctx.spawner.stop_all(grace_s=5.0)  # agents exit on "finish"; what is left after 5 s is killed
         server.close()

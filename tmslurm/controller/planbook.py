@@ -7,7 +7,9 @@ the cluster hooks (which answer with a ``released`` queue item), the mode return
 the pool, still warm), the event is marked cancelled and, with ``requeue``, a planned move whose
 ranks are still alive becomes a pending notice again. A joiner that had not reported ``joined`` is
 remembered in ``state.dropped_joins``: it may have finished before the ``cancel`` reached it, and
-its late ``joined`` is then handled by ``Recoveries.late_join``. Neither raises.
+its late ``joined`` is then handled by ``Recoveries.late_join``. :meth:`PlanBook.end_of_run` does the
+bookkeeping of a cancel when the run ends (a planned move not applied stays a pending notice). None
+raises.
 """
 
 from __future__ import annotations
@@ -44,6 +46,18 @@ class PlanBook:
         self.ctx.hooks.release_nodes(empty, lambda node: self.ctx.submit(Released(node)))
         self.state.mode = Mode.RUNNING
         self.state.retry_notices = True
+
+    def end_of_run(self) -> None:
+        """The run ended with a plan in flight: its event is cancelled (no switch, no downtime), and a
+        planned move not yet applied leaves its notice pending, so the summary still lists it."""
+        plan = self.state.plan
+        if plan is None:
+            return
+        self.ctx.events.cancel(plan)
+        if isinstance(plan, PlannedSwitch) and not plan.applied:
+            t = (plan.event or {}).get("notice_t") or time.time()
+            self.state.pending_notices += [Notice(kind="maintenance", rank=r, source="controller", reason=plan.reason,
+                                                  time=t) for r in plan.ranks]
 
     def cancel(self, requeue: bool) -> None:
         plan, self.state.plan = self.state.plan, None
