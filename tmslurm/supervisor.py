@@ -46,6 +46,7 @@ from typing import Any, Protocol
 
 from tmslurm.config import RunConfig
 from tmslurm.logs import LOG_CONTEXT
+from tmslurm.jsonfile import write_json_atomic
 from tmslurm.rundir import RunDir
 from tmslurm.controller.journal import Journal
 from tmslurm.controller.spawnpipe import serve
@@ -134,12 +135,9 @@ class Supervisor:
         return rc
 
     def _advertise(self, pid: int, incarnation: int) -> None:
-        path = self.rundir.controller
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps({"host": self.host, "port": self.listener.getsockname()[1], "store_port": self.store.port,
-                                   "pid": pid, "incarnation": incarnation, "relay": self.cfg.runtime.relay,
-                                   **self.child.advert}))
-        os.replace(tmp, path)
+        write_json_atomic(self.rundir.controller, {
+            "host": self.host, "port": self.listener.getsockname()[1], "store_port": self.store.port,
+            "pid": pid, "incarnation": incarnation, "relay": self.cfg.runtime.relay, **self.child.advert})
 
     def _restart(self, incarnation: int, rc: int) -> bool:
         died_t = time.time()
@@ -154,9 +152,7 @@ class Supervisor:
             return False
         log.warning("the controller died (status %s); starting incarnation %d to adopt %d live processes",
                     rc, incarnation + 1, len(alive))
-        tmp = self.rundir.adopt.with_name(self.rundir.adopt.name + ".tmp")
-        tmp.write_text(json.dumps({"incarnation": incarnation + 1, "died_t": died_t, "alive": alive}))
-        os.replace(tmp, self.rundir.adopt)
+        write_json_atomic(self.rundir.adopt, {"incarnation": incarnation + 1, "died_t": died_t, "alive": alive})
         return True
 
 

@@ -55,9 +55,8 @@ class PlanBook:
             return
         self.ctx.events.cancel(plan)
         if isinstance(plan, PlannedSwitch) and not plan.applied:
-            t = (plan.event or {}).get("notice_t") or time.time()
-            self.state.pending_notices += [Notice(kind="maintenance", rank=r, source="controller", reason=plan.reason,
-                                                  time=t) for r in plan.ranks]
+            # every rank of the plan, with the notice's own time: the summary reports the notice as it came
+            self.state.pending_notices += notices_again(plan, plan.ranks, (plan.event or {}).get("notice_t") or time.time())
 
     def cancel(self, requeue: bool) -> None:
         plan, self.state.plan = self.state.plan, None
@@ -74,6 +73,10 @@ class PlanBook:
         self.ctx.events.cancel(plan)
         if requeue and isinstance(plan, PlannedSwitch):
             alive = [r for r in plan.ranks if self.state.agent_of(r) is not None and self.state.agent_of(r).alive]
-            if alive:
-                self.state.pending_notices.append(Notice(kind="maintenance", rank=alive[0], source="controller",
-                                                         reason=plan.reason, time=time.time()))
+            if alive:  # one live rank's notice, from now, plans the move again
+                self.state.pending_notices += notices_again(plan, alive[:1], time.time())
+
+
+def notices_again(plan: PlannedSwitch, ranks: list[int], t: float) -> list[Notice]:
+    """Maintenance notices that put ``plan``'s move of ``ranks`` back in the queue (noticed at ``t``)."""
+    return [Notice(kind="maintenance", rank=r, source="controller", reason=plan.reason, time=t) for r in ranks]

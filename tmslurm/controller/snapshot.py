@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from pathlib import Path
 from typing import Any
+
+from tmslurm.jsonfile import write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -73,10 +74,8 @@ class Snapshots:
                 return
 
     def _write(self, item: dict[str, Any]) -> None:
-        tmp = self.path.with_name(self.path.name + ".tmp")
         try:
-            tmp.write_text(json.dumps(item))
-            os.replace(tmp, self.path)
+            write_json_atomic(self.path, item)
         except OSError as exc:
             log.error("cannot write %s: %s", self.path, exc)
 

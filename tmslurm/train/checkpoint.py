@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from tmslurm.errors import CheckpointError
+from tmslurm.jsonfile import write_json_atomic
 from tmslurm.rundir import RunDir
 from tmslurm.train.ckpt_index import latest_complete  # noqa: F401  (re-exported)
 from tmslurm.topology import Layout
@@ -117,9 +117,7 @@ def write_meta(path: Path, snap: Snapshot) -> None:
     model = {k[len("model/"):]: v for k, v in snap.state.items() if k.startswith("model/")}
     meta = {"step": snap.step, "stage": snap.stage, "data_step": snap.step, "digest": named_digest(model),
             "state_digest": state_digest(snap.state), "has_optim_state": snap.has_optim_state}
-    tmp = path / "meta.json.tmp"
-    tmp.write_text(json.dumps(meta))
-    os.replace(tmp, path / "meta.json")
+    write_json_atomic(path / "meta.json", meta)
 
 
 def save_stage(run_dir: str | Path, step: int, stage: int | str, runner: StageRunner) -> Path:
