@@ -19,11 +19,11 @@ connect through their node's relay (``runtime.relay``) and ``advert``, replaced 
 - The controller exits with a finished status (0, or 10 without a final hash) or a start error
   (2): :meth:`Supervisor.run` stops every process and returns that status.
 - It dies otherwise (a signal such as ``kill -9``, a crash): ``controller_died`` is journalled and,
-  while ``runtime.controller_restarts`` allows and some worker or standby still runs (a standby may
-  serve a rank, and one that does not is adopted warm), ``adopt.json`` is
-  written (incarnation, time of death, the processes still alive) and a new controller starts at
-  once with ``--adopt`` (:mod:`tmslurm.controller.adoption`). Otherwise every process is stopped
-  and the status returned.
+  while ``runtime.controller_restarts`` allows, ``adopt.json`` is written (incarnation, time of
+  death, the workers and standbys still alive: a standby may serve a rank, one that does not is
+  adopted warm, and with none alive the successor restarts every rank from the checkpoint) and a
+  new controller starts at once with ``--adopt`` (:mod:`tmslurm.controller.adoption`). Otherwise
+  every process is stopped and the status returned.
 
 It never signals anything but its own children. :meth:`Supervisor.forward` passes a signal on to
 the running controller (on Slurm: SIGUSR1, the time limit near, sent to the batch shell only).
@@ -147,9 +147,9 @@ class Supervisor:
         if incarnation >= limit:
             log.error("the controller died (status %s) and runtime.controller_restarts=%d are used up: the run ends", rc, limit)
             return False
-        if not alive:  # a standby may serve a rank: once every first worker was replaced, only standbys do
-            log.error("the controller died (status %s) and no worker or standby is left to adopt: the run ends", rc)
-            return False
+        # Nobody alive (a checkpoint restart whose ranks were not running yet, say) still gets a successor:
+        # it adopts nobody and restarts every rank from the checkpoint, in this job. Ending here ended
+        # the Slurm job too, racing the node monitor that requeues a job whose controller was lost.
         log.warning("the controller died (status %s); starting incarnation %d to adopt %d live processes",
                     rc, incarnation + 1, len(alive))
         write_json_atomic(self.rundir.adopt, {"incarnation": incarnation + 1, "died_t": died_t, "alive": alive})

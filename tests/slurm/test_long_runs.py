@@ -55,6 +55,10 @@ def test_a_time_limit_then_a_batch_host_drain_three_jobs_no_step_lost(slurm, tmp
     slurm.run("scontrol", "update", f"nodename={batch}", "state=drain", "reason=maint-batch")
     rq = run.wait_for(lambda e: e["type"] == "requeue" and e.get("kind") == "batch_host_requeue", what="job 2's requeue")
     assert rq["exclude"] == [batch], rq
+    run.wait_for(lambda e: e["type"] == "resumed_after_requeue" and e["t"] > rq["t"], timeout=240, what="job 3 to resume")
+    # read while job 3 runs: the lab's MinJobAge=10 drops an ended job's record, and under load job 3
+    # may end by its own limit too (then a 4th job ends the run)
+    assert _requeues(slurm, run.job_id) >= 1
     s = run.summary(timeout=420)
     # (ExcNodeList is set best-effort: Slurm refuses it while the requeued job is still completing;
     # the drained node cannot be allocated anyway)
@@ -63,7 +67,6 @@ def test_a_time_limit_then_a_batch_host_drain_three_jobs_no_step_lost(slurm, tmp
     assert [j["ended_by"] for j in chain[:2]] == ["job_end_resubmit", "batch_host_requeue"], chain
     assert all(j["lost_steps"] == 0 for j in chain[:-1]), chain  # a checkpoint at each boundary
     assert [j["job_id"] for j in chain[:3]] == [first, run.job_id, run.job_id], chain
-    assert _requeues(slurm, first) == 0 and _requeues(slurm, run.job_id) >= 1, chain
     assert s["steps"] == steps and exact(s, ref), {k: v for k, v in s.items() if k != "step_log"}
 
 

@@ -225,6 +225,17 @@ def test_adoption_refuses_what_it_cannot_know(tmp_path, bad):
     assert restarted_after_refusal(r)
 
 
+def test_with_nobody_alive_the_successor_restarts_every_rank_from_the_checkpoint(tmp_path):
+    """The controller died while none of its processes ran (a checkpoint restart whose ranks were not up
+    yet): the supervisor still starts a successor, which waits for nobody and restarts in the same job."""
+    first_incarnation(tmp_path)
+    r = Restarted(tmp_path, [])
+    assert r.ctl.state.expected == set()
+    r.ctl.adoption.tick()
+    assert restarted_after_refusal(r, "no rank came back")
+    assert r.ctl.state.epoch > 0 and r.ctl.state.incarnation > 2  # nothing reused from the dead incarnation
+
+
 def test_a_process_that_never_rejoins_is_fenced_and_its_rank_recovered(tmp_path, monkeypatch):
     first_incarnation(tmp_path)
     r = Restarted(tmp_path, ALL)

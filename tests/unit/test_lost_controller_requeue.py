@@ -87,6 +87,35 @@ def test_the_first_main_job_monitor_claims_and_records_a_failed_requeue(run_dir)
     assert json.loads(run_dir.controller_lost.read_text())["node"] == "node2"  # one claim per loss
 
 
+def test_the_claim_is_on_disk_before_scontrol_requeue_runs(run_dir, tmp_path):
+    """The requeue ends the monitor's own step, often before scontrol returns: what the claim says
+    must already be written when scontrol runs (it was written after, and a CI soak found it empty)."""
+    seen = tmp_path / "seen-by-scontrol.json"
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\ncp '{run_dir.controller_lost}' '{seen}'\necho requeued\n")
+    scontrol.chmod(0o755)
+    assert requeue_orphaned_job(run_dir.path, "node2", "silent 5s", scontrol=str(scontrol)) is True
+    early = json.loads(seen.read_text())
+    assert early["node"] == "node2" and early["why"] == "silent 5s" and "requeue_rc" not in early
+    claim = json.loads(run_dir.controller_lost.read_text())
+    assert claim["requeue_rc"] == 0 and claim["requeue_output"] == "requeued" and claim["t"] == early["t"]
+
+
+@pytest.mark.parametrize("text", ["", "{\"node\": \"node2\"", "[1]", "{\"t\": \"soon\"}"])
+def test_a_claim_cut_off_before_it_was_written_still_records_the_loss(tmp_path, text):
+    rd = RunDir(tmp_path)
+    rd.controller_lost.write_text(text)
+    os.utime(rd.controller_lost, (1000.0, 1000.0))
+    rd.snapshot.write_text(json.dumps({"step": 26, "epoch": 0, "t": 990.0, "last_commit_t": 989.5, "fired": []}))
+    h = Harness(tmp_path, 2, 2, 1)
+    (ev,) = h.ctl.ctx.events.items
+    assert ev["kind"] == "controller_lost_requeue" and ev["requeue_t"] == 1000.0 and ev["lost_steps"] == 26
+    assert "the claim was cut off" in ev["cause"]
+    assert not rd.controller_lost.exists() and list(tmp_path.glob("controller-lost-*.json"))
+    (entry,) = h.journal("resumed_after_lost_controller")
+    assert entry["redo_steps"] == 26
+
+
 def test_snapshots_keep_only_the_newest_and_close_writes_the_last(tmp_path):
     snaps = Snapshots(tmp_path / "snapshot.json")
     for step in range(200):

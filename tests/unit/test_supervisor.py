@@ -33,10 +33,10 @@ class FakeStore:
     ([("worker", 0), ("standby", 5)], 0, 3, True),
     ([("standby", 1), ("standby", 4), ("standby", 5), ("standby", 6)], 0, 3, True),  # every rank served by a standby
     ([("standby", 7)], 1, 3, True),  # warm only: the successor refuses to adopt and restarts from the checkpoint
-    ([], 0, 3, False),
+    ([], 0, 3, True),  # a restart's ranks not running yet: the successor restarts them from the checkpoint
     ([("worker", 0)], 3, 3, False),  # restarts used up
 ])
-def test_a_successor_starts_while_any_worker_or_standby_runs(tmp_path, alive, incarnation, restarts, adopts):
+def test_a_successor_starts_while_restarts_are_left(tmp_path, alive, incarnation, restarts, adopts):
     cfg = compose_config([f"runtime.controller_restarts={restarts}"])
     with socket.create_server(("127.0.0.1", 0)) as listener:
         sup = Supervisor(cfg, tmp_path, FakeOwner(alive), listener, FakeStore(), "127.0.0.1")

@@ -5,7 +5,8 @@ connects to the controller named in ``D/controller.json``, authenticates with ``
 its assignment (the run config, the generation of each group, the step to start at) and then runs
 as a :class:`~tmslurm.agent.worker.Worker`, a :class:`~tmslurm.agent.standby.Standby` or the
 node's :class:`~tmslurm.agent.monitor.Monitor` (which imports no torch).
-A heartbeat thread reports liveness; a reader thread queues controller messages and raises the
+Its code (torch, for a worker or standby) is imported before the hello, so the heartbeat thread
+that starts with the hello is never held up by an import. A heartbeat thread reports liveness; a reader thread queues controller messages and raises the
 abort flag the moment an ``abort`` arrives, so a rank blocked in a collective stops waiting.
 If the controller goes away the agent exits (status 3): a rank never trains on without it.
 SIGUSR1 (Slurm's notice that the main job's time limit is near) is ignored: the controller acts on it;
@@ -62,19 +63,22 @@ def main(argv: list[str] | None = None) -> int:
     else:
         kind, ident = ("worker", args.rank) if args.rank is not None else ("standby", args.standby)
     LOG_CONTEXT["who"] = {"worker": f"rank{ident}", "standby": f"standby{ident}", "monitor": "monitor"}[kind]
+    # Imported before the hello: a worker's or standby's import (torch) takes seconds and holds the GIL
+    # through whole C-extension loads. Started after the hello, its heartbeat thread could stay silent
+    # past runtime.heartbeat_timeout_s on a loaded host (a CI run fenced every rank at step 0 that way).
+    if kind == "monitor":
+        from tmslurm.agent.monitor import run_monitor
+    elif kind == "worker":
+        from tmslurm.agent.worker import Worker
+    else:
+        from tmslurm.agent.standby import Standby
     try:
         link, welcome = hello(args.run_dir, kind, ident, node_name(args.node))
         if kind == "monitor":
-            from tmslurm.agent.monitor import run_monitor
-
             return run_monitor(args.run_dir, link, node_name(args.node), welcome.config["runtime"], welcome.address.host)
         if kind == "worker":
-            from tmslurm.agent.worker import Worker
-
             Worker.from_welcome(args.run_dir, link, welcome, ident).run()
         else:
-            from tmslurm.agent.standby import Standby
-
             Standby(args.run_dir, link, welcome, ident).run()
     except TmslurmError as exc:
         log.error("%s", exc)

@@ -219,7 +219,8 @@ class Restarts:
             return False
         target, snap = self._last_commit()
         st.fired = set(snap.get("fired", [])) | set(journalled(read_journal(rd.events), ("fault", "fault_firing"), "index"))
-        cause = f"controller lost ({claim.get('why', '?')}); requeued by the monitor of {claim.get('node', '?')}"
+        why = claim.get("why", f"unknown: the claim was cut off, {claim['unreadable']}" if "unreadable" in claim else "?")
+        cause = f"controller lost ({why}); requeued by the monitor of {claim.get('node', '?')}"
         rec = self._record("controller_lost_requeue", "unexpected", cause, [], float(claim.get("t", time.time())),
                            snap.get("last_commit_t"), target, st.step)
         rec["reschedule_s"] = time.time() - float(claim.get("t", time.time()))
@@ -236,14 +237,23 @@ class Restarts:
     @staticmethod
     def _take_note(path: Path, archive: Callable[[float], Path]) -> dict[str, Any] | None:
         """Read a note the previous incarnation left and move it to ``archive(its t)``; None when there is
-        none or it cannot be read (logged, left in place)."""
+        none. A note that exists but cannot be parsed (its writer was killed between creating and
+        writing it) still says that it happened: it is taken as ``{"t": its mtime, "unreadable": why}``,
+        logged and archived; one that cannot even be stat'ed is logged and left in place (None)."""
         try:
             note = json.loads(path.read_text())
+            if not isinstance(note, dict) or not isinstance(note.get("t"), (int, float)):
+                raise ValueError("not a JSON object with a numeric 't'")
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as exc:
-            log.warning("ignoring an unreadable %s: %s", path, exc)
-            return None
+            try:
+                note = {"t": path.stat().st_mtime, "unreadable": str(exc)}
+            except OSError as stat_exc:
+                log.warning("ignoring %s: unreadable (%s) and cannot be stat'ed (%s)", path, exc, stat_exc)
+                return None
+            log.warning("%s is unreadable (%s): its writer was cut off; taking it as written at its mtime, cause "
+                        "unknown", path, exc)
         path.rename(archive(float(note.get("t", time.time()))))
         return note
 

@@ -13,7 +13,8 @@ monitor cut off from a live controller never requeues a healthy run:
   (polled every 2 s, at most ``max_wait_s``; a controller that answers meanwhile cancels it);
 - it answers a ``status`` request: alive, nothing is done.
 Then it claims ``controller-lost.json`` with ``O_EXCL`` (one monitor acts per loss), writes there
-when, where and why, and runs ``scontrol requeue <main job>``. The job's next incarnation resumes
+when, where and why (synced to disk first: the requeue ends this monitor's own step, often before
+``scontrol`` returns), runs ``scontrol requeue <main job>`` and, if still alive, adds its result. The job's next incarnation resumes
 from the latest complete checkpoint and records the loss as an event (see
 :meth:`~tmslurm.controller.restarts.Restarts.resume_after_requeue`). A failing ``scontrol`` is
 written in the claim and the monitor's log; nothing here raises.
@@ -33,6 +34,7 @@ import time
 from pathlib import Path
 
 from tmslurm.errors import ProtocolError, SlurmError, TmslurmError
+from tmslurm.jsonfile import write_json_atomic
 from tmslurm.logs import LOG_CONTEXT, setup_logging
 from tmslurm.rundir import RunDir
 from tmslurm.agent.link import hello, node_name
@@ -62,13 +64,19 @@ def requeue_orphaned_job(run_dir: Path, node: str, why: str, scontrol: str = "sc
     except FileExistsError:
         return False  # another monitor acts
     claim = {"t": time.time(), "node": node, "why": why, "main_job_id": job}
+    with os.fdopen(fd, "w") as f:  # before the requeue: it ends this monitor's own step, often before scontrol returns
+        json.dump(claim, f)
+        f.flush()
+        os.fsync(f.fileno())
     try:
         out = subprocess.run([scontrol, "requeue", job], capture_output=True, text=True, timeout=60)
         claim.update(requeue_rc=out.returncode, requeue_output=(out.stdout + out.stderr).strip()[-500:])
     except (OSError, subprocess.TimeoutExpired) as exc:
         claim.update(requeue_rc=None, requeue_output=str(exc)[-500:])
-    with os.fdopen(fd, "w") as f:
-        json.dump(claim, f)
+    try:
+        write_json_atomic(rd.controller_lost, claim)
+    except OSError as exc:
+        log.error("cannot add the requeue's result to %s: %s", rd.controller_lost, exc)
     log.warning("the controller of job %s was lost (%s): requeue rc=%s %s", job, why, claim["requeue_rc"],
                 claim["requeue_output"])
     return claim["requeue_rc"] == 0
