@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.unit.controller_harness import FakeChannel, FakeCluster, FakeSpawner, Harness
+from tmslurm.controller.deadlines import SPARES_CHECK_S
 from tmslurm.controller.items import Batch, MessageIn, RequestIn
 from tmslurm.controller.plans import PlannedSwitch, Recovery
 from tmslurm.controller.state import Mode
@@ -497,3 +498,37 @@ def test_a_standby_whose_allocation_is_gone_is_no_longer_expected_and_is_replace
     assert [e["standby"] for e in h.journal("standby_allocation_lost")] == [index]
     h.ctl.deadlines.tick(now=time.time())
     assert len(h.spawner.standbys) == before + 1  # handed over once
+
+
+class SpareCheckCounter(FakeCluster):
+    def __init__(self) -> None:
+        super().__init__()
+        self.checks = 0
+
+    def check_spares(self) -> None:
+        self.checks += 1
+
+
+def test_a_first_commit_held_for_a_standby_whose_spare_job_died_looks_and_stops_waiting(tmp_path):
+    """Found by a CI run: the only spare job died before its standby connected, nobody looked at the
+    spares (that happens at committed steps), and the first commit waited runtime.connect_timeout_s,
+    a 2-minute job's whole life. While it is held, the spares are looked at every SPARES_CHECK_S, and
+    a standby whose allocation is gone is no longer waited for."""
+    cluster = SpareCheckCounter()
+    h = Harness(tmp_path, 2, 2, 0, "standby.count=1", "standby.start_when_warm=true", "standby.replenish=false",
+                "runtime.heartbeat_timeout_s=60",  # the ticks below run ahead of the clock
+                cluster=lambda cfg: (FakeSpawner(), cluster))
+    h.ctl.members.spawn_standby()
+    (index,) = [i for kind, i in h.state.expected if kind == "standby"]
+    for r in range(h.world):
+        h.vote(r, rank=r)
+    assert h.got(0, "decision") == [] and h.state.hold_since is not None  # held for the standby
+    t0 = time.monotonic()
+    h.ctl.deadlines.tick(now=time.time(), now_m=t0)
+    h.ctl.deadlines.tick(now=time.time(), now_m=t0 + SPARES_CHECK_S / 2)
+    assert cluster.checks == 1 and h.got(0, "decision") == []
+    h.ctl.deadlines.tick(now=time.time(), now_m=t0 + SPARES_CHECK_S)
+    assert cluster.checks == 2 and h.got(0, "decision") == []
+    h.spawner.lost_standbys = [index]  # what the check found: its spare job ended
+    h.ctl.deadlines.tick(now=time.time(), now_m=t0 + SPARES_CHECK_S + 0.1)
+    assert [d["step"] for d in h.got(0, "decision")] == [0]  # not waited for any more

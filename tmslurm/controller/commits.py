@@ -94,7 +94,8 @@ class Commits:
         st.hold_since = st.hold_since or time.monotonic()
         seen = st.standbys()
         warming = sum(1 for a in seen if a.alive and not set(a.roles) >= set(self.ctx.layout.roles))
-        not_connected = st.standbys_started - len(seen)  # a standby that died is not waited for
+        # spawned and not connected yet: not one that died, nor one whose allocation is gone (see Deadlines)
+        not_connected = sum(1 for kind, _ in st.expected if kind == "standby")
         return warming + not_connected > 0 and time.monotonic() - st.hold_since < cfg.runtime.connect_timeout_s
 
     def commit(self) -> None:

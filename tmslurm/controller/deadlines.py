@@ -8,7 +8,9 @@ every other rank voted (cause ``no progress``); ranks silent during an abort pas
 deadline are declared dead and the failure is replanned; a phase 1 that does not finish within
 ``runtime.connect_timeout_s`` cancels its switch (the notice is retried); a communication error
 nobody explains within ``heartbeat_timeout_s`` aborts the step; a drained run finishes; a held
-first commit is released; the batch-host checkpoint is watched; a plan applied but not finished
+first commit is released (while it waits for standbys, the spare allocations are looked at every
+``SPARES_CHECK_S``: a spare job that died before its standby connected is otherwise only noticed at
+a committed step, and the hold would last ``runtime.connect_timeout_s``); the batch-host checkpoint is watched; a plan applied but not finished
 within ``runtime.switch_timeout_s`` fences whoever has not reported and recovers again
 (``stuck``); every agent gets a ``beat`` each ``runtime.controller_lost_s`` / 5; a standby whose
 allocation the spawner reports gone (a failed sbatch, an ended spare job) is no longer expected, so
@@ -32,6 +34,8 @@ from tmslurm.wire.messages import Beat
 
 log = logging.getLogger(__name__)
 SCANS_PER_TIMEOUT = 20
+SPARES_CHECK_S = 5.0
+"""How often the spare allocations are looked at while the first commit waits for standbys."""
 
 
 class Deadlines:
@@ -47,6 +51,8 @@ class Deadlines:
         self.last_beat_m = 0.0
         self.scanned_m = float("-inf")
         """When the silent agents were last looked for (monotonic)."""
+        self.spares_checked_m = float("-inf")
+        """When the spare allocations were last looked at while the first commit was held (monotonic)."""
 
     def tick(self, now: float | None = None, now_m: float | None = None) -> None:
         now = time.time() if now is None else now
@@ -64,6 +70,9 @@ class Deadlines:
             st.mode = Mode.FINISHED
         self.restarts.tick()
         if st.hold_since is not None and not st.step_log:
+            if now_m - self.spares_checked_m >= SPARES_CHECK_S:  # no committed step looks at them yet
+                self.spares_checked_m = now_m
+                self.ctx.hooks.check_spares()
             self.commits.maybe_commit()
 
     def _lost_standbys(self) -> None:

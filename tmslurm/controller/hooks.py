@@ -20,6 +20,11 @@ class ClusterHooks(Protocol):
         """A step committed; ``nodes()`` maps every node in use to ``main`` or ``spare``. It walks
         every agent, so a hook calls it only when it needs the map, not at every step."""
 
+    def check_spares(self) -> None:
+        """Look at the spare allocations now, without blocking: one that ended is handed back through
+        the spawner's lost standbys. Called while the first commit waits for standbys, when no
+        committed step (:meth:`on_step`) looks at them."""
+
     def release_nodes(self, nodes: list[str], released: Callable[[str], None]) -> None:
         """A switch finished and left ``nodes`` without ranks: give them back; ``released(node)``
         is called (from any thread) for each one the cluster took back."""
@@ -65,6 +70,9 @@ class ClusterHooks(Protocol):
 
 class LocalHooks:
     def on_step(self, step: int, nodes: Callable[[], dict[str, str]]) -> None:
+        return None
+
+    def check_spares(self) -> None:
         return None
 
     def release_nodes(self, nodes: list[str], released: Callable[[str], None]) -> None:

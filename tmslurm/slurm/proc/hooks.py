@@ -59,6 +59,9 @@ class SlurmHooks:
             self.nodes_refreshed_m = now
             self.watch.set_nodes(nodes())
 
+    def check_spares(self) -> None:
+        self.spawner.note_spare_node("")  # on the Slurm lane: returns at once
+
     def release_nodes(self, nodes: list[str], released: Callable[[str], None]) -> None:
         for node in nodes:
             if node != self.batch_host:
