@@ -129,7 +129,9 @@ class StandbyConfig:
     per class. false: each class keeps its own (only to measure what the arena saves)."""
     start_when_warm: bool = False
     """Hold the commit of the first step until every standby is warm for every role (at most
-    runtime.connect_timeout_s), so faults early in short runs always find a warm standby."""
+    runtime.connect_timeout_s), so faults early in short runs always find a warm standby. While it
+    holds, the spare jobs are looked at every 5 s: a standby whose allocation is gone is not waited
+    for (with standby.replenish, its replacement is)."""
     replenish: Optional[bool] = None
     """Start a new standby (a new spare job on Slurm) for each one consumed or lost. Unset: true on
     cluster=slurm (a run of days meets more failures than it has standbys), false on cluster=local."""
