@@ -197,7 +197,7 @@ class Restarts:
         told = self._take_note(rd.job_ending, rd.job_ending_archive)
         if told is None:
             return
-        t = float(told.get("t", time.time()))
+        t = float(told["t"])  # _take_note guarantees a number
         target, _snap = self._last_commit()
         cause = f"{told.get('reason', '?')}; the job ended before its checkpoint was complete"
         rec = self._record("job_end_unfinished", "planned", cause, [], t, t, target, st.step)
@@ -221,11 +221,12 @@ class Restarts:
         st.fired = set(snap.get("fired", [])) | set(journalled(read_journal(rd.events), ("fault", "fault_firing"), "index"))
         why = claim.get("why", f"unknown: the claim was cut off, {claim['unreadable']}" if "unreadable" in claim else "?")
         cause = f"controller lost ({why}); requeued by the monitor of {claim.get('node', '?')}"
-        rec = self._record("controller_lost_requeue", "unexpected", cause, [], float(claim.get("t", time.time())),
-                           snap.get("last_commit_t"), target, st.step)
-        rec["reschedule_s"] = time.time() - float(claim.get("t", time.time()))
+        t = float(claim["t"])  # _take_note guarantees a number
+        rec = self._record("controller_lost_requeue", "unexpected", cause, [], t, snap.get("last_commit_t"), target,
+                           st.step)
+        rec["reschedule_s"] = time.time() - t
         rec["requeue_rc"] = claim.get("requeue_rc")
-        rec["requeue_t"] = float(claim.get("t", time.time()))
+        rec["requeue_t"] = t
         st.restart_t = time.time()
         self.ctx.journal.write("resumed_after_lost_controller", from_step=st.step, redo_steps=target - st.step,
                                last_committed=target, reschedule_s=rec["reschedule_s"], node=claim.get("node"))
@@ -254,7 +255,7 @@ class Restarts:
                 return None
             log.warning("%s is unreadable (%s): its writer was cut off; taking it as written at its mtime, cause "
                         "unknown", path, exc)
-        path.rename(archive(float(note.get("t", time.time()))))
+        path.rename(archive(float(note["t"])))
         return note
 
     def _last_commit(self) -> tuple[int, dict[str, Any]]:
