@@ -26,6 +26,7 @@ def _steps(n: int) -> list[str]:
     return [o if not o.startswith("train.steps=") else f"train.steps={n}" for o in SLOW]
 
 
+@pytest.mark.timeout(600)  # up to four 2-minute jobs and Slurm's scheduling between them (300 s: the default)
 def test_a_time_limit_then_a_batch_host_drain_three_jobs_no_step_lost(slurm, tmp_path, tmp_path_factory):
     """Job 1 runs into its 2-minute limit: SIGUSR1 (30 s before it, give or take Slurm's resolution),
     a checkpoint at the next boundary, and ``slurm.on_limit=resubmit``: job 2 is a new job that

@@ -151,3 +151,28 @@ def test_a_job_killed_before_its_checkpoint_was_complete_says_what_it_redoes(tmp
     (ev,) = [e for e in nxt.ctl.ctx.events.items if e["kind"] == "job_end_unfinished"]
     assert ev["lost_steps"] == 2 and ev["from_checkpoint_step"] == 1 and "before its checkpoint" in ev["cause"]
     assert not RunDir(tmp_path).job_ending.exists() and list(tmp_path.glob("job-ending-*.json"))
+
+
+def test_a_job_killed_before_its_checkpoint_keeps_the_events_of_the_jobs_before(tmp_path):
+    """Job 1 ends at its time limit (resubmit); job 2 completes that event, commits on, and is killed
+    before the checkpoint its SIGTERM asked for was complete, so it leaves no ``requeue.json``. Job 3
+    still lists every event of the run and the whole chain, as after a requeue: the events come back
+    from the journal, the step log from ``steps.jsonl`` (a preempted lab job's summary had lost the
+    restart of the job before)."""
+    _signal_and_checkpoint(_harness(tmp_path, "slurm.on_limit=resubmit"))
+    nxt = lambda: Harness(tmp_path, 2, 1, 0, "train.resume_from=" + str(tmp_path),  # noqa: E731
+                          cluster=lambda cfg: (FakeSpawner(), SlurmLikeCluster()))
+    job2 = nxt()
+    job2.commit_all()
+    job2.commit_all()
+    assert [e["kind"] for e in job2.journal("event")] == ["job_end_resubmit"]
+    rd = RunDir(tmp_path)
+    rd.snapshot.write_text(json.dumps({"step": job2.state.step, "last_commit_t": 1.0}))
+    rd.steps.write_text("".join(json.dumps(e) + "\n" for e in job2.state.step_log))
+    job2.ctl.job_ending(JobEnd.SIGTERM, "SIGTERM from Slurm")
+    job2.ctl.take_job_end()
+    job3 = nxt()
+    events = job3.ctl.ctx.events.items
+    assert [e["kind"] for e in events] == ["job_end_resubmit", "job_end_unfinished"], events
+    assert [j["ended_by"] for j in job_chain(events, "79")] == ["job_end_resubmit", "job_end_unfinished", None]
+    assert [e["step"] for e in job3.state.step_log] == [e["step"] for e in job2.state.step_log]

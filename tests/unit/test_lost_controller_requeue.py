@@ -156,3 +156,22 @@ def test_a_snapshot_a_commit_behind_the_step_log_counts_the_steps_the_log_has(tm
     assert ev["target_step"] == 28 and ev["lost_steps"] == 28
     (entry,) = h.journal("resumed_after_lost_controller")
     assert entry["redo_steps"] == 28 and entry["last_committed"] == 28
+
+
+def test_the_next_job_keeps_the_events_and_step_log_of_the_jobs_before(tmp_path):
+    """The summary covers the whole run, as after a requeue: the completed events come back from the
+    journal, the step log from ``steps.jsonl``. An event the lost job left open is not taken back: it
+    never completes, and the loss's own event stands for it."""
+    rd = RunDir(tmp_path)
+    rd.controller_lost.write_text(json.dumps({"t": 1000.0, "node": "node2", "why": "silent 5.1s", "requeue_rc": 0}))
+    rd.snapshot.write_text(json.dumps({"step": 26, "epoch": 3, "t": 990.0, "last_commit_t": 989.5, "fired": []}))
+    rd.steps.write_text("".join(json.dumps({"step": s, "t_end": 900.0 + s}) + "\n" for s in range(26)))
+    done = {"kind": "unexpected", "epoch": 1, "ranks": [1], "status": "done", "target_step": 9, "lost_steps": 0}
+    rd.events.write_text("".join(json.dumps(e) + "\n" for e in [
+        {"t": 950.0, "type": "event", **done},
+        {"t": 980.0, "type": "event_begin", "kind": "unexpected", "epoch": 3, "ranks": [0], "status": "open"}]))
+    h = Harness(tmp_path, 2, 2, 1)
+    events = h.ctl.ctx.events.items
+    assert [e["kind"] for e in events] == ["unexpected", "controller_lost_requeue"], events
+    assert events[0] == done
+    assert [e["step"] for e in h.state.step_log] == list(range(26))

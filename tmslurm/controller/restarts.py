@@ -18,7 +18,9 @@ Contract (on the controller's thread; nothing here raises into the loop):
   event in the next incarnation, so the downtime includes Slurm's rescheduling delay.
 - A job requeued by a node monitor after its controller was lost (``controller-lost.json``) is
   recorded at start-up as an unexpected ``controller_lost_requeue`` event: redone steps = the last
-  committed step of the previous incarnation (``snapshot.json``) - the checkpoint resumed from.
+  committed step of the previous incarnation (``snapshot.json``) - the checkpoint resumed from. So
+  is a job killed before the checkpoint its end asked for was complete (``job_end_unfinished``).
+  Both take back the earlier jobs' completed events and step log from the run directory.
 - :meth:`checkpoint_and_requeue`: the batch host must leave; the next commit decision carries
   ``checkpoint``, and once that checkpoint is complete (:meth:`tick`) the job requeues without it.
 - :meth:`checkpoint_and_end`: the main job's time limit is near (SIGUSR1); the same checkpoint,
@@ -197,6 +199,7 @@ class Restarts:
         told = self._take_note(rd.job_ending, rd.job_ending_archive)
         if told is None:
             return
+        self._take_back_history()
         t = float(told["t"])  # _take_note guarantees a number
         target, _snap = self._last_commit()
         cause = f"{told.get('reason', '?')}; the job ended before its checkpoint was complete"
@@ -217,8 +220,9 @@ class Restarts:
         claim = self._take_note(rd.controller_lost, rd.controller_lost_archive)
         if claim is None:
             return False
+        journal = self._take_back_history()
         target, snap = self._last_commit()
-        st.fired = set(snap.get("fired", [])) | set(journalled(read_journal(rd.events), ("fault", "fault_firing"), "index"))
+        st.fired = set(snap.get("fired", [])) | set(journalled(journal, ("fault", "fault_firing"), "index"))
         why = claim.get("why", f"unknown: the claim was cut off, {claim['unreadable']}" if "unreadable" in claim else "?")
         cause = f"controller lost ({why}); requeued by the monitor of {claim.get('node', '?')}"
         t = float(claim["t"])  # _take_note guarantees a number
@@ -234,6 +238,18 @@ class Restarts:
         log.warning("the previous incarnation lost its controller after step %d; resuming from checkpoint step %d",
                     target, st.step)
         return True
+
+    def _take_back_history(self) -> list[dict[str, Any]]:
+        """A job that resumes without ``requeue.json`` (its controller was lost, or it was killed before
+        its checkpoint was complete) takes back from the run directory what a requeued job gets from
+        that file, so that its summary covers the whole run: the events the jobs before completed
+        (journal ``event`` lines; one a dead job left open never completes, and this job's own event
+        stands for it) and the step log (``steps.jsonl``). Returns the journal it read."""
+        journal = read_journal(self.ctx.rundir.events)
+        self.ctx.events.items = [{k: v for k, v in e.items() if k not in ("t", "type")}
+                                 for e in journal if e.get("type") == "event"]
+        self.state.step_log = read_steps(self.ctx.rundir.steps)
+        return journal
 
     @staticmethod
     def _take_note(path: Path, archive: Callable[[float], Path]) -> dict[str, Any] | None:
