@@ -106,8 +106,14 @@ class EventLog:
         start = max((i for i, e in enumerate(journal) if e.get("type") in JOB_STARTS), default=-1)
         kept = [e for i, e in enumerate(journal) if e.get("type") == "event" or (
             i > start and e.get("type") == "event_open" and e.get("eid") not in closed)]
-        self.items = [{k: v for k, v in rec.items() if k not in ("t", "type")} for rec in kept]
+        self.items = [_record_of(line) for line in kept]
         self.last_commit_t = last_commit_t
+
+    def take_back_completed(self, journal: list[dict[str, Any]]) -> None:
+        """A job that resumes without ``requeue.json`` takes back the events the jobs before it completed
+        (journal ``event`` lines); one a dead job left open never completes, and the new job's own
+        event stands for it."""
+        self.items = [_record_of(line) for line in journal if line.get("type") == "event"]
 
     def switched(self, plan: Any) -> None:
         rec = plan.event
@@ -162,6 +168,11 @@ class EventLog:
             if rec.get("gap_s") is not None:
                 rec["downtime_s"] = max(0.0, rec["gap_s"] - median)
         return [r for r in self.items if r["status"] != "cancelled"]
+
+
+def _record_of(line: dict[str, Any]) -> dict[str, Any]:
+    """The event record a journal line carries: the line without its own ``t`` and ``type``."""
+    return {k: v for k, v in line.items() if k not in ("t", "type")}
 
 
 def pause_s(rec: dict[str, Any]) -> float | None:

@@ -243,11 +243,10 @@ class Restarts:
         """A job that resumes without ``requeue.json`` (its controller was lost, or it was killed before
         its checkpoint was complete) takes back from the run directory what a requeued job gets from
         that file, so that its summary covers the whole run: the events the jobs before completed
-        (journal ``event`` lines; one a dead job left open never completes, and this job's own event
-        stands for it) and the step log (``steps.jsonl``). Returns the journal it read."""
+        (:meth:`EventLog.take_back_completed`) and the step log (``steps.jsonl``). Returns the journal
+        it read."""
         journal = read_journal(self.ctx.rundir.events)
-        self.ctx.events.items = [{k: v for k, v in e.items() if k not in ("t", "type")}
-                                 for e in journal if e.get("type") == "event"]
+        self.ctx.events.take_back_completed(journal)
         self.state.step_log = read_steps(self.ctx.rundir.steps)
         return journal
 
