@@ -532,3 +532,20 @@ def test_a_first_commit_held_for_a_standby_whose_spare_job_died_looks_and_stops_
     h.spawner.lost_standbys = [index]  # what the check found: its spare job ended
     h.ctl.deadlines.tick(now=time.time(), now_m=t0 + SPARES_CHECK_S + 0.1)
     assert [d["step"] for d in h.got(0, "decision")] == [0]  # not waited for any more
+
+
+@pytest.mark.parametrize("standbys", [2, 1])
+def test_a_drained_node_with_a_rank_and_a_standby_moves_the_rank_to_another_node(tmp_path, standbys):
+    """A restart put rank 2 on the node of standby s0 (a spare's node). A drain of that node must move
+    rank 2 off it: s0 is let go, never picked, and rank 2 goes to s1, or, with no other standby, to a
+    checkpoint restart. (A CI chaos soak picked s0: rank 2 stayed on the drained node, and the
+    successor of a killed controller saw the drain again, 74 s later, as a new notice.)"""
+    h = Harness(tmp_path, 2, 2, standbys)
+    h.state.agents[h.aid(2)].node = "s0"
+    h.ctl.intake.notice(notice(node="s0", reason="drain", source="slurm"))
+    assert [e["agent"] for e in h.journal("standby_lost")] == [h.aid("s0")] and ("standby", 0) in h.spawner.fenced
+    if standbys == 2:
+        plan = h.state.plan
+        assert isinstance(plan, PlannedSwitch) and [(m.rank, m.joiner) for m in plan.moves] == [(2, h.aid("s1"))]
+    else:
+        assert h.state.plan is None and h.journal("checkpoint_then_restart")[-1]["ranks"] == [2]

@@ -2,8 +2,8 @@
 
 Contract (on the controller's thread):
 - :meth:`Intake.notice` maps a notice to the ranks it concerns (its rank, or the ranks on its
-  node). A notice for the batch host is diverted to checkpoint-and-requeue; one for a node with
-  no rank but an idle standby drops that standby; a Slurm ``failure`` whose ranks still heartbeat
+  node). A notice for the batch host is diverted to checkpoint-and-requeue; one for a node drops
+  the idle standbys there (its ranks, if any, move elsewhere); a Slurm ``failure`` whose ranks still heartbeat
   is journalled and ignored (Slurm lost the node's daemon, not the ranks); a ``failure`` fails
   the ranks; a ``maintenance`` starts a planned switch, or waits when a plan is in progress.
 - :meth:`Intake.request` answers ``status``, ``stop`` and ``notice`` requests (already
@@ -57,6 +57,8 @@ class Intake:
                         notice.node, notice.reason, ranks)
             self.ctx.journal.write("slurm_failure_not_confirmed", node=notice.node, ranks=ranks)
             return
+        if notice.rank is None and notice.node:  # the node leaves: its standbys must not take its ranks
+            self._retire_standbys_on(notice, busy_too=False)
         if not notice.planned:
             self.recoveries.fail(set(ranks), f"notice: {notice.reason}".strip(), detect_t=time.time())
         elif self.state.mode is Mode.RUNNING and self.state.plan is None:
@@ -72,13 +74,20 @@ class Intake:
             self.notice(st.pending_notices.pop(0))
 
     def _standby_notice(self, notice: Notice) -> None:
+        self._retire_standbys_on(notice, busy_too=True)
+        if not any(a.node == notice.node for a in self.state.agents.values()):
+            self.ctx.journal.write("notice_ignored", node=notice.node, why="no rank or standby of this run there")
+
+    def _retire_standbys_on(self, notice: Notice, busy_too: bool) -> None:
+        """Let go of the idle standbys on the notice's node and ask for others (``standby.replenish``).
+        A node that hosts ranks and standbys (a restart placed a rank on a spare's node) must not have
+        its ranks moved to a standby on the same node. A busy one (joining a plan) is kept unless
+        ``busy_too``: the notice waits for that plan, and then finds it a rank or idle."""
         for a in list(self.state.agents.values()):
-            if a.idle_standby and a.node == notice.node:
+            if a.idle_standby and a.node == notice.node and (busy_too or not a.busy):
                 self.ctx.journal.write("standby_lost", agent=a.aid, reason=notice.reason or notice.kind)
                 self.members.kill(a)
                 self.members.replenish()
-        if not any(a.node == notice.node for a in self.state.agents.values()):
-            self.ctx.journal.write("notice_ignored", node=notice.node, why="no rank or standby of this run there")
 
     def request(self, msg: NoticeRequest | StatusRequest | StopRequest, ch: LineChannel) -> None:
         try:
