@@ -14,12 +14,14 @@ parameters + AdamW moments per rank at DP2 x PP2), local processes (``cluster=lo
   rank is a fresh process that imports torch, as on a cluster).
 
 Per event it reads ``pause_s`` (gap - the first step's own time) and ``downtime_s`` (gap - median
-step) from summary.json; per row p50s, the samples, the standby's and the largest rank's RSS, and
+step) from summary.json; for a SIGKILL also ``before_fault_s`` (the last commit -> the kill: the
+step's work before it, redone) and ``pause_from_fault_s`` (the pause without it); per row p50s, the samples, the standby's and the largest rank's RSS, and
 the floor (state bytes / measured link bandwidth). Writes ``--json`` (docs/bench/statesize.json)
 after each size (marked ``partial`` until the last) and, with matplotlib, a plot next to it. After
 each cell (the link counts as one) a progress line (:func:`benchmarks.common.progress`: cells done /
 total, events, elapsed, remaining) goes to stdout with the benchmark's log; larger sizes take longer,
-so the estimate is low early on. A run that fails raises TmslurmError naming its log.
+so the estimate is low early on. ``--cells`` measures a subset of :data:`CELLS` (the others'
+figures are null). A run that fails raises TmslurmError naming its log.
 """
 
 from __future__ import annotations
@@ -122,6 +124,9 @@ def restarts(out: Path, model: str, repeats: int) -> dict[str, Any]:
 
 CELLS = ("shadow", "noshadow", "unexpected", "injob_restart")
 """The cells measured per size after the link, in this order."""
+SAMPLE_FIELDS = ("pause_s", "downtime_s", "transfer_s", "verify_s", "first_step_s", "gap_s", "before_fault_s", "detect_s",
+                 "phase1_s", "phase2_s", "other_s", "pause_from_fault_s")
+"""Listed per event: the first six always (null where the event has none), the rest where it has them."""
 
 
 def cell(out: Path, model: str, name: str, repeats: int) -> dict[str, Any]:
@@ -132,9 +137,11 @@ def cell(out: Path, model: str, name: str, repeats: int) -> dict[str, Any]:
 
 
 def row(model: str, link: dict[str, Any], cells: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    shadow, plain, kill, restart = (cells[k]["events"] for k in ("shadow", "noshadow", "unexpected", "injob_restart"))
-    nbytes = max(cells["shadow"]["summary"]["state_bytes"].values())
-    memory = cells["shadow"]["summary"].get("memory") or {}
+    """One size's figures from the cells measured (``--cells``); a cell not measured has no events."""
+    shadow, plain, kill, restart = (cells.get(k, {"events": []})["events"] for k in CELLS)
+    first = next(cells[k]["summary"] for k in CELLS if k in cells)
+    nbytes = max(first["state_bytes"].values())
+    memory = (cells.get("shadow") or cells.get("noshadow") or cells.get("unexpected") or {"summary": {}})["summary"].get("memory") or {}
     src = [e["source_rss"] for e in kill]
     r = {"model": model, "state_mb_per_rank": round(nbytes / 1e6, 1), **{k: link[k] for k in ("link_gbps", "transfer_gbps")},
          "floor_s": round(nbytes / 1e9 / link["link_gbps"], 4),
@@ -147,28 +154,33 @@ def row(model: str, link: dict[str, Any], cells: dict[str, dict[str, Any]]) -> d
          "injob_restart_planned_downtime_p50_s": _p50([e.get("downtime_s") for e in restart]),
          "injob_restart_planned_pause_p50_s": _p50([e.get("pause_s") for e in restart]),
          "unexpected_detect_p50_s": _p50([e.get("detect_s") for e in kill]),
+         # the SIGKILL lands between rank 1's forward and backward: the step's work before it is redone
+         "unexpected_before_fault_p50_s": _p50([e.get("before_fault_s") for e in kill]),
+         "unexpected_pause_from_fault_p50_s": _p50([e.get("pause_from_fault_s") for e in kill]),
+         "unexpected_transfer_p50_s": _p50([e.get("transfer_s") for e in kill]),
          "shadow_catchup_p50_s": _p50([e.get("shadow_catchup_s") for e in shadow]),
          "shadow_follow_s_per_step_p50": _p50([e.get("shadow_follow_s_per_step") for e in shadow]),
-         "all_shadowed": all(e.get("shadowed") and e.get("shadow_matched") for e in shadow),
+         "all_shadowed": all(e.get("shadowed") and e.get("shadow_matched") for e in shadow) if shadow else None,
          "standby_rss_mb": memory.get("standby_rss_mb"), "standby_peak_rss_mb": memory.get("standby_peak_rss_mb"),
          "rank_rss_mb": memory.get("largest_rank_peak_rss_mb"),
          "source_peak_rss_before_mb": _p50([s["before_mb"] for s in src]),
          "source_peak_rss_during_mb": _p50([s["after_mb"] for s in src]),
          "n": {k: len(c["events"]) for k, c in cells.items()},
-         "samples": {k: [{f: e.get(f) for f in ("pause_s", "downtime_s", "transfer_s", "verify_s", "first_step_s", "gap_s")}
+         "samples": {k: [{f: e.get(f) for f in SAMPLE_FIELDS[:6] + tuple(f for f in SAMPLE_FIELDS[6:] if f in e)}
                          for e in c["events"]] for k, c in cells.items()}}
     return r
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (f"{'model':<7}{'MB/rank':>8}{'link':>7}{'xfer':>7}{'floor':>7}{'shadow':>8}{'planned':>8}{'unexp':>7}"
-            f"{'restart':>8}{'sby RSS':>8}{'rank RSS':>9}")
-    lines = [head, f"{'':<7}{'':>8}{'GB/s':>7}{'GB/s':>7}{'s':>7}{'pause s':>8}{'pause s':>8}{'pause':>7}{'down s':>8}{'MiB':>8}{'MiB':>9}"]
+            f"{'fromflt':>8}{'restart':>8}{'sby RSS':>8}{'rank RSS':>9}")
+    lines = [head, f"{'':<7}{'':>8}{'GB/s':>7}{'GB/s':>7}{'s':>7}{'pause s':>8}{'pause s':>8}{'pause':>7}{'pause s':>8}{'down s':>8}{'MiB':>8}{'MiB':>9}"]
     for r in rows:
         f = lambda v, w, p=3: f"{v:>{w}.{p}f}" if isinstance(v, (int, float)) else f"{'-':>{w}}"  # noqa: E731
         lines.append(f"{r['model']:<7}{r['state_mb_per_rank']:>8.1f}{f(r['link_gbps'], 7, 2)}{f(r['transfer_gbps'], 7, 2)}"
                      f"{f(r['floor_s'], 7)}{f(r['planned_shadow_pause_p50_s'], 8)}{f(r['planned_pause_p50_s'], 8)}"
-                     f"{f(r['unexpected_pause_p50_s'], 7)}{f(r['injob_restart_planned_downtime_p50_s'], 8, 2)}"
+                     f"{f(r['unexpected_pause_p50_s'], 7)}{f(r.get('unexpected_pause_from_fault_p50_s'), 8)}"
+                     f"{f(r['injob_restart_planned_downtime_p50_s'], 8, 2)}"
                      f"{f(r['standby_rss_mb'], 8, 0)}{f(r['rank_rss_mb'], 9, 0)}")
     return "\n".join(lines)
 
@@ -203,14 +215,18 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out).resolve()
     rows = []
     models = args.models.split(",")
-    prog = progress("statesize", len(models) * (1 + len(CELLS)), "cells")
+    names = [c for c in args.cells.split(",") if c]
+    unknown = [c for c in names if c not in CELLS]
+    if unknown or not names:
+        raise TmslurmError(f"--cells {args.cells!r}: unknown {unknown or 'empty'}; choose from {','.join(CELLS)}")
+    prog = progress("statesize", len(models) * (1 + len(names)), "cells")
     prog.count("events", 0)
     for model in models:
         say(f"== {model}: link, then {args.repeats} events per cell")
         link = linkbw.row(model, linkbw.measure(model, args.link_repeats))
         prog.advance(note=f"{model} link")
         cells = {}
-        for name in CELLS:
+        for name in (c for c in CELLS if c in names):
             cells[name] = cell(out, model, name, args.repeats)
             prog.count("events", len(cells[name]["events"]))
             prog.advance(note=f"{model} {name}")
@@ -226,7 +242,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
 def _result(rows: list[dict[str, Any]], done: bool) -> dict[str, Any]:
     largest = rows[-1]
     ratio = (largest["injob_restart_planned_downtime_p50_s"] / largest["planned_shadow_pause_p50_s"]
-             if largest["planned_shadow_pause_p50_s"] else None)
+             if largest["planned_shadow_pause_p50_s"] and largest["injob_restart_planned_downtime_p50_s"] else None)
     result = {"command": recorded_command("statesize"), "commit": commit(), "date": datetime.date.today().isoformat(),
               "setup": {"layout": "DP2 x PP2, one rank per local node, eager, 2 micro-batches of 1 sequence",
                         "host": "local processes on one 2-core machine, loopback"},

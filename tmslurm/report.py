@@ -35,12 +35,12 @@ from tmslurm.controller.events import pause_parts
 
 log = logging.getLogger(__name__)
 
-EVENT_PARTS = ("detect_s", "pick_s", "phase1_s", "phase2_s", "transfer_s", "first_step_s")
+EVENT_PARTS = ("before_fault_s", "detect_s", "pick_s", "phase1_s", "phase2_s", "transfer_s", "first_step_s")
 RESTART_PARTS = ("stop_s", "reschedule_s", "startup_s", "group_setup_s", "ckpt_load_s",
                  "warmup_s", "redo_s")
 STRATEGIES = ("tmslurm", "injob_restart", "requeue_restart")
 EVENT_KINDS = ("planned", "power-off", "partition", "sigkill", "sigstop", "bh-drain", "bh-power-off", "unexpected", "hang")
-PART_LABELS = {"detect_s": "detect", "pick_s": "standby pick",
+PART_LABELS = {"before_fault_s": "step in flight before the fault", "detect_s": "detect", "pick_s": "standby pick",
                "phase1_s": "phase 1 (overlaps training if planned)", "phase2_s": "phase 2",
                "transfer_s": "state transfer", "first_step_s": "first step", "stop_s": "stop",
                "reschedule_s": "reschedule", "startup_s": "start-up",

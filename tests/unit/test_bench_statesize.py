@@ -22,7 +22,8 @@ def test_source_rss_reads_the_sources_peak_before_and_after_the_event():
 def test_row_takes_p50s_per_cell_and_the_floor_from_the_link():
     shadow = [_ev(0.05, 0.01, shadowed=True, shadow_matched=True, shadow_catchup_s=c) for c in (1.0, 2.0, 3.0)]
     plain = [_ev(p, p - 0.04) for p in (0.5, 0.7, 0.6)]
-    kill = [_ev(1.2, 1.1, detect_s=0.9, source_rss={"before_mb": 500.0, "after_mb": 510.0}) for _ in range(3)]
+    kill = [_ev(1.2, 1.1, detect_s=0.9, before_fault_s=b, pause_from_fault_s=1.2 - b,
+                source_rss={"before_mb": 500.0, "after_mb": 510.0}) for b in (0.4, 0.5, 0.6)]
     restart = [_ev(9.0, 9.5), _ev(11.0, 10.5), _ev(10.0, 10.0)]
     summary = {"state_bytes": {"0": 1_000_000_000, "1": 900_000_000}, "memory": {"standby_rss_mb": 1200.0,
                                                                                   "largest_rank_peak_rss_mb": 1400.0}}
@@ -34,7 +35,30 @@ def test_row_takes_p50s_per_cell_and_the_floor_from_the_link():
     assert r["injob_restart_planned_downtime_p50_s"] == 10.0 and r["shadow_catchup_p50_s"] == 2.0
     assert r["all_shadowed"] is True and r["n"] == {"shadow": 3, "noshadow": 3, "unexpected": 3, "injob_restart": 3}
     assert (r["source_peak_rss_before_mb"], r["source_peak_rss_during_mb"]) == (500.0, 510.0)
+    assert (r["unexpected_before_fault_p50_s"], r["unexpected_pause_from_fault_p50_s"]) == (0.5, 0.7)
+    assert r["samples"]["unexpected"][0]["before_fault_s"] == 0.4 and "before_fault_s" not in r["samples"]["noshadow"][0]
     assert len(r["samples"]["noshadow"]) == 3 and "large" in table([r])
+
+
+def test_a_row_of_one_cell_leaves_the_others_null():
+    summary = {"state_bytes": {"0": 500_000_000}, "memory": {}}
+    kill = [_ev(1.2, 1.1, before_fault_s=0.5, pause_from_fault_s=0.7, source_rss={"before_mb": None, "after_mb": None})]
+    r = row("base", {"link_gbps": 2.0, "transfer_gbps": 1.6}, {"unexpected": {"summary": summary, "events": kill}})
+    assert r["unexpected_pause_from_fault_p50_s"] == 0.7 and r["n"] == {"unexpected": 1}
+    assert (r["planned_shadow_pause_p50_s"], r["injob_restart_planned_downtime_p50_s"], r["all_shadowed"]) == (None, None, None)
+    assert "base" in table([r])
+
+
+@pytest.mark.parametrize("cells", ["", "shadow,kill"])
+def test_unknown_cells_are_refused_before_anything_runs(tmp_path, cells):
+    from argparse import Namespace
+
+    from benchmarks import statesize
+    from tmslurm.errors import TmslurmError
+
+    with pytest.raises(TmslurmError, match="--cells"):
+        statesize.main(Namespace(out=str(tmp_path), models="small", repeats=1, link_repeats=1, json=str(tmp_path / "s.json"),
+                                 cells=cells))
 
 
 def test_main_reports_progress_after_the_link_and_each_cell(monkeypatch, capsys, tmp_path):
@@ -51,7 +75,8 @@ def test_main_reports_progress_after_the_link_and_each_cell(monkeypatch, capsys,
     monkeypatch.setattr(statesize, "write_json", lambda path, data: None)
     monkeypatch.setattr(statesize, "plot", lambda rows, path: None)
     monkeypatch.setattr(statesize, "_result", lambda rows, done: {})
-    statesize.main(Namespace(out=str(tmp_path), models="small,large", repeats=3, link_repeats=1, json=str(tmp_path / "s.json")))
+    statesize.main(Namespace(out=str(tmp_path), models="small,large", repeats=3, link_repeats=1, json=str(tmp_path / "s.json"),
+                             cells=",".join(statesize.CELLS)))
     lines = [line.split(", elapsed")[0] + " | " + line.rsplit("(", 1)[-1] for line in capsys.readouterr().out.splitlines()
              if line.startswith("[bench] statesize progress: ")]
     assert calls == [(m, c) for m in ("small", "large") for c in statesize.CELLS]

@@ -16,8 +16,14 @@ CASES = {
                                                             "shadow_catchup_s": 2.5, "first_step_s": 0.1},
                                                            ("detect_s", "pick_s", "phase2_s", "apply_s", "transfer_s", "verify_s", "first_step_s")),
     "unexpected": ({"kind": "unexpected", "detect_s": 0.8, "pick_s": 0.0, "phase1_s": 0.05, "phase2_s": 0.0,
-                    "transfer_s": 0.02, "first_step_s": 0.1}, ("detect_s", "pick_s", "phase1_s", "phase2_s",
-                                                                 "apply_s", "transfer_s", "verify_s", "first_step_s")),
+                    "transfer_s": 0.02, "first_step_s": 0.1}, ("before_fault_s", "detect_s", "pick_s", "phase1_s",
+                                                                 "phase2_s", "apply_s", "transfer_s", "verify_s",
+                                                                 "first_step_s")),
+    "unexpected, the fault's instant known": ({"kind": "unexpected", "before_fault_s": 2.3, "detect_s": 0.2,
+                                               "pick_s": 0.0, "phase1_s": 0.05, "phase2_s": 0.0, "transfer_s": 1.1,
+                                               "first_step_s": 4.5},
+                                              ("before_fault_s", "detect_s", "pick_s", "phase1_s", "phase2_s",
+                                               "apply_s", "transfer_s", "verify_s", "first_step_s")),
     "in-job restart (set-up and load inside start-up)": ({"kind": "injob_restart", "from_checkpoint_step": 0,
                                                           "detect_s": 0.0, "stop_s": 0.1, "startup_s": 5.0,
                                                           "group_setup_s": 0.4, "ckpt_load_s": 0.2, "redo_s": 5.0},
@@ -62,3 +68,35 @@ def test_pause_is_the_gap_beyond_the_first_step(rec, expected):
 
     assert pause_s(rec) == (pytest.approx(expected) if expected is not None else None)
     assert ("pause=" in describe({"kind": "planned", **rec, "pause_s": pause_s(rec)})) is (expected is not None)
+
+
+def _recovery(times: dict[str, float]):
+    from tmslurm.controller.plans import Move, Recovery
+
+    plan = Recovery(epoch=3, moves=[Move(rank=1, joiner="standby0", source=3)], groups=["dp/stage1"], reason="process exit",
+                    times=times, target_step=6)
+    return plan
+
+
+@pytest.mark.parametrize("times,before", [
+    ({"failure": 102.5, "detect": 102.7, "pick": 102.7}, 2.5),  # an injected fault: its instant is known
+    ({"detect": 102.7, "pick": 102.7}, None),                   # a real failure: only its detection is
+])
+def test_the_step_in_flight_before_a_fault_is_a_part_and_the_pause_from_the_fault_excludes_it(tmp_path, times, before):
+    log = EventLog(Journal(tmp_path / "events.jsonl"))
+    log.on_commit(4, 100.0, 4.0)
+    plan = _recovery(times)
+    rec = log.begin(plan, {}, {})
+    plan.parts.update({"phase1_s": 0.05, "phase2_s": 0.01, "transfer_s": 1.0})
+    plan.times["switched"] = 104.0
+    log.switched(plan)
+    log.on_commit(6, 108.5, 4.0)  # the first step after the switch: 4.5 s
+    assert rec["status"] == "done" and rec["gap_s"] == pytest.approx(8.5) and rec["pause_s"] == pytest.approx(4.0)
+    if before is None:
+        assert "before_fault_s" not in rec and rec["pause_from_fault_s"] is None
+    else:
+        assert rec["before_fault_s"] == pytest.approx(before) and rec["detect_s"] == pytest.approx(0.2)
+        assert rec["pause_from_fault_s"] == pytest.approx(4.0 - before)
+        assert "before_fault 2.500" in describe(rec)
+    parts = sum(rec.get(p) or 0.0 for p in pause_parts(rec))
+    assert parts + rec["other_s"] == pytest.approx(rec["gap_s"])

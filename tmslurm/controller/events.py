@@ -27,8 +27,12 @@ from typing import Any
 from tmslurm.controller.journal import Journal
 
 log = logging.getLogger(__name__)
-PARTS = ("detect_s", "pick_s", "phase1_s", "phase2_s", "apply_s", "transfer_s", "verify_s", "first_step_s")
-"""``verify_s``: a shadowed switch comparing the leaver's and the shadow's fingerprints (no state moves)."""
+PARTS = ("before_fault_s", "detect_s", "pick_s", "phase1_s", "phase2_s", "apply_s", "transfer_s", "verify_s",
+         "first_step_s")
+"""``before_fault_s``: an unexpected failure whose instant is known (an injected fault reports it as it
+fires): the last commit -> the fault, work the step in flight had done and must redo, which no
+recovery can save. ``verify_s``: a shadowed switch comparing the leaver's and the shadow's
+fingerprints (no state moves)."""
 RESTART_PARTS = ("detect_s", "stop_s", "reschedule_s", "startup_s", "group_setup_s", "ckpt_load_s", "redo_s")
 JOB_STARTS = ("resumed_after_requeue", "resumed_after_lost_controller", "resumed_after_unfinished_end")
 """Journal records a Slurm job's controller writes when it takes over from the job before."""
@@ -44,7 +48,7 @@ def pause_parts(rec: dict[str, Any]) -> tuple[str, ...]:
     if kind == "controller_restart":
         return CONTROLLER_PARTS + ("first_step_s",)
     if kind == "planned":
-        return tuple(p for p in PARTS if p != "phase1_s")
+        return tuple(p for p in PARTS if p not in ("phase1_s", "before_fault_s"))  # no fault before a notice
     if rec.get("from_checkpoint_step") is not None or any(p in rec for p in ("stop_s", "startup_s", "redo_s")):
         return ("detect_s", "stop_s", "reschedule_s", "startup_s", "redo_s")  # a restart from a checkpoint
     return PARTS
@@ -124,6 +128,8 @@ class EventLog:
         rec["standby"] = ",".join(m.joiner for m in plan.moves)
         rec["sources"] = [m.source for m in plan.moves if m.source is not None]  # who sent the state after a failure
         rec["detect_s"] = max(0.0, t.get("detect", 0.0) - (t.get("failure") or t.get("notice") or t.get("detect", 0.0)))
+        if t.get("failure") is not None and rec.get("last_commit_t") is not None:
+            rec["before_fault_s"] = max(0.0, t["failure"] - rec["last_commit_t"])
         rec["pick_s"] = max(0.0, t.get("pick", t.get("detect", 0.0)) - t.get("detect", 0.0))
         for part in ("phase1_s", "phase2_s", "transfer_s"):
             rec[part] = plan.parts.get(part)
@@ -158,6 +164,7 @@ class EventLog:
                     rec["downtime_s"] = max(0.0, rec["gap_s"] - median)
                     rec["other_s"] = other_s(rec)
                     rec["pause_s"] = pause_s(rec)
+                    rec["pause_from_fault_s"] = pause_from_fault_s(rec)
                 rec["status"] = "done"
                 self.journal.write("event", **rec)
                 log.info("EVENT %s", describe(rec))
@@ -185,6 +192,16 @@ def pause_s(rec: dict[str, Any]) -> float | None:
         return None
     apply = rec.get("apply_s")
     return max(0.0, gap - first - (apply if isinstance(apply, (int, float)) else 0.0))
+
+
+def pause_from_fault_s(rec: dict[str, Any]) -> float | None:
+    """An unexpected failure's pause counted from the fault instead of the last commit: ``pause_s`` −
+    ``before_fault_s``; None where the fault's instant is unknown (a real failure: only its
+    detection is) or the event has no pause."""
+    pause, before = rec.get("pause_s"), rec.get("before_fault_s")
+    if not isinstance(pause, (int, float)) or not isinstance(before, (int, float)):
+        return None
+    return max(0.0, pause - before)
 
 
 def describe(rec: dict[str, Any]) -> str:
