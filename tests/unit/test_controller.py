@@ -549,3 +549,13 @@ def test_a_drained_node_with_a_rank_and_a_standby_moves_the_rank_to_another_node
         assert isinstance(plan, PlannedSwitch) and [(m.rank, m.joiner) for m in plan.moves] == [(2, h.aid("s1"))]
     else:
         assert h.state.plan is None and h.journal("checkpoint_then_restart")[-1]["ranks"] == [2]
+
+
+def test_a_restart_event_names_the_nodes_its_ranks_ran_on(tmp_path):
+    """As a switch's event does: the chaos checker ties an event to a fault by its ranks or nodes (a
+    gray eviction of node n2 whose rank 2 found no standby restarted with ``node: ""``: a false alarm)."""
+    h = Harness(tmp_path, 2, 2, 0)
+    h.ctl.restarts.restart("no warm standby for role 'first' (rank 2)", [2], "planned", time.time())
+    assert h.journal("event_open")[-1]["node"] == "n2"
+    h.ctl.restarts.restart("process exit", [0, 3], "unexpected", time.time())
+    assert h.journal("event_open")[-1]["node"] == "n0,n3"

@@ -68,10 +68,12 @@ class Restarts:
             return
         t0 = time.time()
         target = self.state.step
+        nodes = self._nodes_of(ranks)
         self._stop_all_ranks()
         self.state.epoch = self.state.new_epoch()
         k = latest_complete(self.ctx.rundir.path, self.ctx.layout.shard_names) or 0
-        rec = self._record("restart" if mode == "tmslurm" else mode, trigger, cause, ranks, detect_t, failure_t, target, k)
+        rec = self._record("restart" if mode == "tmslurm" else mode, trigger, cause, ranks, detect_t, failure_t, target, k,
+                           node=nodes)
         rec["stop_s"] = time.time() - t0
         self.ctx.events.hold(rec)
         self.ctx.journal.write("restart", epoch=self.state.epoch, cause=cause, from_step=k, lost_steps=target - k,
@@ -90,9 +92,15 @@ class Restarts:
             self._stop_all_ranks()
             self.state.mode = Mode.FINISHED
 
+    def _nodes_of(self, ranks: list[int]) -> str:
+        """The nodes ``ranks`` run on now, comma-separated, as a switch's event names them: so that an
+        event is tied to the node whose fault or notice caused it."""
+        agents = (self.state.agent_of(r) for r in ranks)
+        return ",".join(sorted({a.node for a in agents if a is not None and a.node}))
+
     def _record(self, kind: str, trigger: str, cause: str, ranks: list[int], detect_t: float, failure_t: float | None,
-                target: int, from_step: int) -> dict[str, Any]:
-        rec = {"kind": kind, "trigger": trigger, "cause": cause, "epoch": self.state.epoch, "ranks": ranks, "node": "",
+                target: int, from_step: int, node: str = "") -> dict[str, Any]:
+        rec = {"kind": kind, "trigger": trigger, "cause": cause, "epoch": self.state.epoch, "ranks": ranks, "node": node,
                "standby": "", "notice_t": failure_t or detect_t, "last_commit_t": self.ctx.events.last_commit_t,
                "detect_s": max(0.0, detect_t - (failure_t or detect_t)), "from_checkpoint_step": from_step,
                "lost_steps": target - from_step, "target_step": target, "status": "switched", "switched_t": time.time()}
@@ -144,13 +152,14 @@ class Restarts:
         submit the next job instead, which starts when this one has ended)."""
         t0 = time.time()
         st = self.state
+        nodes = self._nodes_of(ranks)
         self._stop_all_ranks()
         if kind is None:
             kind = "requeue_restart" if self.ctx.cfg.runtime.restart_mode == "requeue_restart" else "batch_host_requeue"
         saved = {"cause": cause, "ranks": ranks, "trigger": trigger, "detect_t": detect_t, "failure_t": failure_t,
                  "target_step": st.step, "last_commit_t": self.ctx.events.last_commit_t, "step_log": st.step_log,
                  "events": self.ctx.events.items, "stop_s": time.time() - t0, "requeue_t": time.time(),
-                 "exclude": exclude, "fired": sorted(st.fired), "kind": kind,
+                 "exclude": exclude, "fired": sorted(st.fired), "kind": kind, "node": nodes,
                  "job_id": self.ctx.hooks.status().get("main_job_id")}
         self.ctx.rundir.requeue.write_text(json.dumps(saved, default=str))
         self.ctx.journal.write("requeue", cause=cause, target_step=st.step, exclude=exclude, kind=kind)
@@ -180,7 +189,7 @@ class Restarts:
         self.ctx.events.items = saved["events"]
         self.ctx.events.last_commit_t = saved["last_commit_t"]
         rec = self._record(saved["kind"], saved["trigger"], saved["cause"], saved["ranks"], saved["detect_t"],
-                           saved["failure_t"], saved["target_step"], st.step)
+                           saved["failure_t"], saved["target_step"], st.step, node=str(saved.get("node") or ""))
         rec["stop_s"] = saved["stop_s"]
         rec["requeue_t"] = saved["requeue_t"]
         rec["from_job_id"] = saved.get("job_id")
