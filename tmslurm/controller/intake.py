@@ -83,11 +83,13 @@ class Intake:
         A node that hosts ranks and standbys (a restart placed a rank on a spare's node) must not have
         its ranks moved to a standby on the same node. A busy one (joining a plan) is kept unless
         ``busy_too``: the notice waits for that plan, and then finds it a rank or idle."""
-        for a in list(self.state.agents.values()):
-            if a.idle_standby and a.node == notice.node and (busy_too or not a.busy):
-                self.ctx.journal.write("standby_lost", agent=a.aid, reason=notice.reason or notice.kind)
-                self.members.kill(a)
-                self.members.replenish()
+        gone = [a for a in self.state.agents.values()
+                if a.idle_standby and a.node == notice.node and (busy_too or not a.busy)]
+        for a in gone:
+            self.ctx.journal.write("standby_lost", agent=a.aid, reason=notice.reason or notice.kind)
+            self.members.kill(a)
+        if gone:
+            self.members.replenish()
 
     def request(self, msg: NoticeRequest | StatusRequest | StopRequest, ch: LineChannel) -> None:
         try:
