@@ -124,8 +124,8 @@ def restarts(out: Path, model: str, repeats: int) -> dict[str, Any]:
 
 CELLS = ("shadow", "noshadow", "unexpected", "injob_restart")
 """The cells measured per size after the link, in this order."""
-SAMPLE_FIELDS = ("pause_s", "downtime_s", "transfer_s", "verify_s", "first_step_s", "gap_s", "before_fault_s", "detect_s",
-                 "phase1_s", "phase2_s", "other_s", "pause_from_fault_s")
+SAMPLE_FIELDS = ("pause_s", "downtime_s", "transfer_s", "verify_s", "first_step_s", "gap_s", "verify_wait_s", "before_fault_s",
+                 "detect_s", "phase1_s", "phase2_s", "other_s", "pause_from_fault_s")
 """Listed per event: the first six always (null where the event has none), the rest where it has them."""
 
 

@@ -35,14 +35,14 @@ from tmslurm.controller.events import pause_parts
 
 log = logging.getLogger(__name__)
 
-EVENT_PARTS = ("before_fault_s", "detect_s", "pick_s", "phase1_s", "phase2_s", "transfer_s", "first_step_s")
+EVENT_PARTS = ("before_fault_s", "detect_s", "pick_s", "phase1_s", "phase2_s", "transfer_s", "verify_wait_s", "first_step_s")
 RESTART_PARTS = ("stop_s", "reschedule_s", "startup_s", "group_setup_s", "ckpt_load_s",
                  "warmup_s", "redo_s")
 STRATEGIES = ("tmslurm", "injob_restart", "requeue_restart")
 EVENT_KINDS = ("planned", "power-off", "partition", "sigkill", "sigstop", "bh-drain", "bh-power-off", "unexpected", "hang")
 PART_LABELS = {"before_fault_s": "step in flight before the fault", "detect_s": "detect", "pick_s": "standby pick",
                "phase1_s": "phase 1 (overlaps training if planned)", "phase2_s": "phase 2",
-               "transfer_s": "state transfer", "first_step_s": "first step", "stop_s": "stop",
+               "transfer_s": "state transfer", "verify_wait_s": "wait for the shadow's check", "first_step_s": "first step", "stop_s": "stop",
                "reschedule_s": "reschedule", "startup_s": "start-up",
                "group_setup_s": "group setup", "ckpt_load_s": "checkpoint load",
                "warmup_s": "warm-up", "redo_s": "redo lost steps", "other_s": "other (not explained by the parts)",

@@ -24,7 +24,7 @@ from tmslurm.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
-EVENT_PARTS = ("before_fault_s", "detect_s", "pick_s", "phase1_s", "phase2_s", "transfer_s", "first_step_s")
+EVENT_PARTS = ("before_fault_s", "detect_s", "pick_s", "phase1_s", "phase2_s", "transfer_s", "verify_wait_s", "first_step_s")
 """The parts of an event's downtime, in the order they happen."""
 
 

@@ -1,7 +1,9 @@
 """Live shadowing over a real gloo pair: a standby that starts from a snapshot and then applies the
 leaver's reduced gradients (each sent before its step is decided, one of them aborted and dropped)
-stays bit-identical over 50 steps; a forced mismatch falls back to a full transfer; a switch without
-a shadow sends the whole state."""
+stays bit-identical over 50 steps, and leaves :func:`follow` at the switch step's commit; the
+fingerprints are compared after that (:func:`check`), as they are behind the new rank's first
+step; a forced mismatch falls back to a full transfer (:func:`repair`); a switch without a shadow
+sends the whole state."""
 
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ class _Runner:
 
 
 def _peer(rank: int, port: int, q, mode: str) -> None:
-    from tmslurm.comm.shadow import ShadowSender, follow, send_full
+    from tmslurm.comm.shadow import ShadowSender, check, follow, repair, send_full
     from tmslurm.train.schedule import state_digest
 
     store = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False)
@@ -55,7 +57,11 @@ def _peer(rank: int, port: int, q, mode: str) -> None:
     if rank == 1:  # the standby: other initial values, so only what it receives can make it equal
         runner = _Runner(seed=1)
         got = follow(pg, runner, 30, lambda: False, lambda step, s: q.put(("caught_up", step)), corrupt=(mode == "mismatch"))
-        q.put(("standby", got.step, got.shadowed, got.matched, got.steps, got.switch_bytes, state_digest(runner.state())))
+        matched, received = False, got.switch_bytes
+        if got.shadowed:
+            matched = check(pg, runner, 30, lambda: False)
+            received = 0 if matched else repair(pg, runner, 30, lambda: False)
+        q.put(("standby", got.step, got.shadowed, matched, got.steps, received, state_digest(runner.state())))
         return
     runner = _Runner(seed=0)
     sender = ShadowSender(pg, 30) if mode != "full" else None
@@ -68,7 +74,7 @@ def _peer(rank: int, port: int, q, mode: str) -> None:
                 runner.optimizer.zero_grad(set_to_none=True)
                 runner.compute(step)
                 sender.grads(step, runner.reduced)
-            sender.decided(step, committed=True)
+            sender.decided(step, committed=True, last=(step == 59))  # the switch rides on step 59
         if sender is not None:
             sender.wait(state_only=True)  # a START reads the parameters this update changes
         runner.apply()

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from tmslurm.controller.events import pause_parts
 from tmslurm.controller.plans import PlannedSwitch
 from tmslurm.notices import Notice
 from tests.unit.controller_harness import Harness
@@ -43,8 +44,8 @@ def test_who_is_told_to_shadow(tmp_path, deadline_in, overrides, shadow):
     assert h.got(3, "prepare")[-1]["shadow"] is False  # a stayer in the leaver's group does not
 
 
-def test_the_switch_waits_for_the_shadow_then_records_it(tmp_path):
-    h = Harness(tmp_path, shadow=True)
+def _switched(h: Harness) -> PlannedSwitch:
+    """A shadowed move of rank 1 to standby s0, switched: left and joined, not checked yet."""
     h.ctl.intake.notice(_notice(None))
     plan = h.state.plan
     h.prepare_all()
@@ -53,16 +54,45 @@ def test_the_switch_waits_for_the_shadow_then_records_it(tmp_path):
     decision = _commit(h)
     assert decision["switch"] == {"epoch": plan.epoch, "moves": [{"rank": 1, "joiner": h.aid("s0")}]}
     h.send(1, {"type": "left", "rank": 1, "step": 2, "transfer_s": 0.003, "phase2_s": 0.01, "bytes": 0, "shadowed": True,
-               "shadow_matched": True, "shadow_steps": 1, "shadow_wait_s": 0.02})
+               "shadow_steps": 1, "shadow_wait_s": 0.02, "apply_s": 0.05})
     h.send("s0", {"type": "joined", "epoch": plan.epoch, "rank": 1, "joiner": 0, "step": 2, "transfer_s": 0.004,
-                  "phase1_s": 0.01, "bytes": 0, "rss_mb": 1.0, "shadowed": True, "shadow_matched": True, "shadow_steps": 1,
-                  "shadow_catchup_s": 0.7})
+                  "phase1_s": 0.01, "bytes": 0, "rss_mb": 1.0, "shadowed": True, "shadow_steps": 1,
+                  "shadow_catchup_s": 0.7, "apply_s": 0.06})
     assert h.state.plan is None
+    return plan
+
+
+def _checked(plan: PlannedSwitch, matched: bool, **extra) -> dict:
+    return {"type": "shadow_checked", "epoch": plan.epoch, "rank": 1, "step": 2, "matched": matched, "verify_s": 0.2,
+            "wait_s": 0.01, **extra}
+
+
+def test_the_switch_waits_for_the_shadow_then_records_its_check_behind_the_first_step(tmp_path):
+    h = Harness(tmp_path, shadow=True)
+    plan = _switched(h)
     (rec,) = [e for e in h.ctl.ctx.events.items if e["kind"] == "planned"]
-    assert rec["shadowed"] is True and rec["shadow_matched"] is True
-    assert (rec["transfer_s"], rec["verify_s"], rec["shadow_catchup_s"]) == (0.0, 0.004, 0.7)
+    assert rec["shadowed"] is True and "shadow_matched" not in rec  # switched before anything was compared
+    assert (rec["transfer_s"], rec["apply_s"], rec["shadow_catchup_s"]) == (0.0, 0.06, 0.7)
+    h.send("s0", _checked(plan, True))
+    assert rec["shadow_matched"] is True and (rec["verify_s"], rec["verify_wait_s"]) == (0.2, 0.01)
     assert rec["shadow_follow_s_per_step"] == pytest.approx(0.02)
-    assert h.journal("shadow_ready") and not h.journal("shadow_mismatch")
+    h.commit_all({1: "s0"})
+    assert rec["status"] == "done"
+    # the check ran behind the first step: its wait is a part of the pause, taken out of the first step
+    assert rec["first_step_s"] == pytest.approx(rec["first_step_t"] - rec["switched_t"] - 0.01)
+    parts = pause_parts(rec)
+    assert "verify_wait_s" in parts and "verify_s" not in parts
+    assert rec["other_s"] == pytest.approx(rec["gap_s"] - sum(rec[p] or 0.0 for p in parts))
+    assert rec["pause_s"] == pytest.approx(max(0.0, rec["gap_s"] - rec["first_step_s"] - 0.06))
+    assert h.journal("shadow_ready") and h.journal("shadow_checked") and not h.journal("shadow_mismatch")
+
+
+def test_a_check_from_another_rank_changes_nothing(tmp_path):
+    h = Harness(tmp_path, shadow=True)
+    plan = _switched(h)
+    h.send(2, _checked(plan, False))  # rank 2's process cannot speak for rank 1
+    (rec,) = [e for e in h.ctl.ctx.events.items if e["kind"] == "planned"]
+    assert "shadow_matched" not in rec and not h.journal("shadow_mismatch") and not h.got(0, "abort")
 
 
 def test_a_shadow_out_of_time_does_not_hold_the_switch(tmp_path):
@@ -72,14 +102,15 @@ def test_a_shadow_out_of_time_does_not_hold_the_switch(tmp_path):
     assert _commit(h)["switch"] is not None  # the rest of the state then travels in the pause, in order
 
 
-def test_a_mismatch_is_journalled_loudly(tmp_path):
+def test_a_mismatch_is_journalled_loudly_and_the_first_step_is_aborted_to_be_redone(tmp_path):
     h = Harness(tmp_path, shadow=True)
-    h.ctl.intake.notice(_notice(None))
-    plan = h.state.plan
-    h.prepare_all()
-    h.send("s0", {"type": "shadow_ready", "epoch": plan.epoch, "rank": 1, "step": 1, "catchup_s": 0.1})
-    _commit(h)
-    h.send(1, {"type": "left", "rank": 1, "step": 2, "transfer_s": 0.3, "phase2_s": 0.01, "bytes": 4096, "shadowed": True,
-               "shadow_matched": False, "shadow_steps": 1, "shadow_wait_s": 0.0})
+    plan = _switched(h)
+    step = h.state.step
+    h.send("s0", _checked(plan, False, bytes=4096, transfer_s=0.3))
     (bad,) = h.journal("shadow_mismatch")
     assert (bad["rank"], bad["bytes"]) == (1, 4096)
+    (rec,) = [e for e in h.ctl.ctx.events.items if e["kind"] == "planned"]
+    assert rec["shadow_matched"] is False and rec["transfer_s"] == 0.3
+    (abort,) = h.got(0, "abort")  # every rank drops the step computed on the wrong copy ...
+    assert abort["step"] == step and h.got("s0", "abort")
+    assert h.state.step == step  # ... and redoes it: nothing was committed

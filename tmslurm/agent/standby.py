@@ -41,6 +41,7 @@ from tmslurm.logs import LOG_CONTEXT
 from tmslurm.wire.messages import Activate, Cancel, Finish, Join, Joined, JoinFailed, Prepared, Ready, ShadowReady, Welcome
 from tmslurm.agent.faults import FaultPlan
 from tmslurm.agent.link import Link
+from tmslurm.agent.shadowcheck import PendingCheck
 from tmslurm.agent.build import build_runner, layout_of, make_fabric, peak_rss_mb, reset_peak_rss, rss_mb, stage_spec
 from tmslurm.agent.worker import Worker
 from tmslurm.train.arena import Arena, release_free_memory
@@ -183,24 +184,24 @@ class Standby:
         """Follow the leaver as a live shadow until the switch (comm/shadow.py), then take its slot."""
         epoch, rank = msg.epoch, msg.rank
         ready = lambda step, s: self.link.send(ShadowReady(epoch=epoch, rank=rank, step=step, catchup_s=s))  # noqa: E731
+        pg = handles.pop(msg.xfer).pg
         try:
-            got = follow(handles.pop(msg.xfer).pg, runner, self.cfg.runtime.collective_timeout_s,
+            got = follow(pg, runner, self.cfg.runtime.collective_timeout_s,
                          lambda: self._cancelled(epoch), ready, corrupt=self.faults_corrupt_shadow(rank))
         except CommError as exc:
             if not self.cancel_seen:
                 self.link.send(JoinFailed(epoch=epoch, rank=rank, error=str(exc)[:300]))
             return None
+        pending = PendingCheck(epoch, pg, runner, self.cfg.runtime.collective_timeout_s) if got.shadowed else None
         if not self._await_activate(epoch):
             return None
-        if got.shadowed and not got.matched:
-            log.error("shadow of rank %d DIFFERED from the leaver at step %d: received the whole state instead", rank, got.step)
         joined = Joined(epoch=epoch, rank=rank, joiner=self.ident, step=got.step, transfer_s=got.switch_s, phase1_s=phase1_s,
                         bytes=got.switch_bytes, rss_mb=0.0, joiner_warm=cold_reason is None, warm_reason=cold_reason,
-                        shadowed=got.shadowed, shadow_matched=got.matched if got.shadowed else None,
-                        shadow_steps=got.steps, shadow_catchup_s=got.catchup_s, apply_s=got.apply_s)
-        return self._become(joined, runner, fabric, handles)
+                        shadowed=got.shadowed, shadow_steps=got.steps, shadow_catchup_s=got.catchup_s, apply_s=got.apply_s)
+        return self._become(joined, runner, fabric, handles, pending)
 
-    def _become(self, joined: Joined, runner: StageRunner, fabric: Any, handles: dict[str, Any]) -> Worker:
+    def _become(self, joined: Joined, runner: StageRunner, fabric: Any, handles: dict[str, Any],
+                pending: PendingCheck | None = None) -> Worker:
         """Install the new groups and continue as the worker of the joined slot."""
         fabric.install(handles)
         self.warm = {}  # the other classes' runners are not needed any more
@@ -210,7 +211,7 @@ class Standby:
         log.info("now rank %d at step %d (%d state bytes in the pause, %.3fs%s)", joined.rank, joined.step, joined.bytes,
                  joined.transfer_s, ", shadowed" if joined.shadowed else "")
         return Worker(self.run_dir, self.link, self.cfg, joined.rank, runner, fabric, joined.epoch, joined.step,
-                      FaultPlan.none(), self.address)
+                      FaultPlan.none(), self.address, check=pending)
 
     def faults_corrupt_shadow(self, rank: int) -> bool:
         """The test fault ``corrupt_shadow`` at ``rank``: flip one bit of the shadow before the switch."""

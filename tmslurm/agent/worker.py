@@ -41,6 +41,7 @@ from tmslurm.rundir import RunDir
 from tmslurm.agent.build import build_runner, layout_of, make_fabric, peak_rss_mb
 from tmslurm.agent.faults import FaultPlan
 from tmslurm.agent.link import Link
+from tmslurm.agent.shadowcheck import PendingCheck, settle_before_vote
 from tmslurm.agent.shadowing import HandOver, LeaverShadow
 from tmslurm.train import checkpoint
 from tmslurm.train.async_checkpoint import AsyncCheckpointer
@@ -51,7 +52,7 @@ log = logging.getLogger(__name__)
 
 class Worker:
     def __init__(self, run_dir: Path, link: Link, cfg: RunConfig, rank: int, runner: StageRunner, fabric: Fabric,
-                 epoch: int, step: int, faults: FaultPlan, addr: dict[str, Any]) -> None:
+                 epoch: int, step: int, faults: FaultPlan, addr: dict[str, Any], check: PendingCheck | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.link = link
         self.cfg = cfg
@@ -69,6 +70,8 @@ class Worker:
         """The last optimizer update's seconds (a leaver reports it: every step's gap holds one)."""
         self.shadow: LeaverShadow | None = None
         """This rank leaves in a planned switch with a live shadow (agent/shadowing.py)."""
+        self.check = check
+        """This rank took its slot from a live shadow not compared yet: its first step votes after the verdict."""
         self.seen_abort = epoch
         self.final = False
         """The controller's decision said this step is the run's last."""
@@ -136,7 +139,7 @@ class Worker:
                 continue
             if decision is not None:
                 if self.shadow is not None:
-                    self.shadow.before_apply(self.step, self.runner, self._poll_inbox)
+                    self.shadow.before_apply(self.step, self.runner, self._poll_inbox, last=self._leaves_in(decision))
                 t_apply = time.perf_counter()
                 self.runner.apply()
                 self.apply_s = time.perf_counter() - t_apply
@@ -169,6 +172,9 @@ class Worker:
             self.link.send(Progress(step=self.step, epoch=self.epoch, rank=self.rank, loss=loss, dt=dt,
                                     peak_rss_mb=peak_rss_mb(), digest=digest))
             return Decision(step=self.step, epoch=self.epoch)
+        if self.check is not None:  # a shadowed joiner's first step: vote only on a checked state
+            pending, self.check = self.check, None
+            settle_before_vote(pending, self.rank, self.step, self.link.send)
         vote = Vote(step=self.step, epoch=self.epoch, rank=self.rank, loss=loss, dt=dt, peak_rss_mb=peak_rss_mb(),
                     digest=digest, busy=busy, ckpt=self.ckpt_s)
         self.ckpt_s = None
@@ -186,9 +192,15 @@ class Worker:
                 return None
             self._dispatch(msg)
 
+    def _leaves_in(self, decision: Decision) -> bool:
+        """The decision carries this rank's move with its live shadow's switch."""
+        sw = decision.switch
+        return (sw is not None and self.shadow is not None and sw.epoch == self.shadow.epoch and sw.epoch in self.prepared
+                and any(m.rank == self.rank for m in sw.moves))
+
     def _after_commit(self, decision: Decision) -> None:
         self.step += 1
-        if self.shadow is not None:
+        if self.shadow is not None and not self._leaves_in(decision):  # a shadow started now could not follow
             self.shadow.after_commit(self.step, self.runner)
         self._checkpoint(decision)
         self.final = decision.final
@@ -230,22 +242,36 @@ class Worker:
         self.report_groups()
 
     def _leave(self, xfer: GroupHandle, t0: float, epoch: int) -> None:
+        """Hand this rank over and exit. With a live shadow the standby already holds the state: say
+        so at once (the pause ends), then send the fingerprint it checks behind its first step."""
         t1 = time.monotonic()
         shadow = self.shadow if self.shadow is not None and self.shadow.epoch == epoch else None
-        if shadow is not None:  # the standby runs the shadow protocol, started or not
-            h = shadow.hand_over(xfer.pg, self.step, self.runner)
+        if shadow is not None and shadow.live:
+            self._send_left(shadow.pending(), t0, t1)
+            try:
+                h = shadow.settle(self.step, self.runner)
+                log.info("rank %d's shadow at step %d: %s (%d bytes sent after)", self.rank, self.step,
+                         "equal" if h.matched else "DIFFERENT", h.bytes)
+            except CommError as exc:  # the new rank cannot commit a step unchecked: it goes too
+                log.error("could not settle rank %d's shadow: %s", self.rank, exc)
         else:
-            state = {"state": self.runner.state_for(self.coord.dp), "step": self.step}
-            sent = send_state(xfer.pg, 1, state, self.cfg.runtime.collective_timeout_s,
-                              midway=lambda: self.faults.during_transfer(self.step))
-            h = HandOver(False, False, sent, 0, 0.0)
+            if shadow is not None:
+                h = shadow.send_whole(xfer.pg, self.step, self.runner)
+            else:
+                state = {"state": self.runner.state_for(self.coord.dp), "step": self.step}
+                sent = send_state(xfer.pg, 1, state, self.cfg.runtime.collective_timeout_s,
+                                  midway=lambda: self.faults.during_transfer(self.step))
+                h = HandOver(False, False, sent, 0, 0.0)
+            self._send_left(h, t0, t1)
+        self.saver.wait()
+        time.sleep(0.2)  # let the controller read our last message before the socket closes
+        os._exit(0)
+
+    def _send_left(self, h: HandOver, t0: float, t1: float) -> None:
         self.link.send(Left(rank=self.rank, step=self.step, transfer_s=time.monotonic() - t1, phase2_s=t1 - t0, bytes=h.bytes,
                             shadowed=h.shadowed, shadow_matched=h.matched if h.shadowed else None, shadow_steps=h.steps,
                             shadow_wait_s=h.wait_s, apply_s=self.apply_s))
         log.info("handed rank %d over at step %d (%d bytes, shadowed: %s); exiting", self.rank, self.step, h.bytes, h.shadowed)
-        self.saver.wait()
-        time.sleep(0.2)  # let the controller read our last message before the socket closes
-        os._exit(0)
 
     # ---- messages -----------------------------------------------------------------------------
     def _poll_inbox(self) -> None:

@@ -28,11 +28,13 @@ from tmslurm.controller.journal import Journal
 
 log = logging.getLogger(__name__)
 PARTS = ("before_fault_s", "detect_s", "pick_s", "phase1_s", "phase2_s", "apply_s", "transfer_s", "verify_s",
-         "first_step_s")
+         "verify_wait_s", "first_step_s")
 """``before_fault_s``: an unexpected failure whose instant is known (an injected fault reports it as it
 fires): the last commit -> the fault, work the step in flight had done and must redo, which no
-recovery can save. ``verify_s``: a shadowed switch comparing the leaver's and the shadow's
-fingerprints (no state moves)."""
+recovery can save. ``verify_s``: a shadowed switch's comparison of the leaver's and the shadow's
+fingerprints (no state moves), which runs behind the new rank's first step, so it is not in the
+pause; ``verify_wait_s``: how long that step's vote waited for it, a part of the pause (taken out
+of ``first_step_s``)."""
 RESTART_PARTS = ("detect_s", "stop_s", "reschedule_s", "startup_s", "group_setup_s", "ckpt_load_s", "redo_s")
 JOB_STARTS = ("resumed_after_requeue", "resumed_after_lost_controller", "resumed_after_unfinished_end")
 """Journal records a Slurm job's controller writes when it takes over from the job before."""
@@ -47,8 +49,9 @@ def pause_parts(rec: dict[str, Any]) -> tuple[str, ...]:
     kind = rec.get("kind")
     if kind == "controller_restart":
         return CONTROLLER_PARTS + ("first_step_s",)
-    if kind == "planned":
-        return tuple(p for p in PARTS if p not in ("phase1_s", "before_fault_s"))  # no fault before a notice
+    if kind == "planned":  # no fault before a notice; the shadow's check runs behind the first step
+        return tuple(p for p in PARTS if p not in ("phase1_s", "before_fault_s", "verify_s")
+                     and (p != "verify_wait_s" or "verify_wait_s" in rec))
     if rec.get("from_checkpoint_step") is not None or any(p in rec for p in ("stop_s", "startup_s", "redo_s")):
         return ("detect_s", "stop_s", "reschedule_s", "startup_s", "redo_s")  # a restart from a checkpoint
     return PARTS
@@ -84,6 +87,10 @@ class EventLog:
         """An event that is not a plan (a controller restart), completed by the commit of ``target_step``."""
         self.items.append(rec)
         self.journal.write("event_begin", **rec)
+
+    def of_epoch(self, epoch: int) -> dict[str, Any] | None:
+        """The newest event of a switch's epoch, None if there is none."""
+        return next((r for r in reversed(self.items) if r.get("epoch") == epoch), None)
 
     def take_back(self, rec: dict[str, Any]) -> None:
         """An event a dead controller began (its ``event_begin`` is in the journal), open again in its successor."""
@@ -154,7 +161,7 @@ class EventLog:
     def on_commit(self, step: int, t: float, median: float) -> None:
         for rec in self.items:
             if rec["status"] == "switched" and rec.get("target_step") == step:
-                rec["first_step_s"] = t - rec.get("switched_t", t)
+                rec["first_step_s"] = t - rec.get("switched_t", t) - (rec.get("verify_wait_s") or 0.0)
                 rec["first_step_t"] = t
                 if rec.get("all_started_t") is not None:
                     rec["redo_s"] = t - rec["all_started_t"]

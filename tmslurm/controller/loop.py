@@ -116,7 +116,7 @@ class Controller:
         self.renewal = SpareRenewal(self.ctx, self.members)
         self.handlers: dict[type, Callable[[Agent, Any], None]] = {
             m.Vote: self.commits.on_vote, m.Progress: self.commits.on_progress, m.Groups: self.commits.on_groups,
-            m.Prepared: self.switches.on_prepared, m.ShadowReady: self.switches.on_shadow_ready, m.Switched: self.switches.on_switched, m.Left: self.switches.on_left,
+            m.Prepared: self.switches.on_prepared, m.ShadowReady: self.switches.on_shadow_ready, m.ShadowChecked: self.switches.on_shadow_checked, m.Switched: self.switches.on_switched, m.Left: self.switches.on_left,
             m.Joined: self._on_joined, m.JoinFailed: self.switches.on_join_failed,
             m.Aborted: self.recoveries.on_aborted, m.Recovered: self.recoveries.on_recovered,
             m.CommErrorReport: self.recoveries.on_comm_error, m.FaultFired: self.recoveries.on_fault,

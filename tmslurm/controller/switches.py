@@ -9,7 +9,10 @@ Contract (on the controller's thread):
   baseline (``runtime.restart_mode`` injob_restart / requeue_restart), as a good restart-based
   system honours a notice: no step is lost to a planned event in any mode.
 - The next commit decision after every ``prepared`` carries the switch (see
-  :mod:`tmslurm.controller.commits`); ``left`` and ``joined`` finish it. A failed phase 1 cancels
+  :mod:`tmslurm.controller.commits`); ``left`` and ``joined`` finish it. A joiner that followed a live
+  shadow compares its state with the leaver's behind its first step and reports ``shadow_checked``
+  before that step's vote; a mismatch (a bug, journalled loudly) aborts that step for every rank,
+  to be redone on the leaver's whole state, which the joiner received. A failed phase 1 cancels
   the switch and retries the notice; a failed joiner does the same before the switch was applied
   and fails the step after. Reports for another epoch are ignored, except a ``joined`` of a dropped
   plan (see :meth:`~tmslurm.controller.recoveries.Recoveries.late_join`). Nothing here raises.
@@ -28,7 +31,7 @@ from tmslurm.controller.recoveries import Recoveries
 from tmslurm.controller.restarts import Restarts
 from tmslurm.controller.state import Agent
 from tmslurm.notices import Notice
-from tmslurm.wire.messages import JoinFailed, Joined, Left, Prepared, ShadowReady, Switched
+from tmslurm.wire.messages import JoinFailed, Joined, Left, Prepared, ShadowChecked, ShadowReady, Switched
 from tmslurm.controller import switchplan as sw
 
 log = logging.getLogger(__name__)
@@ -134,14 +137,11 @@ class Switches:
             plan.part("phase2_s", msg.phase2_s)
             plan.part("apply_s", msg.apply_s)
         self.ctx.journal.write("left", agent=agent.aid, rank=msg.rank, node=agent.node, transfer_s=msg.transfer_s,
-                               bytes=msg.bytes, shadowed=msg.shadowed, shadow_matched=msg.shadow_matched)
+                               bytes=msg.bytes, shadowed=msg.shadowed)
         if plan is not None and plan.event is not None and msg.shadowed:
             rec = plan.event
             rec["shadow_steps"] = max(rec.get("shadow_steps", 0), msg.shadow_steps)
             rec["shadow_follow_s_per_step"] = msg.shadow_wait_s / msg.shadow_steps if msg.shadow_steps else None
-        if msg.shadow_matched is False:
-            log.error("rank %d: its shadow DIFFERED at the switch; the whole state was sent instead (a bug)", msg.rank)
-            self.ctx.journal.write("shadow_mismatch", rank=msg.rank, agent=agent.aid, step=msg.step, bytes=msg.bytes)
         self.plans.maybe_finish()
 
     def on_joined(self, agent: Agent, msg: Joined) -> None:
@@ -157,9 +157,8 @@ class Switches:
         agent.busy = False
         self.state.slots[msg.rank] = agent.aid
         plan.waiting.discard(agent.aid)
-        if msg.shadowed and msg.shadow_matched:  # no state moved: the pause compared fingerprints
+        if msg.shadowed:  # no state moved in the pause; the fingerprints are compared behind the first step
             plan.part("transfer_s", 0.0)
-            plan.part("verify_s", msg.transfer_s)
         else:
             plan.part("transfer_s", msg.transfer_s)
         plan.bytes += msg.bytes
@@ -169,14 +168,30 @@ class Switches:
         if rec is not None:  # warm only if every joiner of the plan was
             rec["joiner_warm"] = rec.get("joiner_warm", True) and msg.joiner_warm
             rec["shadowed"] = rec.get("shadowed", True) and msg.shadowed
-            if msg.shadowed:
-                rec["shadow_matched"] = rec.get("shadow_matched", True) and bool(msg.shadow_matched)
             if msg.warm_reason:
                 rec.setdefault("warm_reasons", []).append(f"rank {msg.rank}: {msg.warm_reason}")
         self.ctx.journal.write("joined", agent=agent.aid, rank=msg.rank, node=agent.node, epoch=plan.epoch,
                                joiner_warm=msg.joiner_warm, warm_reason=msg.warm_reason)
         self.plans.maybe_finish()
         self.members.replenish()
+
+    def on_shadow_checked(self, agent: Agent, msg: ShadowChecked) -> None:
+        """The new rank's verdict on its shadow, before its first step's vote."""
+        if agent.rank != msg.rank:
+            return  # only the rank's own process compared its state
+        self.ctx.journal.write("shadow_checked", agent=agent.aid, rank=msg.rank, epoch=msg.epoch, step=msg.step,
+                               matched=msg.matched, verify_s=msg.verify_s, wait_s=msg.wait_s)
+        rec = self.ctx.events.of_epoch(msg.epoch)
+        if rec is not None:
+            rec["shadow_matched"] = rec.get("shadow_matched", True) and msg.matched
+            for part, value in (("verify_s", msg.verify_s), ("verify_wait_s", msg.wait_s), ("transfer_s", msg.transfer_s)):
+                rec[part] = max(rec.get(part) or 0.0, value)
+        if msg.matched:
+            return
+        log.error("rank %d: its shadow DIFFERED from the leaver at the switch (a bug); the whole state was sent and "
+                  "step %d is redone", msg.rank, msg.step)
+        self.ctx.journal.write("shadow_mismatch", rank=msg.rank, agent=agent.aid, step=msg.step, bytes=msg.bytes)
+        self.recoveries.fail(set(), f"rank {msg.rank}'s shadow differed: step {msg.step} redone", time.time())
 
     def on_join_failed(self, agent: Agent, msg: JoinFailed) -> None:
         log.warning("standby %s failed to join: %s", agent.aid, msg.error)

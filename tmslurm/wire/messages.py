@@ -262,6 +262,26 @@ class ShadowReady(Msg):
     catchup_s: Seconds
 
 
+class ShadowChecked(Msg):
+    """A rank that took its slot from a live shadow compared its state with the leaver's behind its
+    first step (agent/shadowcheck.py), before voting for that step."""
+
+    type: Literal["shadow_checked"] = "shadow_checked"
+    epoch: Count
+    """The switch's epoch."""
+    rank: Count
+    step: Count
+    """The first step after the switch (not committed before this message)."""
+    matched: bool
+    verify_s: Seconds
+    """The comparison's own seconds, behind the first step."""
+    wait_s: Seconds
+    """How long the first step's vote waited for the comparison (a part of the pause)."""
+    bytes: Annotated[int, Field(ge=0, le=2**50)] = 0
+    """The leaver's whole state, received on a mismatch (0 when equal)."""
+    transfer_s: Seconds = 0.0
+
+
 class OpStatus(Msg):
     sent: Count
     recv: Count
@@ -434,7 +454,7 @@ class Probed(Msg):
     """No seconds because the bytes took longer than the probe's timeout (a slow link, not a cut one)."""
 
 
-AgentMessage = Annotated[Union[Heartbeat, Started, Groups, Vote, Progress, Prepared, Switched, Left, ShadowReady, Aborted, Recovered,
+AgentMessage = Annotated[Union[Heartbeat, Started, Groups, Vote, Progress, Prepared, Switched, Left, ShadowReady, ShadowChecked, Aborted, Recovered,
                                CommErrorReport, FaultFired, Done, Ready, Joined, JoinFailed, Exited, Stopped, SinkAt, Probed],
                          Field(discriminator="type")]
 
