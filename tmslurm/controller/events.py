@@ -222,6 +222,6 @@ def describe(rec: dict[str, Any]) -> str:
     if num("other_s") is not None:
         terms.append(f"other {num('other_s'):.3f}")
     line = head + (f" | gap {num('gap_s'):.3f}s = " + " + ".join(terms) if num("gap_s") is not None else " | " + ", ".join(terms))
-    aside = [f"{p[:-2]} {num(p):.3f}s" for p in ("phase1_s", "group_setup_s", "ckpt_load_s")
+    aside = [f"{p[:-2]} {num(p):.3f}s" for p in ("phase1_s", "verify_s", "group_setup_s", "ckpt_load_s")
              if p not in pause_parts(rec) and num(p) is not None]
     return line + (f" | not in the sum: {', '.join(aside)}" if aside else "")
