@@ -87,6 +87,28 @@ def test_the_switch_waits_for_the_shadow_then_records_its_check_behind_the_first
     assert h.journal("shadow_ready") and h.journal("shadow_checked") and not h.journal("shadow_mismatch")
 
 
+def test_the_leavers_node_is_given_back_only_after_the_check(tmp_path):
+    """The leaver sends its fingerprint from its node after the switch: giving the node back to Slurm
+    first would kill it mid-check (seen on the lab: the new rank then had no verdict and exited)."""
+    h = Harness(tmp_path, shadow=True)
+    plan = _switched(h)
+    assert h.cluster.released == [] and h.state.release_after_check == {plan.epoch: ["n1"]}
+    h.send("s0", _checked(plan, True))
+    assert h.cluster.released == [["n1"]] and not h.state.release_after_check
+
+
+def test_a_switch_without_a_shadow_gives_the_node_back_at_once(tmp_path):
+    h = Harness(tmp_path)  # shadows off: the state travels in the pause, the leaver is done at `left`
+    h.ctl.intake.notice(_notice(None))
+    plan = h.state.plan
+    h.prepare_all()
+    assert _commit(h)["switch"] is not None
+    h.send(1, {"type": "left", "rank": 1, "step": 2, "transfer_s": 0.01, "phase2_s": 0.01, "bytes": 64})
+    h.send("s0", {"type": "joined", "epoch": plan.epoch, "rank": 1, "joiner": 0, "step": 2, "transfer_s": 0.01,
+                  "phase1_s": 0.01, "bytes": 64, "rss_mb": 1.0})
+    assert h.state.plan is None and h.cluster.released == [["n1"]]
+
+
 def test_a_check_from_another_rank_changes_nothing(tmp_path):
     h = Harness(tmp_path, shadow=True)
     plan = _switched(h)

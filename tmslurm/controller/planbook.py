@@ -42,10 +42,21 @@ class PlanBook:
         self.ctx.events.switched(plan)
         self.state.plan = None
         emptied = sorted({n for n in str((plan.event or {}).get("node", "")).split(",") if n})
-        empty = [n for n in emptied if not self.members.ranks_of_node(n)]
-        self.ctx.hooks.release_nodes(empty, lambda node: self.ctx.submit(Released(node)))
+        if isinstance(plan, PlannedSwitch) and (plan.event or {}).get("shadowed"):
+            self.state.release_after_check[plan.epoch] = emptied  # the leavers still answer the check there
+        else:
+            self._release(emptied)
         self.state.mode = Mode.RUNNING
         self.state.retry_notices = True
+
+    def release_checked(self, epoch: int) -> None:
+        """The shadows of switch ``epoch`` were checked: its leavers are done, give their nodes back."""
+        self._release(self.state.release_after_check.pop(epoch, []))
+
+    def _release(self, nodes: list[str]) -> None:
+        empty = [n for n in nodes if not self.members.ranks_of_node(n)]
+        if empty:
+            self.ctx.hooks.release_nodes(empty, lambda node: self.ctx.submit(Released(node)))
 
     def end_of_run(self) -> None:
         """The run ended with a plan in flight: its event is cancelled (no switch, no downtime), and a

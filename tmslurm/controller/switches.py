@@ -181,6 +181,7 @@ class Switches:
             return  # only the rank's own process compared its state
         self.ctx.journal.write("shadow_checked", agent=agent.aid, rank=msg.rank, epoch=msg.epoch, step=msg.step,
                                matched=msg.matched, verify_s=msg.verify_s, wait_s=msg.wait_s)
+        self.plans.release_checked(msg.epoch)  # the leaver's part is done, a repair included
         rec = self.ctx.events.of_epoch(msg.epoch)
         if rec is not None:
             rec["shadow_matched"] = rec.get("shadow_matched", True) and msg.matched
