@@ -269,7 +269,7 @@ class Worker:
 
     def _send_left(self, h: HandOver, t0: float, t1: float) -> None:
         self.link.send(Left(rank=self.rank, step=self.step, transfer_s=time.monotonic() - t1, phase2_s=t1 - t0, bytes=h.bytes,
-                            shadowed=h.shadowed, shadow_matched=h.matched if h.shadowed else None, shadow_steps=h.steps,
+                            shadowed=h.shadowed, shadow_steps=h.steps,
                             shadow_wait_s=h.wait_s, apply_s=self.apply_s))
         log.info("handed rank %d over at step %d (%d bytes, shadowed: %s); exiting", self.rank, self.step, h.bytes, h.shadowed)
 

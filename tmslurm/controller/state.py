@@ -141,10 +141,10 @@ class RunState:
     plan: PlannedSwitch | Recovery | None = None
     pending_notices: list[Notice] = field(default_factory=list)
     retry_notices: bool = False
+    """Set when a plan ends or a standby warms up: the loop then retries a pending notice."""
     release_after_check: dict[int, list[str]] = field(default_factory=dict)
     """Nodes a shadowed switch emptied, by its epoch, given back once its new rank's check is reported
     (the leaver sends its fingerprint from there after the switch; giving the node back kills it)."""
-    """Set when a plan ends or a standby warms up: the loop then retries a pending notice."""
     dropped_joins: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Joiner agent id -> (epoch, rank) of a dropped plan it never reported ``joined`` for: it may
     have finished that join anyway (its ``joined`` still in flight), see ``Recoveries.late_join``."""

@@ -239,11 +239,10 @@ class Left(Msg):
     transfer_s: Seconds
     phase2_s: Seconds
     bytes: Annotated[int, Field(ge=0, le=2**50)]
-    """State bytes sent in the pause (0 for a shadow that matched)."""
+    """State bytes sent in the pause (0 with a live shadow)."""
     shadowed: bool = False
-    """A live shadow followed this rank (comm/shadow.py)."""
-    shadow_matched: bool | None = None
-    """The fingerprints at the switch were equal (None without a shadow)."""
+    """A live shadow followed this rank (comm/shadow.py); the new rank reports the comparison
+    (``shadow_checked``)."""
     shadow_steps: Count = 0
     """Committed steps the shadow followed."""
     shadow_wait_s: Seconds = 0.0
@@ -403,7 +402,6 @@ class Joined(Msg):
     warm_reason: Text | None = None
     shadowed: bool = False
     """It followed the leaver as a live shadow; ``bytes`` is then what moved in the pause."""
-    shadow_matched: bool | None = None
     shadow_steps: Count = 0
     shadow_catchup_s: Seconds | None = None
     """Receiving and loading the leaver's state in the background (not in the pause)."""
