@@ -159,7 +159,7 @@ class Worker:
         t0 = time.perf_counter()
         self.fabric.begin_step()
         comm = RecordingStageComm(self.comm, recording_path(self.run_dir, self.layout.shape_class(self.rank).name)) if self.recording else self.comm
-        loss = self.runner.compute(self.step, comm, midstep=self.faults.midstep(self.step))
+        loss = self.runner.compute(self.step, comm, midstep=self.faults.midstep(self.step), stop=self.fabric.check_abort)
         if self.shadow is not None:
             self.shadow.after_reduce(self.step, self.runner)
         if self.recording:

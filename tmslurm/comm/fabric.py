@@ -227,6 +227,11 @@ class Fabric:
         for name, work in pending:
             self._wait(name, work, "send")
 
+    def check_abort(self) -> None:
+        """Raise CommAborted once the controller said ``abort``: the step loop's stop between layers."""
+        if self.abort_event.is_set():
+            raise CommAborted("step abandoned between layers: the step is being aborted")
+
     def _handle(self, name: str) -> GroupHandle:
         try:
             return self.handles[name]

@@ -12,8 +12,10 @@ buddy) and nothing else, so the same schedule runs
   steady-state cost);
 - inside a standby's sandbox (:class:`SandboxStageComm`), where every value that would come from a
   peer is *replayed* from a recording and every send is skipped: the sandbox talks to nobody, and
-  never invents zeros or random values that could produce NaNs. A missing or mismatched recording
-  raises :class:`~tmslurm.errors.CommError` naming the file;
+  never invents zeros or random values that could produce NaNs. Its data-parallel all-reduce is the
+  identity: the local gradient, computed from replayed values, stands in for the reduced one (only
+  the reduction's shape is recorded). A missing or mismatched recording raises
+  :class:`~tmslurm.errors.CommError` naming the file;
 - alone (:class:`SoloStageComm`: one rank holding the whole model, dp = pp = tp = 1), for single-process
   benchmarks and tests: reductions are the identity and there is no peer to send to.
 
@@ -140,7 +142,7 @@ class RecordingStageComm:
 
     def allreduce(self, flat: torch.Tensor) -> torch.Tensor:
         out = self.inner.allreduce(flat)
-        self.rec["allreduce"] = out.detach().clone().cpu()
+        self.rec["allreduce"] = torch.tensor(out.shape)  # its shape only: a sandbox reduces to the identity
         return out
 
     def tp_allreduce(self, t: torch.Tensor) -> torch.Tensor:
@@ -207,12 +209,12 @@ class SandboxStageComm:
         self.sent += 1
 
     def allreduce(self, flat: torch.Tensor) -> torch.Tensor:
-        if "allreduce" not in self.rec:
-            return flat  # dp = 1: the reduction is the identity
-        out = self._get("allreduce")
-        if out.shape != flat.shape:
-            raise CommError(f"sandbox recording {self.path}: all-reduce shape {tuple(out.shape)} != {tuple(flat.shape)}")
-        flat.copy_(out)
+        """The identity: the local gradient stands in for the reduced one (same shape, same kernels after
+        it; a warm runner's values mean nothing until a join loads its state). Holding the recorded reduction
+        and a copy of it would add two flat gradients to a standby's peak RSS (1.4 GB at model=large)."""
+        if "allreduce" in self.rec and tuple(self.rec["allreduce"].tolist()) != tuple(flat.shape):
+            raise CommError(f"sandbox recording {self.path}: all-reduce shape {tuple(self.rec['allreduce'].tolist())} "
+                            f"!= {tuple(flat.shape)}")
         return flat
 
     def tp_allreduce(self, t: torch.Tensor) -> torch.Tensor:

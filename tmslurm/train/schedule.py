@@ -22,6 +22,7 @@ import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from tmslurm.comm.stage_comm import StageComm
+from tmslurm.train.abortpoints import AbortPoints, Stop
 from tmslurm.train.task import StageSpec, Task
 
 
@@ -36,14 +37,22 @@ class StageRunner:
         self.module = task.build_stage(spec, device)
         self.optimizer = task.build_optimizer(self.module)
         self.params = [p for p in self.module.parameters() if p.requires_grad]
+        self.points = AbortPoints(self.module)
+        """Where a step stops between layers once ``compute``'s ``stop`` raises (train/abortpoints.py)."""
         self.reduced: torch.Tensor | None = None
         """The last step's reduced flat gradient (``.grad`` are views of it): what a shadow follows."""
 
-    def compute(self, step: int, comm: StageComm, midstep: Callable[[], None] | None = None) -> float | None:
+    def compute(self, step: int, comm: StageComm, midstep: Callable[[], None] | None = None,
+                stop: Stop | None = None) -> float | None:
         """Forward + backward + reduction of one step; returns the step loss on the last stage.
 
-        ``midstep`` (fault injection) is called between the forward and the backward passes.
+        ``midstep`` (fault injection) is called between the forward and the backward passes. ``stop`` is
+        called between layers and raises to abandon the step (an abort).
         """
+        with self.points.armed(stop):
+            return self._compute(step, comm, midstep)
+
+    def _compute(self, step: int, comm: StageComm, midstep: Callable[[], None] | None) -> float | None:
         self.spec.tp_group.bind(comm)
         scale = 1.0 / (self.m * self.dp)
         outs, ins, loss_sum = [], [], 0.0

@@ -47,6 +47,7 @@ from torch import nn
 
 from tmslurm.comm.stage_comm import StageComm
 from tmslurm.errors import ConfigError
+from tmslurm.train.abortpoints import Stop
 from tmslurm.train.schedule import StageRunner, optimizer_slots, state_digest, tensor_bytes
 from tmslurm.train.task import StageSpec, Task
 
@@ -123,9 +124,10 @@ class ZeroStageRunner(StageRunner):
         return self.dp_rank ^ 1
 
     # ---- the step -----------------------------------------------------------------------------
-    def compute(self, step: int, comm: StageComm, midstep: Callable[[], None] | None = None) -> float | None:
+    def compute(self, step: int, comm: StageComm, midstep: Callable[[], None] | None = None,
+                stop: Stop | None = None) -> float | None:
         self._gather(comm)
-        return super().compute(step, comm, midstep)
+        return super().compute(step, comm, midstep, stop)
 
     def _gather(self, comm: StageComm) -> None:
         """All-gather the parameters. While the ward's step still runs, the buddy's chunk is received
