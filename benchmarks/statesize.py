@@ -125,7 +125,7 @@ def restarts(out: Path, model: str, repeats: int) -> dict[str, Any]:
 CELLS = ("shadow", "noshadow", "unexpected", "injob_restart")
 """The cells measured per size after the link, in this order."""
 SAMPLE_FIELDS = ("pause_s", "downtime_s", "transfer_s", "verify_s", "first_step_s", "gap_s", "verify_wait_s", "before_fault_s",
-                 "detect_s", "phase1_s", "phase2_s", "other_s", "pause_from_fault_s")
+                 "detect_s", "pick_s", "phase1_s", "phase2_s", "other_s", "pause_from_fault_s")
 """Listed per event: the first six always (null where the event has none), the rest where it has them."""
 
 
@@ -158,6 +158,10 @@ def row(model: str, link: dict[str, Any], cells: dict[str, dict[str, Any]]) -> d
          "unexpected_before_fault_p50_s": _p50([e.get("before_fault_s") for e in kill]),
          "unexpected_pause_from_fault_p50_s": _p50([e.get("pause_from_fault_s") for e in kill]),
          "unexpected_transfer_p50_s": _p50([e.get("transfer_s") for e in kill]),
+         # for a failure, pick_s is the wait for every survivor's 'aborted' before the standby is picked
+         "unexpected_pick_p50_s": _p50([e.get("pick_s") for e in kill]),
+         # issue 23's bound on the pause from the fault: detection + 1.5 x floor + 0.1 s
+         "unexpected_bound_s": _bound(kill, nbytes / 1e9 / link["link_gbps"]),
          "shadow_catchup_p50_s": _p50([e.get("shadow_catchup_s") for e in shadow]),
          "shadow_follow_s_per_step_p50": _p50([e.get("shadow_follow_s_per_step") for e in shadow]),
          "all_shadowed": all(e.get("shadowed") and e.get("shadow_matched") for e in shadow) if shadow else None,
@@ -169,6 +173,12 @@ def row(model: str, link: dict[str, Any], cells: dict[str, dict[str, Any]]) -> d
          "samples": {k: [{f: e.get(f) for f in SAMPLE_FIELDS[:6] + tuple(f for f in SAMPLE_FIELDS[6:] if f in e)}
                          for e in c["events"]] for k, c in cells.items()}}
     return r
+
+
+def _bound(kill: list[dict[str, Any]], floor_s: float) -> float | None:
+    """Detection p50 + 1.5 x the floor + 0.1 s, or None without SIGKILL events."""
+    detect = _p50([e.get("detect_s") for e in kill])
+    return None if detect is None else round(detect + 1.5 * floor_s + 0.1, 4)
 
 
 def table(rows: list[dict[str, Any]]) -> str:

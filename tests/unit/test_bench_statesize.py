@@ -22,7 +22,7 @@ def test_source_rss_reads_the_sources_peak_before_and_after_the_event():
 def test_row_takes_p50s_per_cell_and_the_floor_from_the_link():
     shadow = [_ev(0.05, 0.01, shadowed=True, shadow_matched=True, shadow_catchup_s=c) for c in (1.0, 2.0, 3.0)]
     plain = [_ev(p, p - 0.04) for p in (0.5, 0.7, 0.6)]
-    kill = [_ev(1.2, 1.1, detect_s=0.9, before_fault_s=b, pause_from_fault_s=1.2 - b,
+    kill = [_ev(1.2, 1.1, detect_s=0.9, pick_s=b / 10, before_fault_s=b, pause_from_fault_s=1.2 - b,
                 source_rss={"before_mb": 500.0, "after_mb": 510.0}) for b in (0.4, 0.5, 0.6)]
     restart = [_ev(9.0, 9.5), _ev(11.0, 10.5), _ev(10.0, 10.0)]
     summary = {"state_bytes": {"0": 1_000_000_000, "1": 900_000_000}, "memory": {"standby_rss_mb": 1200.0,
@@ -37,6 +37,8 @@ def test_row_takes_p50s_per_cell_and_the_floor_from_the_link():
     assert (r["source_peak_rss_before_mb"], r["source_peak_rss_during_mb"]) == (500.0, 510.0)
     assert (r["unexpected_before_fault_p50_s"], r["unexpected_pause_from_fault_p50_s"]) == (0.5, 0.7)
     assert r["samples"]["unexpected"][0]["before_fault_s"] == 0.4 and "before_fault_s" not in r["samples"]["noshadow"][0]
+    assert r["unexpected_pick_p50_s"] == 0.05 and r["samples"]["unexpected"][2]["pick_s"] == 0.06
+    assert r["unexpected_bound_s"] == 0.9 + 1.5 * 0.5 + 0.1  # detection p50 + 1.5 x floor + 0.1 s
     assert len(r["samples"]["noshadow"]) == 3 and "large" in table([r])
 
 
@@ -46,6 +48,7 @@ def test_a_row_of_one_cell_leaves_the_others_null():
     r = row("base", {"link_gbps": 2.0, "transfer_gbps": 1.6}, {"unexpected": {"summary": summary, "events": kill}})
     assert r["unexpected_pause_from_fault_p50_s"] == 0.7 and r["n"] == {"unexpected": 1}
     assert (r["planned_shadow_pause_p50_s"], r["injob_restart_planned_downtime_p50_s"], r["all_shadowed"]) == (None, None, None)
+    assert r["unexpected_bound_s"] is None  # no detection figure: no bound
     assert "base" in table([r])
 
 
