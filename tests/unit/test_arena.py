@@ -174,3 +174,32 @@ def test_a_sharded_runner_lives_in_the_arena_and_its_views_follow():
     last.load_state(_received(last.state(), source.state_for(1)))
     assert last.state_digest() == source.ward_digest()
     assert _inside(last.own, arena) and all(_inside(t, arena) for _, t in _slots(last))
+
+
+def test_binding_holds_the_arena_plus_a_few_tensors_not_the_class_twice():
+    """Tensors under glibc's mmap threshold live on the heap, where a freed chunk stays in RSS until
+    trimmed: bind trims as it goes, so its peak is the arena plus about TRIM_BYTES, not twice the class."""
+    from tmslurm.agent.build import peak_rss_mb, reset_peak_rss, rss_mb
+    from tmslurm.train.arena import TRIM_BYTES
+
+    raise_threshold = torch.ones(16 * 2**20, dtype=torch.uint8)  # freed, this mmap chunk lifts the threshold to 16 MiB
+    del raise_threshold
+
+    class Runner:
+        def __init__(self) -> None:
+            self.params = [torch.nn.Parameter(torch.ones(2**20)) for _ in range(96)]  # 96 x 4 MiB, on the heap
+
+        def host_slots(self):
+            return ((p, p.data) for p in self.params)
+
+    runner = Runner()
+    size_mb = 96 * 4
+    release_free_memory()
+    if not reset_peak_rss():
+        pytest.skip("this kernel cannot reset the peak RSS (/proc/self/clear_refs)")
+    before = rss_mb()
+    arena = Arena()
+    arena.bind(runner)
+    grew = peak_rss_mb() - before
+    assert all(_inside(p, arena) and torch.equal(p, torch.ones_like(p)) for p in runner.params)
+    assert grew < 0.5 * size_mb, f"bind's peak grew {grew:.0f} MiB for a {size_mb} MiB class (trim every {TRIM_BYTES >> 20} MiB)"

@@ -15,8 +15,9 @@ re-binds the runners bound before (their values are not kept). The standby then 
 one class, not one per class. While the next class warms up with storage of its own, :meth:`release`
 frees the buffer's memory (its storage is resized to 0 bytes; every bound view keeps its shape, and
 must not be read until the next :meth:`bind` gives the storage back). :meth:`bind` copies one tensor
-at a time and drops the runner's own tensor as it goes, so binding holds the buffer plus one tensor,
-not two copies of the class: a standby's peak is one class plus one warm-up step, as a rank's is.
+at a time, drops the runner's own tensor as it goes and trims the heap every :data:`TRIM_BYTES`, so
+binding holds the buffer plus at most that much, not two copies of the class: a standby's peak is one
+class plus one warm-up step, as a rank's is.
 
 Compiled graphs survive a re-bind: shapes, strides and dtypes are unchanged (dynamo guards on those,
 not on addresses), which ``tests/unit/test_arena.py`` checks by counting graphs. Gradients are not
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 from typing import Any, Iterator
 
@@ -38,6 +40,12 @@ import torch
 log = logging.getLogger(__name__)
 
 ALIGN = 64
+TRIM_BYTES = 64 << 20
+"""While binding, the heap is trimmed after each this many bytes of the runner's own tensors are
+freed. glibc serves tensors under its mmap threshold (which rises to 32 MiB once a large chunk was
+freed) from the heap, and a freed heap chunk stays in RSS until ``malloc_trim``. Trimmed only at the
+end, a bind held the whole class twice: a standby's peak at model=large was its warm-up RSS plus the
+1.3 GB arena (4.4 GB, 1.25x the largest rank's)."""
 
 
 class Arena:
@@ -98,7 +106,7 @@ def _aligned(n: int) -> int:
 def _rebind(slots: list[Slot | None], buffer: torch.Tensor, copy: bool) -> None:
     """Point every slot at its view of ``buffer`` (copying its values with ``copy``). Each slot's entry
     is cleared as it is done, so the caller's list does not keep the old tensors alive."""
-    offset = 0
+    offset = freed = 0
     for i, slot in enumerate(slots):
         assert slot is not None
         where, t = slot
@@ -116,14 +124,25 @@ def _rebind(slots: list[Slot | None], buffer: torch.Tensor, copy: bool) -> None:
             state[key] = view
         del t, slot  # the runner's own tensor goes now, not at the end of the loop
         offset += _aligned(n)
+        freed += n
+        if freed >= TRIM_BYTES:  # freed heap chunks count in RSS until trimmed (see TRIM_BYTES)
+            release_free_memory()
+            freed = 0
 
 
 def release_free_memory() -> None:
     """Give freed heap memory back to the system (glibc ``malloc_trim``), so RSS shows what is held."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.lru_cache(maxsize=1)
+def _malloc_trim() -> Any:
+    """libc's ``malloc_trim``, or None where there is none (looked up once: ``find_library`` may run ldconfig)."""
     name = ctypes.util.find_library("c")
-    if name is None:
-        return
     try:
-        ctypes.CDLL(name).malloc_trim(0)
+        return None if name is None else ctypes.CDLL(name).malloc_trim
     except (OSError, AttributeError):
         log.debug("malloc_trim is not available here")
+        return None

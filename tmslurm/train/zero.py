@@ -180,6 +180,7 @@ class ZeroStageRunner(StageRunner):
         self.optimizer.zero_grad(set_to_none=True)
         for p in self.params:
             p.grad = None
+        self.reduced = None
         self.buddy_s.append(self.swap_s)
         self._ward_thread = threading.Thread(target=self._ward_step, name="zero-ward", daemon=True)
         self._ward_thread.start()
@@ -212,6 +213,7 @@ class ZeroStageRunner(StageRunner):
         self.ward_optimizer.zero_grad(set_to_none=True)
         for p in self.params:
             p.grad = None
+        self.reduced = None
 
     # ---- state ------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
