@@ -5,7 +5,9 @@ one step (all forwards, then all backwards, in micro-batch order), all-reduces t
 the stage's data-parallel group (SUM; each micro-batch loss is pre-scaled by 1/(M*dp), so the sum is
 the mean) and leaves the result in ``.grad``. It does NOT apply the optimizer: the caller does that
 with :meth:`apply` only after the run decided the step commits, or :meth:`drop` on abort. Any
-communication failure propagates as CommError/CommAborted with the gradients left to be dropped.
+communication failure propagates as CommError/CommAborted with the gradients left to be dropped; so
+does the CommAborted that ``compute``'s ``stop`` raises between two layers once the run aborts the step
+(:mod:`tmslurm.train.abortpoints`).
 Before each step the stage's TP handle (``spec.tp_group``) is bound to the step's communicator, so
 the module's tensor-parallel reductions go wherever the step's boundary values go (the fabric, a
 recording, a sandbox). :meth:`retarget` lets a warm runner serve another stage of its shape class
