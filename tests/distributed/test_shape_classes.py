@@ -5,9 +5,11 @@ into any stage loads that stage's state into the warm runner of its class: no mo
 compile in the pause (``joiner_warm: true``). Stages 0, 1, 4 and 7 are drained: every class, the
 middle one twice (stages 1-6 are one class, so the others would repeat stage 1's check; 90 s of CI
 against 108 s for all 8). Every drain is shadowed (no state in the pause); the
-standby's RSS stays within 1.25x of the largest rank's; and each join's downtime stays within 1.5x of the
-first-stage join's (plus 0.1 s of slack for two shared cores). The run ends bit-identical to the
-uninterrupted one.
+standby's RSS stays within 1.25x of the largest rank's; and no join's downtime exceeds the first-stage
+join's by more than COMPILE_MARGIN_S. A join that built or compiled in the pause would cost seconds (a
+class's warm-up, compile included, took 17-24 s here: benchmarks.md section 6), while two shared cores under a concurrent CI lane move a warm
+join's downtime by tenths (a middle-stage join at 0.12 s against a first-stage join at 0.00 s failed
+the earlier bound of 1.5x + 0.1 s). The run ends bit-identical to the uninterrupted one.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ EVERY = 3
 # the last drain gets 12 steps to finish: with 3, a loaded CI host took 2 for the shadow's catch-up
 # and the run ended first (its planned move cancelled, the notice left pending)
 STEPS = EVERY * len(DRAINED) + 12
+COMPILE_MARGIN_S = 1.0
 LAYOUT = ("parallel.dp=1", f"parallel.pp={PP}", f"model.n_layer={PP}", "model.compile=true", f"train.steps={STEPS}")
 
 
@@ -42,7 +45,7 @@ def test_pp8_compiled_drain_of_every_shape_class_joins_warm(launch, baseline):
     assert mem["standby_rss_mb"] <= 1.25 * mem["largest_rank_peak_rss_mb"], mem
     first = evs[0]["downtime_s"]
     for ev in evs[1:]:
-        assert ev["downtime_s"] <= max(1.5 * first, first + 0.1), (ev["ranks"], ev["downtime_s"], first)
+        assert ev["downtime_s"] <= first + COMPILE_MARGIN_S, (ev["ranks"], ev["downtime_s"], first)
     assert not events_of(s, "restart")
 
 
