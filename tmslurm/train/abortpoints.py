@@ -61,9 +61,8 @@ class AbortPoints:
             self._stop()
 
     def _before_forward(self, module: nn.Module, args: Any) -> None:
-        if torch.compiler.is_compiling() or self._stop is None:
-            return
-        self._stop()
+        if not torch.compiler.is_compiling():
+            self._check()
 
     def _after_forward(self, module: nn.Module, args: Any, output: Any) -> None:
         if torch.compiler.is_compiling() or self._stop is None:
