@@ -95,6 +95,8 @@ def test_restore_takes_back_the_step_log_and_waits_for_every_live_process(tmp_pa
         r.hello(rank, "worker", rank, rejoin(rank, COMMITTED - 1))
     r.ctl.adoption.tick()
     assert r.ctl.state.mode is Mode.ADOPTING  # worker 3 and the standby are still expected
+    # a rejoin is no start-up: its silence gets heartbeat_timeout_s (tests/unit/test_startup_silence.py)
+    assert not any(a.starting for a in r.ctl.state.agents.values())
 
 
 def test_a_fault_fired_after_the_last_snapshot_is_not_handed_out_again(tmp_path):

@@ -1,7 +1,7 @@
 """Deadlines: nothing waits forever. Checked by the loop between queue items, at most every ``loop.TICK_S``.
 
 Contract (on the controller's thread): an agent silent for ``runtime.heartbeat_timeout_s`` is
-fenced (its own handle; silent agents are looked for 20 times per timeout) and handled as lost; so is a rank that heartbeats but makes no progress:
+fenced (``runtime.connect_timeout_s`` while it is still starting: see ``Agent.starting``) (its own handle; silent agents are looked for 20 times per timeout) and handled as lost; so is a rank that heartbeats but makes no progress:
 its vote is the only one missing for longer than ``runtime.hang_factor`` x the median step time
 (at least ``runtime.hang_floor_s``; ``runtime.connect_timeout_s`` while no step time is known) after
 every other rank voted (cause ``no progress``); ranks silent during an abort past the recovery's
@@ -85,7 +85,11 @@ class Deadlines:
             self.members.replenish()
 
     def _heartbeats(self, now_m: float) -> None:
-        """Fence the silent agents. The scan walks every agent, so it runs at most
+        """Fence the silent agents. An agent still starting (before its ``started`` or first
+        ``ready``) is allowed ``runtime.connect_timeout_s``: under two CI lanes a rank waiting for its
+        peers' groups went 3.1 s without a heartbeat 4 s after its hello, and the false alarm forced
+        an in-job restart before step 0. A start-up that really hangs is still found then, a dead
+        one at once by its closed connection, a powered-off node by its monitor. The scan walks every agent, so it runs at most
         :data:`SCANS_PER_TIMEOUT` times per ``heartbeat_timeout_s`` (at 4,096 agents a scan every
         50 ms tick was a millisecond each): an agent is caught at most 1/20 of the timeout late."""
         rt = self.ctx.cfg.runtime
@@ -93,7 +97,9 @@ class Deadlines:
             return
         self.scanned_m = now_m
         oldest = now_m - rt.heartbeat_timeout_s
-        for agent in [a for a in self.state.agents.values() if a.last_seen < oldest and a.alive]:
+        oldest_starting = now_m - max(rt.heartbeat_timeout_s, rt.connect_timeout_s)
+        for agent in [a for a in self.state.agents.values()
+                      if a.alive and a.last_seen < (oldest_starting if a.starting else oldest)]:
             silent = now_m - agent.last_seen
             if not agent.expected_exit:
                 log.warning("%s missed heartbeats for %.1fs: fencing it", agent.aid, silent)

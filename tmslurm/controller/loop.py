@@ -120,7 +120,7 @@ class Controller:
             m.Joined: self._on_joined, m.JoinFailed: self.switches.on_join_failed,
             m.Aborted: self.recoveries.on_aborted, m.Recovered: self.recoveries.on_recovered,
             m.CommErrorReport: self.recoveries.on_comm_error, m.FaultFired: self.recoveries.on_fault,
-            m.Started: lambda agent, msg: self.restarts.on_started(msg), m.Ready: self._on_ready, m.Done: self._on_done,
+            m.Started: self._on_started, m.Ready: self._on_ready, m.Done: self._on_done,
         }
         self.item_handlers: dict[type, Callable[[Any], None]] = {
             HelloIn: self._on_hello, RequestIn: self._on_request, MessageIn: self._on_message,
@@ -285,7 +285,12 @@ class Controller:
         """The cluster hooks gave a node back, off this thread."""
         self.ctx.journal.write("node_released", node=item.node)
 
+    def _on_started(self, agent: Agent, msg: m.Started) -> None:
+        agent.starting = False
+        self.restarts.on_started(msg)
+
     def _on_ready(self, agent: Agent, msg: m.Ready) -> None:
+        agent.starting = False
         agent.roles[msg.role] = msg.model_dump(exclude={"type"})
         self.ctx.journal.write("standby_ready", agent=agent.aid, node=agent.node, **agent.roles[msg.role],
                                largest_rank_peak_rss_mb=self.commits.largest_rank_rss())

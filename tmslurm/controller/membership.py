@@ -57,7 +57,8 @@ class Membership:
             ch.close()
             return None
         self.state.expected.discard((msg.kind, msg.id))
-        agent = Agent(agent_id(msg.kind, msg.id, msg.pid, conn), msg.kind, msg.id, msg.pid, msg.node, ch, time.monotonic(), host=msg.host)
+        agent = Agent(agent_id(msg.kind, msg.id, msg.pid, conn), msg.kind, msg.id, msg.pid, msg.node, ch, time.monotonic(), host=msg.host,
+                      starting=msg.rejoin is None)
         self.state.agents[agent.aid] = agent
         self.state.conn_agent[conn] = agent.aid
         if rank is not None:

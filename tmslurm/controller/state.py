@@ -83,6 +83,11 @@ class Agent:
     expected_exit: bool = False
     roles: dict[str, dict[str, Any]] = field(default_factory=dict)
     busy: bool = False
+    starting: bool = False
+    """Between its first hello and its ``started`` (a rank) or first ``ready`` (a standby): it imports,
+    builds its runner and groups, and on a loaded host may not get the CPU to heartbeat for seconds.
+    Its silence is then allowed ``runtime.connect_timeout_s``; a rejoin after a controller restart is
+    not starting."""
 
     @property
     def idle_standby(self) -> bool:
