@@ -95,7 +95,7 @@ def parser() -> argparse.ArgumentParser:
     ss.add_argument("--models", default="small,medium,base,large", help="model presets, smallest first")
     ss.add_argument("--repeats", type=int, default=5, help="events per cell")
     ss.add_argument("--link-repeats", type=int, default=5)
-    ss.add_argument("--cells", default="shadow,noshadow,unexpected,injob_restart",
+    ss.add_argument("--cells", default="shadow,noshadow,unexpected,unexpected_overlap,injob_restart",
                     help="the cells to measure per size (a subset leaves the others' figures null)")
     ss.add_argument("--json", default="docs/bench/statesize.json")
     z = sub.add_parser("zero", help="the sharded optimizer (parallel.zero=1): optimizer bytes, the buddy's cost per step, "

@@ -8,7 +8,9 @@ parameters + AdamW moments per rank at DP2 x PP2), local processes (``cluster=lo
   (``standby.replenish``); ``--repeats`` times: wait until a fresh standby is warm for every role,
   send a maintenance notice for rank 1, wait for the switch (``runtime.shadow`` true / false);
 - ``unexpected``: ``--repeats`` runs, each with a SIGKILL of rank 1 (midstep) once the standby is warm;
-  the DP peer that sends the state is the *source*, whose peak RSS is read before and after;
+  the DP peer that sends the state is the *source*, whose peak RSS is read before and after; the
+  ranks that send no state redo the step after the transfer (``runtime.redo_overlap=false``, the default);
+- ``unexpected_overlap``: the same with ``runtime.redo_overlap=true`` (they redo it beside the transfer);
 - ``injob_restart``: one run with ``--repeats`` drains 6 steps apart, ``runtime.restart_mode=injob_restart``
   (each restart reloads a checkpoint of that size) and ``runtime.fork_agents=false`` (each restarted
   rank is a fresh process that imports torch, as on a cluster).
@@ -85,17 +87,18 @@ def is_planned(e: dict[str, Any]) -> bool:
     return e["type"] == "event" and e.get("kind") == "planned"
 
 
-def kills(out: Path, model: str, repeats: int) -> dict[str, Any]:
+def kills(out: Path, model: str, repeats: int, overlap: bool = False) -> dict[str, Any]:
     """``repeats`` runs, each with one SIGKILL of rank 1 after the standby is warm."""
     events, summaries = [], []
     for i in range(repeats):
-        s = run_local(out / f"{model}-kill-{i}", [*BASE, f"model={model}", "standby.count=1", "standby.start_when_warm=true",
-                                                  "train.steps=10", "faults=[{step:5,kind:kill,rank:1}]"], timeout=3600)
+        s = run_local(out / f"{model}-kill{'-overlap' if overlap else ''}-{i}",
+                      [*BASE, f"model={model}", "standby.count=1", "standby.start_when_warm=true", "train.steps=10",
+                       f"runtime.redo_overlap={str(overlap).lower()}", "faults=[{step:5,kind:kill,rank:1}]"], timeout=3600)
         (ev,) = _events(s, "unexpected")
         ev["source_rss"] = source_rss(s, ev)
         events.append(ev)
         summaries.append(s)
-        say(f"{model}: kill {i + 1}/{repeats}: pause {ev.get('pause_s')}")
+        say(f"{model}: kill{' (overlap)' if overlap else ''} {i + 1}/{repeats}: pause {ev.get('pause_s')}")
     return {"summary": summaries[-1], "events": events}
 
 
@@ -122,7 +125,7 @@ def restarts(out: Path, model: str, repeats: int) -> dict[str, Any]:
     return {"summary": s, "events": events}
 
 
-CELLS = ("shadow", "noshadow", "unexpected", "injob_restart")
+CELLS = ("shadow", "noshadow", "unexpected", "unexpected_overlap", "injob_restart")
 """The cells measured per size after the link, in this order."""
 SAMPLE_FIELDS = ("pause_s", "downtime_s", "transfer_s", "verify_s", "first_step_s", "gap_s", "verify_wait_s", "before_fault_s",
                  "detect_s", "pick_s", "phase1_s", "phase2_s", "other_s", "pause_from_fault_s")
@@ -133,12 +136,14 @@ def cell(out: Path, model: str, name: str, repeats: int) -> dict[str, Any]:
     """One cell of ``CELLS`` for ``model``: its last summary and its events."""
     if name in ("shadow", "noshadow"):
         return drains(out, model, name == "shadow", repeats)
-    return kills(out, model, repeats) if name == "unexpected" else restarts(out, model, repeats)
+    if name in ("unexpected", "unexpected_overlap"):
+        return kills(out, model, repeats, overlap=name == "unexpected_overlap")
+    return restarts(out, model, repeats)
 
 
 def row(model: str, link: dict[str, Any], cells: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """One size's figures from the cells measured (``--cells``); a cell not measured has no events."""
-    shadow, plain, kill, restart = (cells.get(k, {"events": []})["events"] for k in CELLS)
+    shadow, plain, kill, overlap, restart = (cells.get(k, {"events": []})["events"] for k in CELLS)
     first = next(cells[k]["summary"] for k in CELLS if k in cells)
     nbytes = max(first["state_bytes"].values())
     memory = (cells.get("shadow") or cells.get("noshadow") or cells.get("unexpected") or {"summary": {}})["summary"].get("memory") or {}
@@ -162,6 +167,10 @@ def row(model: str, link: dict[str, Any], cells: dict[str, dict[str, Any]]) -> d
          "unexpected_pick_p50_s": _p50([e.get("pick_s") for e in kill]),
          # issue 23's bound on the pause from the fault: detection + 1.5 x floor + 0.1 s
          "unexpected_bound_s": _bound(kill, nbytes / 1e9 / link["link_gbps"]),
+         # the same SIGKILL with runtime.redo_overlap=true: the held ranks redo the step beside the transfer
+         "unexpected_overlap_pause_p50_s": _p50([e.get("pause_s") for e in overlap]),
+         "unexpected_overlap_pause_from_fault_p50_s": _p50([e.get("pause_from_fault_s") for e in overlap]),
+         "unexpected_overlap_transfer_p50_s": _p50([e.get("transfer_s") for e in overlap]),
          "shadow_catchup_p50_s": _p50([e.get("shadow_catchup_s") for e in shadow]),
          "shadow_follow_s_per_step_p50": _p50([e.get("shadow_follow_s_per_step") for e in shadow]),
          "all_shadowed": all(e.get("shadowed") and e.get("shadow_matched") for e in shadow) if shadow else None,
@@ -183,13 +192,15 @@ def _bound(kill: list[dict[str, Any]], floor_s: float) -> float | None:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (f"{'model':<7}{'MB/rank':>8}{'link':>7}{'xfer':>7}{'floor':>7}{'shadow':>8}{'planned':>8}{'unexp':>7}"
-            f"{'fromflt':>8}{'restart':>8}{'sby RSS':>8}{'rank RSS':>9}")
-    lines = [head, f"{'':<7}{'':>8}{'GB/s':>7}{'GB/s':>7}{'s':>7}{'pause s':>8}{'pause s':>8}{'pause':>7}{'pause s':>8}{'down s':>8}{'MiB':>8}{'MiB':>9}"]
+            f"{'fromflt':>8}{'overlap':>8}{'restart':>8}{'sby RSS':>8}{'rank RSS':>9}")
+    lines = [head, f"{'':<7}{'':>8}{'GB/s':>7}{'GB/s':>7}{'s':>7}{'pause s':>8}{'pause s':>8}{'pause':>7}{'pause s':>8}{'fromflt':>8}"
+                   f"{'down s':>8}{'MiB':>8}{'MiB':>9}"]
     for r in rows:
         f = lambda v, w, p=3: f"{v:>{w}.{p}f}" if isinstance(v, (int, float)) else f"{'-':>{w}}"  # noqa: E731
         lines.append(f"{r['model']:<7}{r['state_mb_per_rank']:>8.1f}{f(r['link_gbps'], 7, 2)}{f(r['transfer_gbps'], 7, 2)}"
                      f"{f(r['floor_s'], 7)}{f(r['planned_shadow_pause_p50_s'], 8)}{f(r['planned_pause_p50_s'], 8)}"
                      f"{f(r['unexpected_pause_p50_s'], 7)}{f(r.get('unexpected_pause_from_fault_p50_s'), 8)}"
+                     f"{f(r.get('unexpected_overlap_pause_from_fault_p50_s'), 8)}"
                      f"{f(r['injob_restart_planned_downtime_p50_s'], 8, 2)}"
                      f"{f(r['standby_rss_mb'], 8, 0)}{f(r['rank_rss_mb'], 9, 0)}")
     return "\n".join(lines)

@@ -194,13 +194,19 @@ class RuntimeConfig:
     heartbeat_interval_s: float = 0.2
     """Agent -> controller heartbeat period."""
     heartbeat_timeout_s: float = 3.0
-    """A rank silent this long is declared hung and fenced."""
+    """A rank silent this long is declared hung and fenced (runtime.connect_timeout_s while it is still
+    starting: before its started, or a standby's first ready)."""
     collective_timeout_s: float = 60.0
     """Upper bound of any single collective before it fails on its own."""
     wait_slice_s: float = 0.05
     """Pending collectives are waited on in slices this long, checking for aborts between."""
     connect_timeout_s: float = 120.0
     """How long agents wait for the controller and groups for their members."""
+    redo_overlap: bool = False
+    """After a failure, may the ranks that send no state redo the step while the state travels to
+    the joiners? false: they wait for the transfers to end, which then run alone (on ranks that
+    share CPUs, as here, a redone step beside a transfer slowed it 2.5x); true: their first
+    forward overlaps the transfer (nodes of their own). docs/recovery.md section 3."""
     restart_mode: str = "tmslurm"
     """Recovery strategy: tmslurm (standby switch) | injob_restart | requeue_restart (baselines)."""
     switch_mode: str = "delta"

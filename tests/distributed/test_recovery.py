@@ -73,10 +73,19 @@ def test_planned_middle_stage_with_pp3(launch, baseline):
     assert ev["ranks"] == [4]
 
 
-def test_unexpected_failures_kill_then_stop_are_exact(launch, baseline):
+@pytest.mark.parametrize("overlap", ["false", "true"], ids=["held", "overlapped"])
+def test_unexpected_failures_kill_then_stop_are_exact(launch, baseline, overlap):
     """A killed rank's exit is seen at once; a SIGSTOPped rank is reported by its node's monitor after
-    runtime.node_timeout_s (0.8 s), before BASE's 2 s heartbeat timeout. One run, two standbys."""
-    s = _run(launch, baseline, "standby.count=2", "faults=[{step:8,kind:kill,rank:2},{step:16,kind:stop,rank:1}]")
+    runtime.node_timeout_s (0.8 s), before BASE's 2 s heartbeat timeout. One run, two standbys. The
+    ranks that send no state redo the step after the transfer (held) or beside it (overlapped)."""
+    layout = ("parallel.dp=2", "parallel.pp=2")
+    ref = baseline(*layout, f"train.steps={STEPS}")
+    run = launch(*layout, *BASE, "standby.count=2", f"runtime.redo_overlap={overlap}",
+                 "faults=[{step:8,kind:kill,rank:2},{step:16,kind:stop,rank:1}]")
+    s = run.wait()
+    assert_exact(s, ref)
+    held = [e["held"] for e in run.journal() if e["type"] == "recover"]
+    assert held == ([[1, 3], [0, 2]] if overlap == "false" else [[], []])  # every rank but the source (0, then 3)
     kill, stop = events_of(s, "unexpected")
     assert kill["ranks"] == [2] and kill["cause"] == "process exit" and kill["detect_s"] < 0.5, kill
     assert stop["ranks"] == [1] and stop["cause"] == "stopped" and stop["detect_s"] < 1.8, stop

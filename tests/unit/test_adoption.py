@@ -190,6 +190,8 @@ def test_adoption_decides_from_what_the_ranks_received(tmp_path, case):
     assert st.step == last + 1 and st.mode is Mode.RUNNING
     assert sorted(st.votes) == sorted(k for k, (_, v) in reports.items() if v == last + 1)
     assert [e["step"] for e in st.step_log] == list(range(last + 1))  # a decided step never logged is restored
+    for rank in range(4):  # one held by a recovery whose resume died with the controller goes on
+        assert [m for m in r.channels[rank].sent if m["type"] == "resume"] == [{"type": "resume", "epoch": st.epoch}]
 
 
 def test_votes_sent_while_adopting_count_and_the_step_commits(tmp_path):

@@ -24,16 +24,21 @@ def test_row_takes_p50s_per_cell_and_the_floor_from_the_link():
     plain = [_ev(p, p - 0.04) for p in (0.5, 0.7, 0.6)]
     kill = [_ev(1.2, 1.1, detect_s=0.9, pick_s=b / 10, before_fault_s=b, pause_from_fault_s=1.2 - b,
                 source_rss={"before_mb": 500.0, "after_mb": 510.0}) for b in (0.4, 0.5, 0.6)]
+    overlap = [_ev(p, p, pause_from_fault_s=p - 0.5, transfer_s=1.0) for p in (2.0, 1.9, 2.1)]
     restart = [_ev(9.0, 9.5), _ev(11.0, 10.5), _ev(10.0, 10.0)]
     summary = {"state_bytes": {"0": 1_000_000_000, "1": 900_000_000}, "memory": {"standby_rss_mb": 1200.0,
                                                                                   "largest_rank_peak_rss_mb": 1400.0}}
     cells = {"shadow": {"summary": summary, "events": shadow}, "noshadow": {"summary": summary, "events": plain},
-             "unexpected": {"summary": summary, "events": kill}, "injob_restart": {"summary": summary, "events": restart}}
+             "unexpected": {"summary": summary, "events": kill}, "unexpected_overlap": {"summary": summary, "events": overlap},
+             "injob_restart": {"summary": summary, "events": restart}}
     r = row("large", {"link_gbps": 2.0, "transfer_gbps": 1.6}, cells)
     assert (r["state_mb_per_rank"], r["floor_s"]) == (1000.0, 0.5)
     assert (r["planned_shadow_pause_p50_s"], r["planned_pause_p50_s"], r["unexpected_pause_p50_s"]) == (0.05, 0.6, 1.2)
     assert r["injob_restart_planned_downtime_p50_s"] == 10.0 and r["shadow_catchup_p50_s"] == 2.0
-    assert r["all_shadowed"] is True and r["n"] == {"shadow": 3, "noshadow": 3, "unexpected": 3, "injob_restart": 3}
+    assert r["all_shadowed"] is True
+    assert r["n"] == {"shadow": 3, "noshadow": 3, "unexpected": 3, "unexpected_overlap": 3, "injob_restart": 3}
+    assert (r["unexpected_overlap_pause_p50_s"], r["unexpected_overlap_pause_from_fault_p50_s"],
+            r["unexpected_overlap_transfer_p50_s"]) == (2.0, 1.5, 1.0)
     assert (r["source_peak_rss_before_mb"], r["source_peak_rss_during_mb"]) == (500.0, 510.0)
     assert (r["unexpected_before_fault_p50_s"], r["unexpected_pause_from_fault_p50_s"]) == (0.5, 0.7)
     assert r["samples"]["unexpected"][0]["before_fault_s"] == 0.4 and "before_fault_s" not in r["samples"]["noshadow"][0]
@@ -83,17 +88,19 @@ def test_main_reports_progress_after_the_link_and_each_cell(monkeypatch, capsys,
     lines = [line.split(", elapsed")[0] + " | " + line.rsplit("(", 1)[-1] for line in capsys.readouterr().out.splitlines()
              if line.startswith("[bench] statesize progress: ")]
     assert calls == [(m, c) for m in ("small", "large") for c in statesize.CELLS]
-    assert lines == [f"[bench] statesize progress: cells {i + 1}/10, events {e} | {note})" for i, (e, note) in enumerate([
-        (0, "small link"), (3, "small shadow"), (6, "small noshadow"), (9, "small unexpected"), (12, "small injob_restart"),
-        (12, "large link"), (15, "large shadow"), (18, "large noshadow"), (21, "large unexpected"), (24, "large injob_restart")])]
+    assert lines == [f"[bench] statesize progress: cells {i + 1}/12, events {e} | {note})" for i, (e, note) in enumerate([
+        (0, "small link"), (3, "small shadow"), (6, "small noshadow"), (9, "small unexpected"), (12, "small unexpected_overlap"),
+        (15, "small injob_restart"), (15, "large link"), (18, "large shadow"), (21, "large noshadow"), (24, "large unexpected"),
+        (27, "large unexpected_overlap"), (30, "large injob_restart")])]
 
 
 @pytest.mark.parametrize("name,called", [("shadow", ("drains", True)), ("noshadow", ("drains", False)),
-                                         ("unexpected", ("kills",)), ("injob_restart", ("restarts",))])
+                                         ("unexpected", ("kills", False)), ("unexpected_overlap", ("kills", True)),
+                                         ("injob_restart", ("restarts",))])
 def test_cell_runs_the_measurement_of_its_name(monkeypatch, tmp_path, name, called):
     from benchmarks import statesize
 
     monkeypatch.setattr(statesize, "drains", lambda out, model, shadow, n: ("drains", shadow))
-    monkeypatch.setattr(statesize, "kills", lambda out, model, n: ("kills",))
+    monkeypatch.setattr(statesize, "kills", lambda out, model, n, overlap: ("kills", overlap))
     monkeypatch.setattr(statesize, "restarts", lambda out, model, n: ("restarts",))
     assert statesize.cell(tmp_path, "small", name, 2) == called

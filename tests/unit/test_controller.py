@@ -108,6 +108,25 @@ def test_failure_before_vote_aborts_and_recovers_through_the_standby(tmp_path):
                                         "checkpoint": False, "final": False}
 
 
+@pytest.mark.parametrize("overlap, held", [(False, [1, 3]), (True, [])])
+def test_ranks_that_send_no_state_redo_the_step_only_after_the_transfers(tmp_path, overlap, held):
+    """runtime.redo_overlap=false: the ranks that are no source are told to hold, and get ``resume``
+    once the recovery finished (the source sent, the joiner joined), not before."""
+    h = Harness(tmp_path, 2, 2, 1, f"runtime.redo_overlap={str(overlap).lower()}")
+    failure_before_vote(h)
+    h.abort_all([0, 1, 3])
+    assert [r for r in (0, 1, 3) if h.got(r, "recover")[-1]["hold"]] == held  # rank 0 is the source
+    assert h.journal("recover")[-1]["held"] == held
+    for r in (0, 1, 3):
+        h.send(r, {"type": "recovered", "epoch": 1, "rank": r, "build_s": 0.01})
+    assert not any(h.got(r, "resume") for r in (0, 1, 3))  # the joiner still receives the state
+    h.send("s0", {"type": "joined", "epoch": 1, "rank": 2, "joiner": 0, "step": 0, "transfer_s": 0.01, "phase1_s": 0.01,
+                  "bytes": 10, "rss_mb": 1.0})
+    assert h.state.mode is Mode.RUNNING
+    assert [r for r in (0, 1, 3) if h.got(r, "resume")] == held
+    assert all(h.got(r, "resume") == [{"type": "resume", "epoch": 1}] for r in held)
+
+
 def test_votes_of_the_redone_step_before_the_recovery_is_done_are_kept_not_dropped(tmp_path):
     """Ranks that finished the redone step may vote before the controller has read the last
     ``recovered``/``joined`` (other connections, or one relay frame read ahead of another node's):

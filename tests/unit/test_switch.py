@@ -152,6 +152,16 @@ def test_recovery_messages_dp2_pp2_with_a_dirty_group():
     }
 
 
+def test_recovery_messages_hold_only_the_ranks_that_send_no_state():
+    dead = [1]
+    moves = [Move(1, "s0", source=dp_source(L22, 1, set(dead)))]
+    plan = Plan("unexpected", 5, moves, multi(L22, set(L22.affected_groups(dead))))
+    msgs = recovery_messages(L22, plan, alive=[0, 2, 3], hold=True)
+    assert {r: msgs[r].hold for r in (0, 2, 3)} == {0: True, 2: True, 3: False}  # rank 3 is the source
+    no_move = Plan("unexpected", 6, [], multi(L22, {"pp/replica1/0-1"}))  # a dirty group, nobody joins
+    assert not any(m.hold for m in recovery_messages(L22, no_move, alive=[0, 1, 2, 3], hold=True).values())
+
+
 def test_recovery_messages_reach_alive_ranks_with_nothing_to_rebuild():
     layout = Layout(2, 3)
     plan = Plan("unexpected", 2, [Move(5, "s1", source=2)], multi(layout, layout.affected_groups([5])))

@@ -7,7 +7,8 @@ Contract, per step s:
    state hand-off and exit for a leaver); ``abort``: drop the gradients, take part in recovery, redo s.
 A communication failure (dead peer, abandoned wait) never applies anything: the rank reports
 ``aborted`` with its per-group op counts (which tell the controller the *dirty* groups), rebuilds the
-groups it is told to, sends its state to a joiner if it is a source, and redoes the step.
+groups it is told to, sends its state to a joiner if it is a source, and redoes the step (one told
+to ``hold`` sends none and redoes it after the controller's ``resume``: the transfers run alone).
 After a commit the stage's data-parallel rank 0 checkpoints when due: periodic checkpoints in the
 background (``train.checkpoint_async``, :mod:`tmslurm.train.async_checkpoint`, at most one in flight),
 one the decision asks for (``checkpoint``) synchronously, so it is complete before the rank goes on; the
@@ -36,7 +37,7 @@ from tmslurm.config import RunConfig, from_dict
 from tmslurm.errors import CommAborted, CommError
 from tmslurm.logs import LOG_CONTEXT
 from tmslurm.wire.messages import (Abort, Aborted, BuddyCost, Cancel, CommErrorReport, Decision, Done, Finish, Groups, Left, Prepare,
-                                   Prepared, Progress, Recover, Recovered, Started, Switched, SwitchSpec, Vote, Welcome)
+                                   Prepared, Progress, Recover, Recovered, Resume, Started, Switched, SwitchSpec, Vote, Welcome)
 from tmslurm.rundir import RunDir
 from tmslurm.agent.build import build_runner, layout_of, make_fabric, peak_rss_mb
 from tmslurm.agent.faults import FaultPlan
@@ -293,7 +294,7 @@ class Worker:
             log.info("controller says finish")
             self.saver.wait()
             os._exit(0)
-        elif not isinstance(msg, (Decision, Recover)):
+        elif not isinstance(msg, (Decision, Recover, Resume)):  # a resume for a rank not held: nothing to do
             log.warning("ignoring unexpected message %s", msg.type)
 
     def _prepare(self, msg: Prepare) -> None:
@@ -327,10 +328,25 @@ class Worker:
             if isinstance(msg, Abort):
                 self.seen_abort = max(self.seen_abort, msg.epoch)
             elif isinstance(msg, Recover) and msg.epoch == self.seen_abort:
-                if self._apply_recover(msg):
+                if self._apply_recover(msg) and (not msg.hold or self._held(msg.epoch)):
                     return
             else:
                 self._dispatch(msg)
+
+    def _held(self, epoch: int) -> bool:
+        """Wait for ``resume`` before redoing the step (``runtime.redo_overlap=false``): the
+        recovery's transfers run without this rank's compute beside them. False when a newer abort
+        came first (the recovery is redone)."""
+        t0 = time.monotonic()
+        while True:
+            msg = self.link.get()
+            if isinstance(msg, Resume) and msg.epoch >= epoch:
+                log.info("resumed after %.3fs held", time.monotonic() - t0)
+                return True
+            if isinstance(msg, Abort) and msg.epoch > epoch:
+                self.seen_abort = max(self.seen_abort, msg.epoch)
+                return False
+            self._dispatch(msg)
 
     def _apply_recover(self, msg: Recover) -> bool:
         self.faults.before_recovery(self.step)

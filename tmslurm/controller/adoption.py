@@ -15,7 +15,9 @@ with a :class:`~tmslurm.wire.messages.Rejoin` (:mod:`tmslurm.agent.link`); :meth
   completing a switch, in its epoch or the one before), no decision carried a checkpoint, and the
   ranks' last decisions are at most one step apart. The dead controller had decided a step when any
   rank received its decision, so the ranks that did not get it receive it again (no step applied
-  twice, none lost), votes that were waiting count, and the run goes on (``adopted`` in the
+  twice, none lost), votes that were waiting count, every rank gets ``resume`` for the epoch (one
+  still held by a recovery that finished as the controller died redoes its step; the others ignore
+  it), and the run goes on (``adopted`` in the
   journal, a ``controller_restart`` event whose parts add up to its gap). Listed processes that
   never came back are fenced; a rank among them fails as an unexpected failure (the usual recovery).
 - **Completed** (:mod:`tmslurm.controller.adoptswitch`), when the last decision any live process
@@ -65,7 +67,7 @@ from tmslurm.controller.plans import PlannedSwitch
 from tmslurm.controller.state import Agent, Mode, found_gone
 from tmslurm.controller.switches import Switches
 from tmslurm.notices import Notice
-from tmslurm.wire.messages import Cancel, Decision, Joined, Rejoin
+from tmslurm.wire.messages import Cancel, Decision, Joined, Rejoin, Resume
 from tmslurm.controller.journal import journalled, read_journal
 
 log = logging.getLogger(__name__)
@@ -336,6 +338,8 @@ class Adoption:
                     last, resent)
         if rollback:
             self._roll_back(rollback, now)
+        for c in workers.values():  # a rank held by a finished recovery whose resume died with the controller
+            c.agent.channel.try_send(Resume(epoch=epoch))
         dead = {r for r in range(self.ctx.layout.world) if not st.rank_alive(r)} - self._handed_over()
         if dead:
             self.recoveries.fail(dead, "lost with the controller", now)

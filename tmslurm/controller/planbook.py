@@ -1,8 +1,8 @@
 """The current plan's lifecycle: finish it when everyone reported, or cancel it.
 
 Contract: :meth:`PlanBook.maybe_finish` closes the current plan once nobody is waited for (and a
-planned switch was applied): the event record gets its parts, the nodes it emptied are handed to
-the cluster hooks (which answer with a ``released`` queue item), the mode returns to running and pending notices are retried.
+planned switch was applied): the event record gets its parts, a recovery's held ranks get
+``resume``, the nodes it emptied are handed to the cluster hooks (which answer with a ``released`` queue item), the mode returns to running and pending notices are retried.
 :meth:`PlanBook.cancel` abandons the plan: every participant gets ``cancel`` (joiners go back to
 the pool, still warm), the event is marked cancelled and, with ``requeue``, a planned move whose
 ranks are still alive becomes a pending notice again. A joiner that had not reported ``joined`` is
@@ -20,9 +20,9 @@ import time
 from tmslurm.controller.context import Context
 from tmslurm.controller.items import Released
 from tmslurm.controller.membership import Membership
-from tmslurm.controller.plans import PlannedSwitch
+from tmslurm.controller.plans import PlannedSwitch, Recovery
 from tmslurm.controller.state import Mode
-from tmslurm.wire.messages import Cancel
+from tmslurm.wire.messages import Cancel, Resume
 from tmslurm.notices import Notice
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,9 @@ class PlanBook:
             self.state.release_after_check[plan.epoch] = emptied  # the leavers still answer the check there
         else:
             self._release(emptied)
+        if isinstance(plan, Recovery):
+            for rank in plan.held:  # every transfer is done: the held ranks redo the step now
+                self.ctx.send_to(rank, Resume(epoch=plan.epoch))
         self.state.mode = Mode.RUNNING
         self.state.retry_notices = True
 

@@ -102,3 +102,5 @@ class Recovery(_Plan):
     dirty: list[str] = field(default_factory=list)
     deadline: float = 0.0
     bytes: int = 0
+    held: list[int] = field(default_factory=list)
+    """The ranks told to redo the step only after ``resume`` (``runtime.redo_overlap=false``)."""

@@ -5,7 +5,9 @@ Contract (on the controller's thread):
   the failure, opens a new epoch (older votes and reports are ignored from now on), aborts the
   uncommitted step everywhere and waits for each alive rank's ``aborted`` op counts.
 - Then (:meth:`_plan`) it rebuilds only the affected and dirty groups, gives each dead rank a warm
-  standby and a data-parallel state source, and waits for ``recovered`` / ``joined``. With no
+  standby and a data-parallel state source, and waits for ``recovered`` / ``joined``. Unless
+  ``runtime.redo_overlap``, the ranks that send no state are held: they redo the step after the
+  ``resume`` that :class:`~tmslurm.controller.planbook.PlanBook` sends when the plan finishes. With no
   switch possible it falls back to :meth:`~tmslurm.controller.restarts.Restarts.restart`.
 - A failure during a recovery replans under a newer epoch. A lost joiner cancels a planned switch
   not yet applied (the notice is retried) or fails the step otherwise.
@@ -28,7 +30,7 @@ from tmslurm.controller.planbook import PlanBook
 from tmslurm.controller.plans import Move, PlannedSwitch, Recovery
 from tmslurm.controller.restarts import Restarts
 from tmslurm.controller.state import Agent, Mode
-from tmslurm.wire.messages import Abort, Aborted, CommErrorReport, FaultFired, FaultSpec, Joined, Recovered
+from tmslurm.wire.messages import Abort, Aborted, CommErrorReport, FaultFired, FaultSpec, Joined, Recover, Recovered
 from tmslurm.controller import switchplan as sw
 
 log = logging.getLogger(__name__)
@@ -120,9 +122,11 @@ class Recoveries:
         plan.dirty = sorted(dirty)
         for m in moves:
             self.state.agents[m.joiner].busy = True
-        msgs = self.ctx.with_join_faults(sw.recovery_messages(layout, plan, plan.alive))
+        msgs = self.ctx.with_join_faults(sw.recovery_messages(layout, plan, plan.alive, hold=not self.ctx.cfg.runtime.redo_overlap))
         plan.waiting = {k if isinstance(k, str) else f"r{k}" for k in msgs}
-        self.ctx.journal.write("recover", epoch=plan.epoch, moves=[m.__dict__ for m in moves], groups=plan.groups, dirty=plan.dirty)
+        plan.held = sorted(k for k, v in msgs.items() if isinstance(v, Recover) and v.hold)
+        self.ctx.journal.write("recover", epoch=plan.epoch, moves=[m.__dict__ for m in moves], groups=plan.groups, dirty=plan.dirty,
+                               held=plan.held)
         for key, msg in msgs.items():
             self.ctx.send_to(key, msg)
 

@@ -115,14 +115,15 @@ def planned_messages(layout: Layout, plan: Plan, shadow: bool = False) -> dict[i
     return out
 
 
-def recovery_messages(layout: Layout, plan: Plan, alive: list[int]) -> dict[int | str, Recover | Join]:
-    """``recover`` for every alive rank (possibly with nothing to rebuild) and ``join`` per joiner."""
+def recovery_messages(layout: Layout, plan: Plan, alive: list[int], hold: bool = False) -> dict[int | str, Recover | Join]:
+    """``recover`` for every alive rank (possibly with nothing to rebuild) and ``join`` per joiner.
+    ``hold``: while state travels to joiners, the ranks that send none wait for ``resume``."""
     pairs: dict[int, dict[str, list[int]]] = {rank: {} for rank in alive}
     for m in plan.moves:
         pairs[m.source][m.xfer] = [plan.epoch, 0]
     out: dict[int | str, Recover | Join] = {
         rank: Recover(epoch=plan.epoch, groups={n: plan.epoch for n in plan.groups if rank in layout.groups[n].members},
-                      pairs=pairs[rank]) for rank in alive}
+                      pairs=pairs[rank], hold=hold and bool(plan.moves) and not pairs[rank]) for rank in alive}
     for m in plan.moves:
         out[m.joiner] = join_message(layout, plan, m, activate=True)
     return out

@@ -575,6 +575,16 @@ class Recover(Msg):
     epoch: Count
     groups: dict[Name, Count]
     pairs: dict[Name, Pair]
+    hold: bool = False
+    """Redo the step only after ``resume`` for this epoch: the rank sends no state, and the
+    recovery's transfers run alone (``runtime.redo_overlap=false``)."""
+
+
+class Resume(Msg):
+    """The recovery of ``epoch`` finished (every transfer done): a held rank redoes its step."""
+
+    type: Literal["resume"] = "resume"
+    epoch: Count
 
 
 class Cancel(Msg):
@@ -630,7 +640,7 @@ class StatusReply(Msg):
     status: dict[str, Any]
 
 
-ControllerMessage = Annotated[Union[Welcome, Decision, Abort, Prepare, Join, Activate, Recover, Cancel, Finish, Beat,
+ControllerMessage = Annotated[Union[Welcome, Decision, Abort, Prepare, Join, Activate, Recover, Resume, Cancel, Finish, Beat,
                                     Watch, ProbeLink, ErrorReply, OkReply, StatusReply], Field(discriminator="type")]
 
 Hello.model_rebuild()  # its ``rejoin`` names Rejoin, defined after it
