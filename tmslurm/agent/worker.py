@@ -36,14 +36,15 @@ from tmslurm.comm.transfer import send_state
 from tmslurm.config import RunConfig, from_dict
 from tmslurm.errors import CommAborted, CommError
 from tmslurm.logs import LOG_CONTEXT
-from tmslurm.wire.messages import (Abort, Aborted, BuddyCost, Cancel, CommErrorReport, Decision, Done, Finish, Groups, Left, Prepare,
+from tmslurm.wire.messages import (Abort, Aborted, BuddyCost, Cancel, CommErrorReport, Decision, Done, Finish, Groups, Prepare,
                                    Prepared, Progress, Recover, Recovered, Resume, Started, Switched, SwitchSpec, Vote, Welcome)
 from tmslurm.rundir import RunDir
 from tmslurm.agent.build import build_runner, layout_of, make_fabric, peak_rss_mb
 from tmslurm.agent.faults import FaultPlan
 from tmslurm.agent.link import Link
 from tmslurm.agent.shadowcheck import PendingCheck, settle_before_vote
-from tmslurm.agent.shadowing import HandOver, LeaverShadow
+from tmslurm.agent.handover import Leaver, hand_over
+from tmslurm.agent.shadowing import LeaverShadow
 from tmslurm.train import checkpoint
 from tmslurm.train.async_checkpoint import AsyncCheckpointer
 from tmslurm.train.schedule import StageRunner
@@ -243,36 +244,14 @@ class Worker:
         self.report_groups()
 
     def _leave(self, xfer: GroupHandle, t0: float, epoch: int) -> None:
-        """Hand this rank over and exit. With a live shadow the standby already holds the state: say
-        so at once (the pause ends), then send the fingerprint it checks behind its first step."""
-        t1 = time.monotonic()
+        """Hand this rank over (agent/handover.py) and exit."""
         shadow = self.shadow if self.shadow is not None and self.shadow.epoch == epoch else None
-        if shadow is not None and shadow.live:
-            self._send_left(shadow.pending(), t0, t1)
-            try:
-                h = shadow.settle(self.step, self.runner)
-                log.info("rank %d's shadow at step %d: %s (%d bytes sent after)", self.rank, self.step,
-                         "equal" if h.matched else "DIFFERENT", h.bytes)
-            except CommError as exc:  # the new rank cannot commit a step unchecked: it goes too
-                log.error("could not settle rank %d's shadow: %s", self.rank, exc)
-        else:
-            if shadow is not None:
-                h = shadow.send_whole(xfer.pg, self.step, self.runner)
-            else:
-                state = {"state": self.runner.state_for(self.coord.dp), "step": self.step}
-                sent = send_state(xfer.pg, 1, state, self.cfg.runtime.collective_timeout_s,
-                                  midway=lambda: self.faults.during_transfer(self.step))
-                h = HandOver(False, False, sent, 0, 0.0)
-            self._send_left(h, t0, t1)
+        me = Leaver(link=self.link, runner=self.runner, faults=self.faults, rank=self.rank, dp=self.coord.dp, step=self.step,
+                    timeout_s=self.cfg.runtime.collective_timeout_s, apply_s=self.apply_s)
+        hand_over(me, xfer, shadow, t0)
         self.saver.wait()
         time.sleep(0.2)  # let the controller read our last message before the socket closes
         os._exit(0)
-
-    def _send_left(self, h: HandOver, t0: float, t1: float) -> None:
-        self.link.send(Left(rank=self.rank, step=self.step, transfer_s=time.monotonic() - t1, phase2_s=t1 - t0, bytes=h.bytes,
-                            shadowed=h.shadowed, shadow_steps=h.steps,
-                            shadow_wait_s=h.wait_s, apply_s=self.apply_s))
-        log.info("handed rank %d over at step %d (%d bytes, shadowed: %s); exiting", self.rank, self.step, h.bytes, h.shadowed)
 
     # ---- messages -----------------------------------------------------------------------------
     def _poll_inbox(self) -> None:

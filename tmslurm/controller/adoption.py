@@ -15,11 +15,10 @@ with a :class:`~tmslurm.wire.messages.Rejoin` (:mod:`tmslurm.agent.link`); :meth
   completing a switch, in its epoch or the one before), no decision carried a checkpoint, and the
   ranks' last decisions are at most one step apart. The dead controller had decided a step when any
   rank received its decision, so the ranks that did not get it receive it again (no step applied
-  twice, none lost), votes that were waiting count, every rank gets ``resume`` for the epoch (one
-  still held by a recovery that finished as the controller died redoes its step; the others ignore
-  it), and the run goes on (``adopted`` in the
-  journal, a ``controller_restart`` event whose parts add up to its gap). Listed processes that
-  never came back are fenced; a rank among them fails as an unexpected failure (the usual recovery).
+  twice, none lost), votes that were waiting count, ``resume`` frees a rank held by a recovery that
+  ended with the controller, and the run goes on (``adopted`` in the journal, a
+  ``controller_restart`` event whose parts add up to its gap). Listed processes that never came back
+  are fenced; a rank among them fails as an unexpected failure (the usual recovery).
 - **Completed** (:mod:`tmslurm.controller.adoptswitch`), when the last decision any live process
   holds carried a planned switch (phase 2 or its first step: it reached at least one rank, the
   leaver included): the switch was committed, and every copy of that decision is identical. It
@@ -334,12 +333,10 @@ class Adoption:
         self.ctx.journal.write("adopted", incarnation=self.order.incarnation, step=st.step, epoch=epoch,
                                resent_decision=resent, votes=sorted(st.votes), missing=missing,
                                adopt_s=round(now - self.started_t, 4), **completed)
-        log.warning("adopted %d agents at step %d (decision %d sent again to ranks %s)", len(self.claims), st.step,
-                    last, resent)
+        log.warning("adopted %d agents at step %d (decision %d sent again to ranks %s)", len(self.claims), st.step, last, resent)
         if rollback:
             self._roll_back(rollback, now)
-        for c in workers.values():  # a rank held by a finished recovery whose resume died with the controller
-            c.agent.channel.try_send(Resume(epoch=epoch))
+        self.ctx.broadcast(Resume(epoch=epoch))  # a rank held by a finished recovery whose resume died with the controller
         dead = {r for r in range(self.ctx.layout.world) if not st.rank_alive(r)} - self._handed_over()
         if dead:
             self.recoveries.fail(dead, "lost with the controller", now)
