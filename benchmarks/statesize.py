@@ -174,6 +174,9 @@ def row(model: str, link: dict[str, Any], cells: dict[str, dict[str, Any]]) -> d
          "unexpected_gap_p50_s": _p50([e.get("gap_s") for e in kill]),
          "unexpected_overlap_gap_p50_s": _p50([e.get("gap_s") for e in overlap]),
          "unexpected_overlap_downtime_p50_s": _p50([e.get("downtime_s") for e in overlap]),
+         # downtime without the step in flight before the fault: what the user loses, whatever the setting
+         "unexpected_downtime_from_fault_p50_s": _from_fault_p50(kill),
+         "unexpected_overlap_downtime_from_fault_p50_s": _from_fault_p50(overlap),
          "unexpected_overlap_pause_from_fault_p50_s": _p50([e.get("pause_from_fault_s") for e in overlap]),
          "unexpected_overlap_transfer_p50_s": _p50([e.get("transfer_s") for e in overlap]),
          "shadow_catchup_p50_s": _p50([e.get("shadow_catchup_s") for e in shadow]),
@@ -187,6 +190,12 @@ def row(model: str, link: dict[str, Any], cells: dict[str, dict[str, Any]]) -> d
          "samples": {k: [{f: e.get(f) for f in SAMPLE_FIELDS[:6] + tuple(f for f in SAMPLE_FIELDS[6:] if f in e)}
                          for e in c["events"]] for k, c in cells.items()}}
     return r
+
+
+def _from_fault_p50(kill: list[dict[str, Any]]) -> float | None:
+    """p50 of downtime - before_fault per event (both known), or None."""
+    return _p50([e["downtime_s"] - e["before_fault_s"] for e in kill
+                 if e.get("downtime_s") is not None and e.get("before_fault_s") is not None] or [None])
 
 
 def _bound(kill: list[dict[str, Any]], floor_s: float) -> float | None:

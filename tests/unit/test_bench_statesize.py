@@ -40,6 +40,8 @@ def test_row_takes_p50s_per_cell_and_the_floor_from_the_link():
     assert (r["unexpected_overlap_pause_p50_s"], r["unexpected_overlap_pause_from_fault_p50_s"],
             r["unexpected_overlap_transfer_p50_s"]) == (2.0, 1.5, 1.0)
     assert (r["unexpected_gap_p50_s"], r["unexpected_overlap_gap_p50_s"], r["unexpected_overlap_downtime_p50_s"]) == (1.3, 2.1, 2.0)
+    assert r["unexpected_downtime_from_fault_p50_s"] == pytest.approx(0.6)  # 1.1 - 0.5
+    assert r["unexpected_overlap_downtime_from_fault_p50_s"] is None  # no before_fault_s
     assert (r["source_peak_rss_before_mb"], r["source_peak_rss_during_mb"]) == (500.0, 510.0)
     assert (r["unexpected_before_fault_p50_s"], r["unexpected_pause_from_fault_p50_s"]) == (0.5, 0.7)
     assert r["samples"]["unexpected"][0]["before_fault_s"] == 0.4 and "before_fault_s" not in r["samples"]["noshadow"][0]
