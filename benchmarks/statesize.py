@@ -232,8 +232,9 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     x = [r["state_mb_per_rank"] for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for key, label in (("planned_shadow_pause_p50_s", "planned, live shadow (pause)"), ("planned_pause_p50_s", "planned, state in the pause"),
-                       ("unexpected_pause_p50_s", "SIGKILL (pause)"), ("injob_restart_planned_downtime_p50_s", "in-job restart, planned (downtime)")):
-        ax.plot(x, [r[key] for r in rows], marker="o", label=label)
+                       ("unexpected_pause_p50_s", "SIGKILL (pause)"), ("unexpected_pause_from_fault_p50_s", "SIGKILL (pause from the fault)"),
+                       ("injob_restart_planned_downtime_p50_s", "in-job restart, planned (downtime)")):
+        ax.plot(x, [r.get(key) for r in rows], marker="o", label=label)
     ax.plot(x, [r["floor_s"] for r in rows], linestyle="--", color="grey", label="floor: state bytes / link bandwidth")
     ax.set_xscale("log")
     ax.set_yscale("log")
