@@ -1,4 +1,4 @@
-"""``python -m benchmarks {downtime,chaos,scaling,overhead,memory,roles,control,ckpt,soak,linkbw,statesize,zero,gray,project}`` (also ``scripts/bench``)."""
+"""``python -m benchmarks {downtime,chaos,scaling,overhead,memory,roles,control,ckpt,soak,abortpoints,linkbw,statesize,zero,gray,project}`` (also ``scripts/bench``)."""
 
 from __future__ import annotations
 
@@ -83,6 +83,10 @@ def parser() -> argparse.ArgumentParser:
     k.add_argument("--repeats", type=int, default=2)
     k.add_argument("--warmup", type=int, default=3)
     k.add_argument("--json", default="docs/bench/ckpt.json")
+    ap_ = sub.add_parser("abortpoints", help="a step's time with the abort points between layers armed and disarmed (in process)")
+    ap_.add_argument("--model", default="tiny")
+    ap_.add_argument("--repeats", type=int, default=200)
+    ap_.add_argument("--json", default="docs/bench/abortpoints.json")
     lb = sub.add_parser("linkbw", help="state transfer vs the raw link on one gloo pair, per model preset (two processes)")
     lb.add_argument("--models", default="small,base", help="model presets, comma-separated (tiny, small, medium, base, large)")
     lb.add_argument("--repeats", type=int, default=5)
