@@ -4,7 +4,8 @@ Contract: one in-process stage runner (``--model``, DP1 x PP1, eager, 2 micro-ba
 thread), its whole step (``StageRunner.compute`` then ``drop``) timed ``--repeats`` times with the
 abort points disarmed (``stop=None``, as a sandboxed standby runs) and armed with a check that never
 fires (what every rank runs), alternating, after 5 warm-up pairs. Prints the p50s side by side
-with p10-p90 and the difference; writes ``--json`` (docs/bench/abortpoints.json). No process, no
+with p10-p90, their difference and the p50 of the paired differences (armed - disarmed of each
+alternating pair: drift of the host's speed cancels out); writes ``--json`` (docs/bench/abortpoints.json). No process, no
 group: the hooks are the only difference between the two timings.
 """
 
@@ -59,12 +60,13 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         on.append(one(never))
     a, b = spread(off), spread(on)
     diff_ms = round(b["p50_ms"] - a["p50_ms"], 4)
+    paired_ms = round(1e3 * statistics.median(y - x for x, y in zip(off, on)), 4)
     say(f"abortpoints {args.model}: disarmed p50 {a['p50_ms']:.3f} ms [{a['p10_ms']:.3f}, {a['p90_ms']:.3f}]   "
         f"armed p50 {b['p50_ms']:.3f} ms [{b['p10_ms']:.3f}, {b['p90_ms']:.3f}]   difference {1e3 * diff_ms:.0f} us "
-        f"({100 * diff_ms / a['p50_ms']:.1f} %), n={args.repeats} each")
+        f"({100 * diff_ms / a['p50_ms']:.1f} %), paired p50 {1e3 * paired_ms:.0f} us, n={args.repeats} each")
     result = {"command": recorded_command("abortpoints"), "commit": commit(), "date": datetime.date.today().isoformat(),
               "setup": f"model={args.model}, DP1 x PP1, eager, 2 micro-batches, 1 torch thread, in process",
-              "n": args.repeats, "disarmed": a, "armed": b, "difference_p50_ms": diff_ms,
+              "n": args.repeats, "disarmed": a, "armed": b, "difference_p50_ms": diff_ms, "paired_difference_p50_ms": paired_ms,
               "difference_pct": round(100 * diff_ms / a["p50_ms"], 2)}
     write_json(Path(args.json), result)
     return result

@@ -19,3 +19,4 @@ def test_a_short_run_times_both_settings_and_writes_them(tmp_path):
     saved = json.loads(out.read_text())
     assert saved["n"] == 3 and saved["disarmed"]["p50_ms"] > 0 and saved["armed"]["p50_ms"] > 0
     assert r["difference_p50_ms"] == round(r["armed"]["p50_ms"] - r["disarmed"]["p50_ms"], 4)
+    assert isinstance(r["paired_difference_p50_ms"], float)
