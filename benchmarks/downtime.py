@@ -118,13 +118,15 @@ def at_offset(job: SlurmJob, k: int, offset: int, timeout: float = 600) -> int:
 
 
 def _is_rank_of(pid: int, run_dir: Path) -> bool:
-    """Whether ``pid`` is a rank agent (``--rank``) of ``run_dir``, the run this benchmark submitted
-    (Slurm started it; the lab's nodes share this host's pid namespace): the node monitor's own
-    check, :func:`~tmslurm.agent.monitor.is_agent_of`, plus the rank flag."""
+    """Whether ``pid`` is a training agent of ``run_dir``, the run this benchmark submitted (Slurm
+    started it; the lab's nodes share this host's pid namespace): the node monitor's own check,
+    :func:`~tmslurm.agent.monitor.is_agent_of`, plus a rank's flag or a standby's (a standby that
+    took a rank over keeps its ``--standby`` command line); never a node monitor."""
     try:
-        return is_agent_of(pid, run_dir) and b"--rank" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
+    return is_agent_of(pid, run_dir) and (b"--rank" in argv or b"--standby" in argv)
 
 
 def inject(event: str, node: str, pid: int, run_dir: Path) -> float:

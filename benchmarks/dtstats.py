@@ -32,9 +32,13 @@ def make_row(strategy: str, event: str, repeat: int, ev: dict[str, Any], *, ref_
              inject_step: int | None, offset: int | None, fixed_delay_s: float | None = None) -> dict[str, Any]:
     gap = _num(ev.get("gap_s"))
     parts = {p: ev.get(p) for p in pause_parts(ev) if _num(ev.get(p)) is not None}
-    notice = None if _num(ev.get("notice_t")) is None else max(0.0, ev["notice_t"] - t_inject)
+    noticed = _num(ev.get("notice_t"))
+    if noticed is not None and event in UNEXPECTED:  # the run's detection (its notice is the fault where it knew it)
+        noticed += _num(ev.get("detect_s")) or 0.0
+    notice = None if noticed is None else max(0.0, noticed - t_inject)
     if notice is not None and event in UNEXPECTED:
         parts["detect_s"] = notice  # from the injection: the run itself cannot know when the fault came
+        parts = _from_injection(parts, ev, t_inject)
     if gap is not None:
         parts["other_s"] = gap - sum(v for k, v in parts.items() if k != "other_s")
     down = None if gap is None else gap - ref_step_s
@@ -43,6 +47,16 @@ def make_row(strategy: str, event: str, repeat: int, ev: dict[str, Any], *, ref_
             "ref_step_s": ref_step_s, "downtime_s": down, "run_downtime_s": ev.get("downtime_s"), "parts": parts,
             "lost_steps": ev.get("lost_steps"), "fixed_delay_s": fixed_delay_s,
             "no_delay_s": None if down is None or fixed_delay_s is None else down - fixed_delay_s}
+
+
+def _from_injection(parts: dict[str, Any], ev: dict[str, Any], t_inject: float) -> dict[str, Any]:
+    """A switch's step in flight before the fault, counted to the injection: its last commit -> the
+    fault (the run's own figure would count to its detection, having no instant of the fault)."""
+    last = _num(ev.get("last_commit_t"))
+    rest = {k: v for k, v in parts.items() if k != "before_fault_s"}
+    if "before_fault_s" not in pause_parts(ev) or last is None:
+        return rest
+    return {"before_fault_s": max(0.0, t_inject - last), **rest}
 
 
 def describe(row: dict[str, Any]) -> str:

@@ -3,12 +3,17 @@ nearest-rank p50/p90, ratios against tmslurm, requeues without Slurm's fixed del
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from benchmarks import dtstats
+from benchmarks.downtime import _is_rank_of
 
 SWITCH = {"kind": "unexpected", "gap_s": 1.30, "notice_t": 100.9, "pick_s": 0.01, "phase2_s": 0.02,
-          "transfer_s": 0.05, "first_step_s": 0.12, "detect_s": 0.7, "downtime_s": 1.2}
+          "transfer_s": 0.05, "first_step_s": 0.12, "detect_s": 0.0, "downtime_s": 1.2}
+"""A switch after a failure whose instant the run did not know: noticed at its detection."""
 RESTART = {"kind": "requeue_restart", "gap_s": 140.0, "notice_t": 100.2, "from_checkpoint_step": 20, "detect_s": 0.1,
            "stop_s": 0.5, "reschedule_s": 125.0, "startup_s": 6.0, "redo_s": 7.0, "lost_steps": 9, "downtime_s": 139.9}
 
@@ -23,8 +28,8 @@ def test_nearest_rank_percentile(xs, q, want):
 
 @pytest.mark.parametrize("event,ev,detect", [
     ("power-off", SWITCH, 0.9),        # detection measured from the injection (t=100.0), not the run's own
-    ("planned", {**SWITCH, "kind": "planned"}, 0.7),  # a notice arrives while training goes on: the run's own
-    ("power-off", RESTART, 0.2),
+    ("planned", {**SWITCH, "kind": "planned", "detect_s": 0.7}, 0.7),  # a notice arrives while training goes on: the run's own
+    ("power-off", RESTART, 0.3),       # the run knew the fault at 100.2 and detected it 0.1 s later
 ])
 def test_row_parts_add_up_to_the_gap_and_downtime_subtracts_the_reference_step(event, ev, detect):
     row = dtstats.make_row("s", event, 0, ev, ref_step_s=0.1, t_inject=100.0, inject_step=25, offset=5)
@@ -32,6 +37,18 @@ def test_row_parts_add_up_to_the_gap_and_downtime_subtracts_the_reference_step(e
     assert sum(row["parts"].values()) == pytest.approx(row["gap_s"])
     assert row["downtime_s"] == pytest.approx(row["gap_s"] - 0.1)
     assert row["no_delay_s"] is None
+
+
+@pytest.mark.parametrize("ev", [
+    {**SWITCH, "last_commit_t": 99.95, "before_fault_s": 0.95},  # the run counted to its detection
+    {**SWITCH, "last_commit_t": 99.95, "notice_t": 100.1, "detect_s": 0.8, "before_fault_s": 0.15},  # it knew the fault
+], ids=["instant unknown to the run", "instant known to the run"])
+def test_the_step_in_flight_is_counted_to_the_injection_not_to_the_detection(ev):
+    row = dtstats.make_row("s", "power-off", 0, ev, ref_step_s=0.1, t_inject=100.0, inject_step=25, offset=5)
+    assert row["parts"]["before_fault_s"] == pytest.approx(0.05) and row["parts"]["detect_s"] == pytest.approx(0.9)
+    assert list(row["parts"])[0] == "before_fault_s" and row["notice_s"] == pytest.approx(0.9)
+    assert row["parts"]["other_s"] == pytest.approx(1.30 - 0.05 - 0.9 - 0.01 - 0.02 - 0.05 - 0.12)
+    assert sum(row["parts"].values()) == pytest.approx(row["gap_s"])
 
 
 def test_row_without_a_gap_has_no_downtime_and_no_other_part():
@@ -95,3 +112,18 @@ def test_event_plan_lists_the_strategies_events_that_progress_counts(strategies,
 
     args = Namespace(strategies=strategies, events="planned,sigkill,sigstop", restart_events="planned,power-off")
     assert event_plan(args) == plan
+
+
+@pytest.mark.parametrize("who,ok", [(["--rank", "1"], True), (["--standby", "0"], True), (["--monitor"], False)])
+def test_only_a_training_agent_of_the_run_may_be_signalled(tmp_path, who, ok):
+    """A standby that took a rank over keeps its ``--standby`` command line and is a valid victim; a
+    node monitor, or an agent of another run, never is."""
+    argv = [sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()", "tmslurm.agent.main",
+            "--run-dir", str(tmp_path), *who]
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline() == b"up\n"  # it runs: its command line is in /proc
+        assert _is_rank_of(proc.pid, tmp_path) is ok
+        assert _is_rank_of(proc.pid, tmp_path / "other") is False
+    finally:
+        proc.communicate(b"")

@@ -108,6 +108,28 @@ def test_failure_before_vote_aborts_and_recovers_through_the_standby(tmp_path):
                                         "checkpoint": False, "final": False}
 
 
+@pytest.mark.parametrize("fault_at", [None, 5.0], ids=["instant unknown", "injected fault"])
+def test_only_a_failure_whose_instant_is_known_has_a_step_in_flight_before_it(tmp_path, fault_at):
+    """A process that dies on its own is known only by its detection: its event gets no
+    ``before_fault_s`` (it would be the whole detection) and is noticed when it was detected."""
+    h = Harness(tmp_path)
+    for r in range(4):  # step 0 commits: the event has a last commit to count from
+        h.vote(r)
+    if fault_at is not None:
+        h.state.fault_t[2] = time.time() - fault_at
+    failure_before_vote(h)
+    plan, rec = h.state.plan, h.ctl.ctx.events.items[-1]
+    assert ("failure" in plan.times) is (fault_at is not None)
+    assert rec["notice_t"] == plan.times.get("failure", plan.times["detect"])
+    h.abort_all([0, 1, 3])
+    for r in (0, 1, 3):
+        h.send(r, {"type": "recovered", "epoch": 1, "rank": r, "build_s": 0.01})
+    h.send("s0", {"type": "joined", "epoch": 1, "rank": 2, "joiner": 0, "step": 0, "transfer_s": 0.01, "phase1_s": 0.01,
+                  "bytes": 10, "rss_mb": 1.0})
+    assert rec["status"] == "switched" and rec["detect_s"] >= (fault_at or 0.0)
+    assert ("before_fault_s" in rec) is (fault_at is not None)
+
+
 @pytest.mark.parametrize("overlap, held", [(False, [1, 3]), (True, [])])
 def test_ranks_that_send_no_state_redo_the_step_only_after_the_transfers(tmp_path, overlap, held):
     """runtime.redo_overlap=false: the ranks that are no source are told to hold, and get ``resume``

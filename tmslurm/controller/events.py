@@ -42,6 +42,11 @@ CONTROLLER_PARTS = ("before_death_s", "restart_s", "adopt_s")
 """A controller restart: last commit -> death, death -> new controller up, up -> adopted; then first_step_s."""
 
 
+def _noticed(times: dict[str, float]) -> float | None:
+    """When the event became known: its notice, else the fault's instant where known, else its detection."""
+    return next((times[k] for k in ("notice", "failure", "detect") if times.get(k) is not None), None)
+
+
 def pause_parts(rec: dict[str, Any]) -> tuple[str, ...]:
     """The parts of an event that lie one after the other in its pause: with ``other_s`` they sum to
     ``gap_s``. A planned switch's phase 1 runs while training goes on, so it is not one of them; a
@@ -76,7 +81,7 @@ class EventLog:
         nodes = sorted({agents[slots[r]].node for r in plan.ranks if slots.get(r) in agents}) or [plan.node]
         rec = {"kind": plan.kind, "cause": plan.reason, "epoch": plan.epoch,
                "ranks": plan.ranks, "node": ",".join(n for n in nodes if n), "standby": ",".join(m.joiner for m in plan.moves),
-               "notice_t": plan.times.get("notice", plan.times.get("failure")), "last_commit_t": self.last_commit_t,
+               "notice_t": _noticed(plan.times), "last_commit_t": self.last_commit_t,
                "status": "open"}
         plan.event = rec
         self.items.append(rec)

@@ -62,7 +62,9 @@ class Recoveries:
         dead |= set(range(self.ctx.layout.world)) - set(alive)  # a set: O(N), not a list scan per rank
         plan = Recovery(st.epoch, [Move(r, "") for r in sorted(dead)], [], cause, dead=dead, alive=alive,
                         target_step=st.step, deadline=time.time() + 2 * self.ctx.cfg.runtime.heartbeat_timeout_s)
-        plan.times.update(failure=failure_t or detect_t, detect=detect_t)
+        plan.times["detect"] = detect_t
+        if failure_t is not None:  # only an injected fault knows its instant: "failure" stays unset otherwise
+            plan.times["failure"] = failure_t
         plan.waiting = {f"r{r}" for r in alive}
         st.plan = plan
         self.ctx.events.begin(plan, st.agents, st.slots)
@@ -112,7 +114,7 @@ class Recoveries:
             if plan.event is not None:
                 plan.event["status"] = "cancelled"
             self.state.plan = None
-            self.restarts.restart(f"{plan.reason}; {exc}", dead, "unexpected", plan.times["detect"], plan.times["failure"])
+            self.restarts.restart(f"{plan.reason}; {exc}", dead, "unexpected", plan.times["detect"], plan.times.get("failure"))
             return
         dirty = sw.dirty_groups(layout, plan.statuses)
         plan.moves = moves
