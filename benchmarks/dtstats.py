@@ -141,8 +141,8 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-ORDER = ("detect_s", "pick_s", "phase1_s", "phase2_s", "transfer_s", "stop_s", "reschedule_s", "startup_s", "redo_s",
-         "first_step_s", "other_s")
+ORDER = ("before_fault_s", "detect_s", "pick_s", "phase1_s", "phase2_s", "apply_s", "transfer_s", "verify_wait_s", "stop_s",
+         "reschedule_s", "startup_s", "redo_s", "first_step_s", "other_s")
 
 
 def _parts_table(rows: list[dict[str, Any]]) -> list[str]:

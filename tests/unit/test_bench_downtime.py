@@ -127,3 +127,13 @@ def test_only_a_training_agent_of_the_run_may_be_signalled(tmp_path, who, ok):
         assert _is_rank_of(proc.pid, tmp_path / "other") is False
     finally:
         proc.communicate(b"")
+
+
+def test_the_median_parts_table_lists_the_parts_in_the_order_they_happen():
+    rows = [dtstats.make_row("tmslurm", "power-off", 0, {**SWITCH, "last_commit_t": 99.95}, ref_step_s=0.1, t_inject=100.0,
+                             inject_step=25, offset=5),
+            dtstats.make_row("tmslurm", "planned", 0, {**SWITCH, "kind": "planned", "apply_s": 0.01, "verify_wait_s": 0.0,
+                                                       "transfer_s": 0.0}, ref_step_s=0.1, t_inject=100.0, inject_step=3, offset=3)]
+    header = dtstats._parts_table(rows)[0]
+    assert header == ("| strategy | event | n | before_fault | detect | pick | phase2 | apply | transfer | verify_wait | "
+                      "first_step | other |")
