@@ -15,8 +15,9 @@ import argparse
 import datetime
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from benchmarks.common import commit, recorded_command, say, write_json
 
@@ -28,10 +29,12 @@ def _timer(model: str) -> Callable[[Callable[[], None] | None], float]:
 
     from tmslurm.agent.build import build_runner
     from tmslurm.comm.stage_comm import SoloStageComm
-    from tmslurm.config import compose_config
+    from tmslurm.core.config import compose_config
 
     torch.set_num_threads(1)
-    cfg = compose_config(["parallel.dp=1", "parallel.pp=1", f"model={model}", "model.compile=false", "train.micro_batches=2"])
+    cfg = compose_config(
+        ["parallel.dp=1", "parallel.pp=1", f"model={model}", "model.compile=false", "train.micro_batches=2"]
+    )
     runner, comm = build_runner(cfg, 0), SoloStageComm()
 
     def one(stop: Callable[[], None] | None) -> float:
@@ -39,6 +42,7 @@ def _timer(model: str) -> Callable[[Callable[[], None] | None], float]:
         runner.compute(0, comm, stop=stop)
         runner.drop()
         return time.perf_counter() - t0
+
     return one
 
 
@@ -46,7 +50,11 @@ def spread(xs: list[float]) -> dict[str, float]:
     """p50, p10 and p90 (nearest rank) in milliseconds."""
     s = sorted(xs)
     at = lambda q: s[min(len(s) - 1, int(q * len(s)))]  # noqa: E731
-    return {"p50_ms": round(1e3 * statistics.median(s), 4), "p10_ms": round(1e3 * at(0.1), 4), "p90_ms": round(1e3 * at(0.9), 4)}
+    return {
+        "p50_ms": round(1e3 * statistics.median(s), 4),
+        "p10_ms": round(1e3 * at(0.1), 4),
+        "p90_ms": round(1e3 * at(0.9), 4),
+    }
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -61,12 +69,22 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     a, b = spread(off), spread(on)
     diff_ms = round(b["p50_ms"] - a["p50_ms"], 4)
     paired_ms = round(1e3 * statistics.median(y - x for x, y in zip(off, on)), 4)
-    say(f"abortpoints {args.model}: disarmed p50 {a['p50_ms']:.3f} ms [{a['p10_ms']:.3f}, {a['p90_ms']:.3f}]   "
+    say(
+        f"abortpoints {args.model}: disarmed p50 {a['p50_ms']:.3f} ms [{a['p10_ms']:.3f}, {a['p90_ms']:.3f}]   "
         f"armed p50 {b['p50_ms']:.3f} ms [{b['p10_ms']:.3f}, {b['p90_ms']:.3f}]   difference {1e3 * diff_ms:.0f} us "
-        f"({100 * diff_ms / a['p50_ms']:.1f} %), paired p50 {1e3 * paired_ms:.0f} us, n={args.repeats} each")
-    result = {"command": recorded_command("abortpoints"), "commit": commit(), "date": datetime.date.today().isoformat(),
-              "setup": f"model={args.model}, DP1 x PP1, eager, 2 micro-batches, 1 torch thread, in process",
-              "n": args.repeats, "disarmed": a, "armed": b, "difference_p50_ms": diff_ms, "paired_difference_p50_ms": paired_ms,
-              "difference_pct": round(100 * diff_ms / a["p50_ms"], 2)}
+        f"({100 * diff_ms / a['p50_ms']:.1f} %), paired p50 {1e3 * paired_ms:.0f} us, n={args.repeats} each"
+    )
+    result = {
+        "command": recorded_command("abortpoints"),
+        "commit": commit(),
+        "date": datetime.date.today().isoformat(),
+        "setup": f"model={args.model}, DP1 x PP1, eager, 2 micro-batches, 1 torch thread, in process",
+        "n": args.repeats,
+        "disarmed": a,
+        "armed": b,
+        "difference_p50_ms": diff_ms,
+        "paired_difference_p50_ms": paired_ms,
+        "difference_pct": round(100 * diff_ms / a["p50_ms"], 2),
+    }
     write_json(Path(args.json), result)
     return result

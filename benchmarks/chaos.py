@@ -12,14 +12,14 @@ Faults land whenever the controller answers, including during a recovery. The be
 as an admin would (:mod:`benchmarks.chaosfaults`). At the end it undoes every fault, waits for the
 pool to be whole and warm (at most :data:`POOL_WAIT_S`, then only for no event in flight), stops the run, waits for every process it started (through Slurm) to be
 gone, runs the uninterrupted reference (``cluster=local``, the same number of steps) and checks
-the run with :func:`tmslurm.chaoscheck.check_run` (the driver's faults, the pids of every agent
+the run with :func:`tmslurm.tools.chaoscheck.check_run` (the driver's faults, the pids of every agent
 and monitor the journal recorded, the reference's hashes). It prints a line per fault and repair,
 a progress line per fault, the checker's report, and writes ``--json``: faults by kind, events by
 kind, switches, checkpoint fallbacks, downtime p50/p90/max, false alarms, leftover processes,
 every check, ``passed``, the fault list, the command, the commit and the date.
 
 Failure behaviour: a run that ends early or does not settle raises
-:class:`~tmslurm.errors.TmslurmError` after the lab is healed (every unrepaired fault undone);
+:class:`~tmslurm.core.errors.TmslurmError` after the lab is healed (every unrepaired fault undone);
 a checker failure is reported in the result (``passed: false``, exit status 1), not raised.
 """
 
@@ -31,14 +31,15 @@ import json
 import random
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from benchmarks.chaosfaults import KINDS, NODE_FAULTS, Injected, controller_pid, inject, needs_slurm, repair, repair_due
 from benchmarks.common import SlurmJob, commit, progress, recorded_command, run_local, say, sh, write_json
-from tmslurm.chaoscheck import InjectedFault, check_run, format_report
 from tmslurm.controller.journal import read_journal
-from tmslurm.errors import TmslurmError
+from tmslurm.core.errors import TmslurmError
+from tmslurm.tools.chaoscheck import InjectedFault, check_run, format_report
 
 SETTLE_S = 900.0
 POOL_WAIT_S = 90.0
@@ -47,10 +48,21 @@ POOL_WAIT_S = 90.0
 
 
 def overrides(args: argparse.Namespace) -> list[str]:
-    return ["parallel.dp=2", "parallel.pp=2", f"model={args.model}", "standby.count=2", "standby.replenish=true",
-            "runtime.gray_evict=true", f"runtime.controller_restarts={args.max_controller_kills + 1}",
-            f"train.checkpoint_every={args.checkpoint_every}", f"train.step_delay_s={args.step_delay}",
-            "train.steps=100000000", "slurm.partition=debug", f"slurm.time={args.slurm_time}", "slurm.poll_interval_s=0.5"]
+    return [
+        "parallel.dp=2",
+        "parallel.pp=2",
+        f"model={args.model}",
+        "standby.count=2",
+        "standby.replenish=true",
+        "runtime.gray_evict=true",
+        f"runtime.controller_restarts={args.max_controller_kills + 1}",
+        f"train.checkpoint_every={args.checkpoint_every}",
+        f"train.step_delay_s={args.step_delay}",
+        "train.steps=100000000",
+        "slurm.partition=debug",
+        f"slurm.time={args.slurm_time}",
+        "slurm.poll_interval_s=0.5",
+    ]
 
 
 def lab_nodes() -> int:
@@ -65,8 +77,9 @@ def batch_host(job_id: str) -> str | None:
 class Chaos:
     """The soak's state: the run, the random source, the faults so far and the bag of kinds."""
 
-    def __init__(self, job: SlurmJob, args: argparse.Namespace, host: str | None,
-                 controller_alive: Callable[[], bool]) -> None:
+    def __init__(
+        self, job: SlurmJob, args: argparse.Namespace, host: str | None, controller_alive: Callable[[], bool]
+    ) -> None:
         self.job = job
         self.controller_alive = controller_alive
         self.args = args
@@ -142,8 +155,10 @@ class Chaos:
         duration = self.rng.uniform(self.args.min_hold, self.args.max_hold)
         f = inject(kind, victims, self.job.run_dir, int(st.get("step", 0)), duration)
         self.faults.append(f)
-        say(f"fault {len(self.faults)}: {kind} ranks={f.ranks} nodes={f.nodes} at step {f.step}"
-            + (f" for {duration:.0f}s" if f.undo_at and kind != "drain" else ""))
+        say(
+            f"fault {len(self.faults)}: {kind} ranks={f.ranks} nodes={f.nodes} at step {f.step}"
+            + (f" for {duration:.0f}s" if f.undo_at and kind != "drain" else "")
+        )
         return f
 
 
@@ -158,8 +173,10 @@ def soak(chaos: Chaos, args: argparse.Namespace) -> None:
             raise TmslurmError(f"run {chaos.job.run_dir} ended during the soak; see its events.jsonl")
         st = chaos.job.status()
         if not st and chaos.job.left_the_queue():
-            raise TmslurmError(f"the main job {chaos.job.job_id} left Slurm's queue during the soak (the run ended "
-                               f"without a summary); see {chaos.job.run_dir}/events.jsonl")
+            raise TmslurmError(
+                f"the main job {chaos.job.job_id} left Slurm's queue during the soak (the run ended "
+                f"without a summary); see {chaos.job.run_dir}/events.jsonl"
+            )
         chaos.repairs(st)
         if time.monotonic() >= next_at and st.get("mode") == "running":
             f = chaos.fault(st)
@@ -258,10 +275,21 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     journal = read_journal(run_dir / "events.jsonl")
     left = wait_gone(run_dir, [job.job_id])
     say(f"run stopped at step {summary['steps']}; running the uninterrupted reference to that step")
-    ref = run_local(out / "reference", ["parallel.dp=2", "parallel.pp=2", f"model={args.model}",
-                                        f"train.steps={summary['steps']}"], timeout=7200)
-    pids = sorted({int(e["pid"]) for e in journal if e.get("type") in ("agent_up", "monitor_up") and isinstance(e.get("pid"), int)})
-    faults = [InjectedFault(**{**f.for_checker(), "ranks": tuple(f.ranks), "nodes": tuple(f.nodes)}) for f in chaos.faults]
+    ref = run_local(
+        out / "reference",
+        ["parallel.dp=2", "parallel.pp=2", f"model={args.model}", f"train.steps={summary['steps']}"],
+        timeout=7200,
+    )
+    pids = sorted(
+        {
+            int(e["pid"])
+            for e in journal
+            if e.get("type") in ("agent_up", "monitor_up") and isinstance(e.get("pid"), int)
+        }
+    )
+    faults = [
+        InjectedFault(**{**f.for_checker(), "ranks": tuple(f.ranks), "nodes": tuple(f.nodes)}) for f in chaos.faults
+    ]
     (out / "faults.json").write_text(json.dumps([f.for_checker() for f in chaos.faults], indent=1))
     report = check_run(run_dir, reference=ref, faults=faults, pids=pids, max_lag_s=args.max_lag)
     print(format_report(report), flush=True)
@@ -270,21 +298,49 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def _result(args: argparse.Namespace, chaos: Chaos, summary: dict[str, Any], report: Any, left: list[dict[str, Any]],
-            soaked_s: float, npids: int) -> dict[str, Any]:
-    return {"command": recorded_command("chaos"), "commit": commit(), "date": datetime.date.today().isoformat(),
-            "setup": {"cluster": f"local Slurm failure lab of {lab_nodes()} nodes (scripts/local-slurm up), one rank per node, one 2-core host",
-                      "layout": "DP2 x PP2", "model": args.model, "standbys": "2, replenished",
-                      "gap_s": [args.min_gap, args.max_gap], "hold_s": [args.min_hold, args.max_hold], "seed": args.seed,
-                      "step_delay_s": args.step_delay, "checkpoint_every": args.checkpoint_every},
-            "soak_minutes": round(soaked_s / 60, 2), "steps": summary["steps"], "median_step_s": summary.get("median_step_s"),
-            "faults": len(chaos.faults), "faults_by_kind": dict(Counter(f.kind for f in chaos.faults)),
-            "events_by_kind": report.events_by_kind, "switches": report.switches,
-            "checkpoint_fallbacks": report.checkpoint_fallbacks, "downtime_s": report.downtime_s,
-            "downtime_total_s": round(sum(e.get("downtime_s") or 0.0 for e in summary.get("events", [])), 3),
-            "false_alarms": report.false_alarms, "pids_checked": npids, "leftover_processes": left,
-            "checks": {c.name: {"status": c.status, "detail": c.detail, "offending": c.offending[:20]} for c in report.checks},
-            "passed": report.passed and not left, "fault_list": [f.record() for f in chaos.faults]}
+def _result(
+    args: argparse.Namespace,
+    chaos: Chaos,
+    summary: dict[str, Any],
+    report: Any,
+    left: list[dict[str, Any]],
+    soaked_s: float,
+    npids: int,
+) -> dict[str, Any]:
+    return {
+        "command": recorded_command("chaos"),
+        "commit": commit(),
+        "date": datetime.date.today().isoformat(),
+        "setup": {
+            "cluster": f"local Slurm failure lab of {lab_nodes()} nodes (scripts/local-slurm up), one rank per node, one 2-core host",
+            "layout": "DP2 x PP2",
+            "model": args.model,
+            "standbys": "2, replenished",
+            "gap_s": [args.min_gap, args.max_gap],
+            "hold_s": [args.min_hold, args.max_hold],
+            "seed": args.seed,
+            "step_delay_s": args.step_delay,
+            "checkpoint_every": args.checkpoint_every,
+        },
+        "soak_minutes": round(soaked_s / 60, 2),
+        "steps": summary["steps"],
+        "median_step_s": summary.get("median_step_s"),
+        "faults": len(chaos.faults),
+        "faults_by_kind": dict(Counter(f.kind for f in chaos.faults)),
+        "events_by_kind": report.events_by_kind,
+        "switches": report.switches,
+        "checkpoint_fallbacks": report.checkpoint_fallbacks,
+        "downtime_s": report.downtime_s,
+        "downtime_total_s": round(sum(e.get("downtime_s") or 0.0 for e in summary.get("events", [])), 3),
+        "false_alarms": report.false_alarms,
+        "pids_checked": npids,
+        "leftover_processes": left,
+        "checks": {
+            c.name: {"status": c.status, "detail": c.detail, "offending": c.offending[:20]} for c in report.checks
+        },
+        "passed": report.passed and not left,
+        "fault_list": [f.record() for f in chaos.faults],
+    }
 
 
 REFUSED_ADOPTION = "the controller restarted and could not adopt"
@@ -294,5 +350,12 @@ REFUSED_ADOPTION = "the controller restarted and could not adopt"
 def handled_kills(st: dict[str, Any]) -> int:
     """Controller kills the run has dealt with: adopted (a completed ``controller_restart`` event) or
     refused and restarted from a checkpoint (a ``restart`` event with that cause)."""
-    return sum(1 for e in st.get("events", []) if e.get("status") == "done" and (
-        e.get("kind") == "controller_restart" or (e.get("kind") == "restart" and str(e.get("cause", "")).startswith(REFUSED_ADOPTION))))
+    return sum(
+        1
+        for e in st.get("events", [])
+        if e.get("status") == "done"
+        and (
+            e.get("kind") == "controller_restart"
+            or (e.get("kind") == "restart" and str(e.get("cause", "")).startswith(REFUSED_ADOPTION))
+        )
+    )

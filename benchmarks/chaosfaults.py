@@ -19,7 +19,7 @@ returns an :class:`Injected` (the fault as the chaos checker reads it, plus the 
   drawn duration. While it lasts the driver runs no Slurm command (:func:`needs_slurm`).
 
 Failure behaviour: a lab or Slurm command that fails, or a pid that is not this run's, raises
-:class:`~tmslurm.errors.TmslurmError` naming it; nothing is signalled on a failed check.
+:class:`~tmslurm.core.errors.TmslurmError` naming it; nothing is signalled on a failed check.
 """
 
 from __future__ import annotations
@@ -34,11 +34,21 @@ from typing import Any
 
 from benchmarks.common import local_slurm, resume_node, say, sh
 from tmslurm.agent.monitor import is_agent_of
-from tmslurm.errors import TmslurmError
+from tmslurm.core.errors import TmslurmError
 from tmslurm.slurm.lab import fault_moment
 
-KINDS = ("sigkill", "sigstop", "drain", "power_off", "power_off2", "partition", "throttle", "slowlink",
-         "controller_kill", "slurmctld_stop")
+KINDS = (
+    "sigkill",
+    "sigstop",
+    "drain",
+    "power_off",
+    "power_off2",
+    "partition",
+    "throttle",
+    "slowlink",
+    "controller_kill",
+    "slurmctld_stop",
+)
 CHECKER_KIND = {"sigkill": "kill", "sigstop": "stop", "power_off2": "power_off"}
 """The chaos checker's kind of a fault (the others keep their name)."""
 NODE_FAULTS = ("drain", "power_off", "power_off2", "partition", "throttle", "slowlink")
@@ -52,6 +62,7 @@ SLOWLINK_RATE = "20mbit"
 @dataclass(kw_only=True)
 class Injected:
     """One injected fault: the checker's view (t, kind, ranks, nodes), its step, and the repair owed."""
+
     t: float
     kind: str
     ranks: list[int]
@@ -67,8 +78,14 @@ class Injected:
         return {"t": self.t, "kind": CHECKER_KIND.get(self.kind, self.kind), "ranks": self.ranks, "nodes": self.nodes}
 
     def record(self) -> dict[str, Any]:
-        return {"t": round(self.t, 3), "kind": self.kind, "ranks": self.ranks, "nodes": self.nodes, "step": self.step,
-                "repaired_after_s": None if self.repaired_t is None else round(self.repaired_t - self.t, 1)}
+        return {
+            "t": round(self.t, 3),
+            "kind": self.kind,
+            "ranks": self.ranks,
+            "nodes": self.nodes,
+            "step": self.step,
+            "repaired_after_s": None if self.repaired_t is None else round(self.repaired_t - self.t, 1),
+        }
 
 
 def rank_pid(agent: str) -> int:
@@ -149,8 +166,10 @@ def _unconfirmed(run_dir: Path) -> list[str]:
 def moved_off(f: Injected, st: dict[str, Any]) -> bool:
     """The run answered, has an event on the fault's node since the fault, and serves no rank there."""
     serving = {r.get("node") for r in st.get("ranks", [])}
-    seen = any(set(str(e.get("node") or "").split(",")) & set(f.nodes) and (e.get("notice_t") or 0) >= f.t - 1
-               for e in st.get("events", []))
+    seen = any(
+        set(str(e.get("node") or "").split(",")) & set(f.nodes) and (e.get("notice_t") or 0) >= f.t - 1
+        for e in st.get("events", [])
+    )
     return bool(st) and seen and not (set(f.nodes) & serving)
 
 

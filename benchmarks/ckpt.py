@@ -29,8 +29,8 @@ import torch
 
 from benchmarks.common import commit, say
 from tmslurm.comm.stage_comm import SoloStageComm
-from tmslurm.config import MODEL_PRESETS, TrainConfig
-from tmslurm.topology import split_layers
+from tmslurm.core.config import MODEL_PRESETS, TrainConfig
+from tmslurm.core.topology import split_layers
 from tmslurm.train import checkpoint
 from tmslurm.train.async_checkpoint import AsyncCheckpointer
 from tmslurm.train.model import ReferenceTask
@@ -84,11 +84,20 @@ def summarise(rows: list[tuple[int, bool, float]], warmup: int, every: int) -> d
     after = [dt for s, due, dt in kept if not due and s % every == 0 and s > 0]
     base = statistics.median(plain)
     stall = [dt - base for dt in ckpt]
-    out: dict[str, Any] = {"plain_median_s": base, "plain_n": len(plain), "mean_step_s": statistics.fmean(dt for _, _, dt in kept),
-                           "after_ckpt_median_s": statistics.median(after) if after else None}
+    out: dict[str, Any] = {
+        "plain_median_s": base,
+        "plain_n": len(plain),
+        "mean_step_s": statistics.fmean(dt for _, _, dt in kept),
+        "after_ckpt_median_s": statistics.median(after) if after else None,
+    }
     if ckpt:
-        out |= {"ckpt_median_s": statistics.median(ckpt), "stall_median_s": statistics.median(stall),
-                "stall_p10_s": pct(stall, 0.1), "stall_p90_s": pct(stall, 0.9), "ckpt_n": len(ckpt)}
+        out |= {
+            "ckpt_median_s": statistics.median(ckpt),
+            "stall_median_s": statistics.median(stall),
+            "stall_p10_s": pct(stall, 0.1),
+            "stall_p90_s": pct(stall, 0.9),
+            "ckpt_n": len(ckpt),
+        }
     return out
 
 
@@ -102,13 +111,21 @@ def ms(x: float | None) -> str:
 
 
 def table(modes: dict[str, dict[str, Any]]) -> str:
-    head = ("| mode | plain step median (ms) | checkpoint step median (ms) | step after a checkpoint (ms) "
-            "| stall per checkpoint median [p10, p90] (ms) | n | cost per checkpoint over its interval (ms) |")
+    head = (
+        "| mode | plain step median (ms) | checkpoint step median (ms) | step after a checkpoint (ms) "
+        "| stall per checkpoint median [p10, p90] (ms) | n | cost per checkpoint over its interval (ms) |"
+    )
     lines = [head, "|---|---|---|---|---|---|---|"]
     for mode, s in modes.items():
-        stall = "-" if "stall_median_s" not in s else f"{ms(s['stall_median_s'])} [{ms(s['stall_p10_s'])}, {ms(s['stall_p90_s'])}]"
-        lines.append(f"| {mode} | {ms(s['plain_median_s'])} | {ms(s.get('ckpt_median_s'))} | {ms(s['after_ckpt_median_s'])} "
-                     f"| {stall} | {s.get('ckpt_n', 0)} | {ms(s['interval_cost_s'])} |")
+        stall = (
+            "-"
+            if "stall_median_s" not in s
+            else f"{ms(s['stall_median_s'])} [{ms(s['stall_p10_s'])}, {ms(s['stall_p90_s'])}]"
+        )
+        lines.append(
+            f"| {mode} | {ms(s['plain_median_s'])} | {ms(s.get('ckpt_median_s'))} | {ms(s['after_ckpt_median_s'])} "
+            f"| {stall} | {s.get('ckpt_n', 0)} | {ms(s['interval_cost_s'])} |"
+        )
     return "\n".join(lines)
 
 
@@ -125,9 +142,19 @@ def main(args: argparse.Namespace) -> None:
     modes = {m: summarise(rows[m], args.warmup, args.every) for m in MODES}
     for s in modes.values():
         s["interval_cost_s"] = (s["mean_step_s"] - modes["off"]["mean_step_s"]) * args.every
-    result = {"date": time.strftime("%Y-%m-%d %H:%M"), "commit": commit(), "cpus": os.cpu_count(), "model": args.model,
-              "steps": args.steps, "every": args.every, "repeats": args.repeats, "warmup": args.warmup, "torch": torch.__version__,
-              "shard_bytes": shard_bytes(out / f"sync-{args.repeats - 1}"), "modes": modes}
+    result = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "commit": commit(),
+        "cpus": os.cpu_count(),
+        "model": args.model,
+        "steps": args.steps,
+        "every": args.every,
+        "repeats": args.repeats,
+        "warmup": args.warmup,
+        "torch": torch.__version__,
+        "shard_bytes": shard_bytes(out / f"sync-{args.repeats - 1}"),
+        "modes": modes,
+    }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=1))
     print(table(modes))

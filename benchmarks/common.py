@@ -3,7 +3,7 @@
 Contract: :class:`SlurmJob` launches ``tmslurm-launch cluster=slurm`` and polls ``tmslurm status``;
 :func:`run_local` runs a ``cluster=local`` job to completion and returns its summary; :func:`progress`
 reports a driver's units (cells, events) done with an estimate of the time left. Timeouts raise
-:class:`~tmslurm.errors.TmslurmError` with the tail of the run's logs.
+:class:`~tmslurm.core.errors.TmslurmError` with the tail of the run's logs.
 """
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from tmslurm.errors import TmslurmError
-from tmslurm.progress import Progress
-from tmslurm.slurmrun import SlurmJob, local_slurm, resume_node, sh  # noqa: F401 (the benchmarks' names)
+from tmslurm.core.errors import TmslurmError
+from tmslurm.core.progress import Progress
+from tmslurm.tools.slurm_job import SlurmJob, local_slurm, resume_node, sh  # noqa: F401 (the benchmarks' names)
 from tmslurm.wire.protocol import request
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,8 +32,10 @@ def recorded_command(sub: str, argv: list[str] | None = None) -> str:
     scratch directory or file of this machine) becomes ``<scratch dir>`` after ``--out`` and
     ``<scratch file>`` elsewhere, so the record names no machine path."""
     args = sys.argv[2:] if argv is None else argv
-    kept = [("<scratch dir>" if i and args[i - 1] == "--out" else "<scratch file>") if a.startswith("/") else a
-            for i, a in enumerate(args)]
+    kept = [
+        ("<scratch dir>" if i and args[i - 1] == "--out" else "<scratch file>") if a.startswith("/") else a
+        for i, a in enumerate(args)
+    ]
     return " ".join([f"python -m benchmarks {sub}", *kept])
 
 
@@ -41,7 +44,7 @@ def say(msg: str) -> None:
 
 
 def progress(sub: str, total: int | None, label: str) -> Progress:
-    """A benchmark's progress (:mod:`tmslurm.progress`): plain lines, each flushed, on stdout with
+    """A benchmark's progress (:mod:`tmslurm.core.progress`): plain lines, each flushed, on stdout with
     :func:`say`'s, which come between its updates (so never redrawn in place, even on a terminal)."""
     return Progress(total, label, sys.stdout, title=f"[bench] {sub} progress", inplace=False)
 
@@ -52,7 +55,7 @@ def median(xs: list[float]) -> float | None:
 
 
 def run_local(run_dir: Path, overrides: list[str], timeout: float = 900) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "tmslurm.launch", "cluster=local", f"run_dir={run_dir}", *overrides]
+    cmd = [sys.executable, "-m", "tmslurm.cli.launch", "cluster=local", f"run_dir={run_dir}", *overrides]
     log = run_dir.parent / f"{run_dir.name}.log"
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as f:
@@ -69,8 +72,11 @@ class LocalJob:
         self.run_dir = run_dir
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         self.log = open(run_dir.parent / f"{run_dir.name}.log", "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "tmslurm.launch", "cluster=local", f"run_dir={run_dir}", *overrides],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tmslurm.cli.launch", "cluster=local", f"run_dir={run_dir}", *overrides],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
 
     def journal(self) -> list[dict[str, Any]]:
         p = self.run_dir / "events.jsonl"
@@ -110,8 +116,9 @@ def commit() -> str:
     """The measured commit (short hash, ``-dirty`` with uncommitted changes to tracked files), or ``unknown``."""
     try:
         r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
-                               timeout=10)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     return r.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "") if r.returncode == 0 else "unknown"

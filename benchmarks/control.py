@@ -41,18 +41,19 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from benchmarks.common import REPO, commit, recorded_command, say, write_json
 from benchmarks.ctlhost import raise_open_files
 from benchmarks.loadgen import LoadGen
 from benchmarks.procstat import proc_sample, self_cpu_s, summarize, top_frames
 from benchmarks.simagent import SimAgent
-from tmslurm.errors import TmslurmError
+from tmslurm.core.errors import TmslurmError
+from tmslurm.core.topology import Layout
 from tmslurm.wire.messages import NoticeRequest, StopRequest
 from tmslurm.wire.protocol import exchange, read_token
-from tmslurm.topology import Layout
 
 log = logging.getLogger(__name__)
 STANDBYS = 2
@@ -73,13 +74,24 @@ class Run:
         self.row: dict[str, Any] = {"ranks": n, "reached": "start"}
         self.killed_step: int | None = None
         """The step the recovery's victim was at when its connection closed (its decision may be lost)."""
-        overrides = [f"parallel.dp={n // args.pp}", f"parallel.pp={args.pp}", f"parallel.ranks_per_node={max(1, args.relay)}",
-                     f"standby.count={STANDBYS}", "train.steps=100000000", "model=tiny",
-                     f"runtime.heartbeat_interval_s={args.heartbeat_s}", *args.override]
+        overrides = [
+            f"parallel.dp={n // args.pp}",
+            f"parallel.pp={args.pp}",
+            f"parallel.ranks_per_node={max(1, args.relay)}",
+            f"standby.count={STANDBYS}",
+            "train.steps=100000000",
+            "model=tiny",
+            f"runtime.heartbeat_interval_s={args.heartbeat_s}",
+            *args.override,
+        ]
         out.mkdir(parents=True, exist_ok=True)
         self.log = open(out / f"n{n}.controller.log", "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "benchmarks.ctlhost", "--run-dir", str(self.run_dir), *overrides],
-                                     stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO)  # benchmarks/ is not installed
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.ctlhost", "--run-dir", str(self.run_dir), *overrides],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )  # benchmarks/ is not installed
         self.gen: LoadGen | None = None
         self.thread: threading.Thread | None = None
 
@@ -88,13 +100,23 @@ class Run:
         addr = self._wait(lambda: _read_json(self.run_dir / "controller.json"), 120, "controller.json")
         self.addr = addr
         cfg = json.loads((self.run_dir / "config.json").read_text())
-        layout = Layout(cfg["parallel"]["dp"], cfg["parallel"]["pp"], cfg["parallel"]["tp"], n_layer=cfg["model"]["n_layer"])
+        layout = Layout(
+            cfg["parallel"]["dp"], cfg["parallel"]["pp"], cfg["parallel"]["tp"], n_layer=cfg["model"]["n_layer"]
+        )
         token = read_token(self.run_dir)
         per_node = max(1, self.args.relay)
         agents = [SimAgent("worker", r, f"sim{r // per_node}", layout, token) for r in range(layout.world)]
         agents += [SimAgent("standby", i, f"spare{i // per_node}", layout, token) for i in range(STANDBYS * per_node)]
-        self.gen = LoadGen(addr["host"], addr["port"], agents, layout.world, self.args.step_ms / 1000.0,
-                           self.args.heartbeat_s, self.args.window, relay=self.args.relay > 0)
+        self.gen = LoadGen(
+            addr["host"],
+            addr["port"],
+            agents,
+            layout.world,
+            self.args.step_ms / 1000.0,
+            self.args.heartbeat_s,
+            self.args.window,
+            relay=self.args.relay > 0,
+        )
         self.thread = threading.Thread(target=self.gen.run, name="loadgen", daemon=True)
         self.thread.start()
 
@@ -108,12 +130,18 @@ class Run:
             if gen.admitted > seen[0]:
                 seen[:] = [gen.admitted, time.monotonic()]
             elif time.monotonic() - seen[1] > self.args.stall_s:
-                raise Failed(f"admission stalled at {gen.admitted}/{gen.total} agents for {self.args.stall_s:.0f}s "
-                             f"({gen.fenced} fenced)")
+                raise Failed(
+                    f"admission stalled at {gen.admitted}/{gen.total} agents for {self.args.stall_s:.0f}s "
+                    f"({gen.fenced} fenced)"
+                )
             return gen.t_admitted
+
         self._wait(admitted, max(60.0, self.n * 0.1), f"{gen.total} agents admitted")
-        self.row.update(admit_s=round(gen.t_admitted - gen.t_first_connect, 3), hello_retries=gen.retries,  # type: ignore[operator]
-                        generator_late_max_admit_ms=_r(1000.0 * gen.late_max_s))
+        self.row.update(
+            admit_s=round(gen.t_admitted - gen.t_first_connect, 3),
+            hello_retries=gen.retries,  # type: ignore[operator]
+            generator_late_max_admit_ms=_r(1000.0 * gen.late_max_s),
+        )
         self.row["reached"] = "admitted"
         say(f"N={self.n}: {gen.total} agents admitted in {self.row['admit_s']:.2f}s")
 
@@ -128,28 +156,47 @@ class Run:
 
         def poll() -> bool | None:
             samples.append(proc_sample(self.proc.pid, cpu=False))
-            return True if gen.last_complete >= s0 + a.steps or (time.monotonic() > end and gen.last_complete > s0) else None
+            return (
+                True
+                if gen.last_complete >= s0 + a.steps or (time.monotonic() > end and gen.last_complete > s0)
+                else None
+            )
+
         self._wait(poll, a.max_measure_s + 120.0, f"{a.steps} steps after step {s0}")
         p1, g1, hb1, t1 = proc_sample(self.proc.pid), self_cpu_s(), gen.hb_sent, time.monotonic()
         s1 = gen.last_complete
-        lat = gen.query(lambda: [1000.0 * (gen.rec.recv[("decision", s)].last - gen.rec.sent[("vote", s)].last)
-                                 for s in range(s0 + 1, s1 + 1)])
+        lat = gen.query(
+            lambda: [
+                1000.0 * (gen.rec.recv[("decision", s)].last - gen.rec.sent[("vote", s)].last)
+                for s in range(s0 + 1, s1 + 1)
+            ]
+        )
         steps, wall = s1 - s0, t1 - t0
         stats = summarize(lat)
         self.row.update(
-            samples=stats["samples"], commit_p50_ms=_r(stats["p50"]), commit_p99_ms=_r(stats["p99"]),
-            commit_max_ms=_r(stats["max"]), step_ms=a.step_ms, steps_per_s=round(steps / wall, 2),
+            samples=stats["samples"],
+            commit_p50_ms=_r(stats["p50"]),
+            commit_p99_ms=_r(stats["p99"]),
+            commit_max_ms=_r(stats["max"]),
+            step_ms=a.step_ms,
+            steps_per_s=round(steps / wall, 2),
             controller_cpu_ms_per_step=_r(1000.0 * (p1.cpu_s - p0.cpu_s) / steps),
             controller_loop_cpu_ms_per_step=_r(1000.0 * (p1.main_cpu_s - p0.main_cpu_s) / steps),
-            controller_cpu_cores=_r((p1.cpu_s - p0.cpu_s) / wall), threads=max(s.threads for s in samples),
-            rss_mb=round(max(s.rss_mb for s in samples), 1), heartbeats_per_s=round((hb1 - hb0) / wall, 1),
-            generator_cpu_cores=_r((g1 - g0) / wall), generator_late_max_ms=_r(1000.0 * gen.late_max_s),
+            controller_cpu_cores=_r((p1.cpu_s - p0.cpu_s) / wall),
+            threads=max(s.threads for s in samples),
+            rss_mb=round(max(s.rss_mb for s in samples), 1),
+            heartbeats_per_s=round((hb1 - hb0) / wall, 1),
+            generator_cpu_cores=_r((g1 - g0) / wall),
+            generator_late_max_ms=_r(1000.0 * gen.late_max_s),
             aborts_during_measure=len(gen.abort_step) - aborts0,
-            fenced_during_measure=gen.fenced)
+            fenced_during_measure=gen.fenced,
+        )
         self.row["reached"] = "measured"
-        say(f"N={self.n}: {steps} steps, commit p50 {self.row['commit_p50_ms']} ms p99 {self.row['commit_p99_ms']} ms, "
+        say(
+            f"N={self.n}: {steps} steps, commit p50 {self.row['commit_p50_ms']} ms p99 {self.row['commit_p99_ms']} ms, "
             f"controller {self.row['controller_cpu_ms_per_step']} ms CPU/step, {self.row['threads']} threads, "
-            f"{self.row['rss_mb']} MB, generator {self.row['generator_cpu_cores']} cores")
+            f"{self.row['rss_mb']} MB, generator {self.row['generator_cpu_cores']} cores"
+        )
 
     def profile(self) -> None:
         spy = shutil.which("py-spy")
@@ -158,8 +205,22 @@ class Run:
             return
         raw = self.run_dir.parent / f"n{self.n}.pyspy.txt"
         say(f"N={self.n}: py-spy on the controller for {self.args.profile_s:.0f}s")
-        cmd = [spy, "record", "--pid", str(self.proc.pid), "--duration", str(int(self.args.profile_s)), "--rate", "50",
-               "--gil", "--format", "raw", "--output", str(raw), "--nonblocking"]  # --gil: the thread running Python
+        cmd = [
+            spy,
+            "record",
+            "--pid",
+            str(self.proc.pid),
+            "--duration",
+            str(int(self.args.profile_s)),
+            "--rate",
+            "50",
+            "--gil",
+            "--format",
+            "raw",
+            "--output",
+            str(raw),
+            "--nonblocking",
+        ]  # --gil: the thread running Python
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=self.args.profile_s + 60)
             error = r.stderr.strip()[-300:]
@@ -170,8 +231,17 @@ class Run:
     def switch(self) -> None:
         gen = self._gen()
         t0 = time.monotonic()
-        reply = exchange(self.addr, NoticeRequest(type="notice", token=read_token(self.run_dir), event="maintenance",
-                                                  node=f"sim{SWITCH_RANK}", reason="bench control"), 30.0)
+        reply = exchange(
+            self.addr,
+            NoticeRequest(
+                type="notice",
+                token=read_token(self.run_dir),
+                event="maintenance",
+                node=f"sim{SWITCH_RANK}",
+                reason="bench control",
+            ),
+            30.0,
+        )
         if reply.get("type") != "ok":
             raise Failed(f"notice refused: {reply}")
         epoch = self._wait(lambda: next(iter(gen.switch_step), None), 120, "the switch to be applied")
@@ -179,13 +249,17 @@ class Run:
         self._until_step(step + 1)
         recv, sent = gen.query(lambda: (dict(gen.rec.recv), dict(gen.rec.sent)))
         plan_last = max(recv[(k, epoch)].last for k in ("prepare", "join") if (k, epoch) in recv)
-        self.row.update(switch_plan_ms=_r(1000.0 * (plan_last - t0)),
-                        switch_commit_ms=_r(1000.0 * (recv[("decision", step)].last - sent[("prepared", epoch)].last)),
-                        switch_done_ms=_r(1000.0 * (recv[("decision", step + 1)].last - t0)),
-                        switch_prepares=recv[("prepare", epoch)].count if ("prepare", epoch) in recv else 0)
+        self.row.update(
+            switch_plan_ms=_r(1000.0 * (plan_last - t0)),
+            switch_commit_ms=_r(1000.0 * (recv[("decision", step)].last - sent[("prepared", epoch)].last)),
+            switch_done_ms=_r(1000.0 * (recv[("decision", step + 1)].last - t0)),
+            switch_prepares=recv[("prepare", epoch)].count if ("prepare", epoch) in recv else 0,
+        )
         self.row["reached"] = "switched"
-        say(f"N={self.n}: switch plan {self.row['switch_plan_ms']} ms, commit after last prepared "
-            f"{self.row['switch_commit_ms']} ms, done {self.row['switch_done_ms']} ms")
+        say(
+            f"N={self.n}: switch plan {self.row['switch_plan_ms']} ms, commit after last prepared "
+            f"{self.row['switch_commit_ms']} ms, done {self.row['switch_done_ms']} ms"
+        )
 
     def recover(self) -> None:
         gen = self._gen()
@@ -196,12 +270,16 @@ class Run:
         self._until_step(redo)
         recv, sent = gen.query(lambda: (dict(gen.rec.recv), dict(gen.rec.sent)))
         plan_last = max(recv[(k, epoch)].last for k in ("recover", "join") if (k, epoch) in recv)
-        self.row.update(recovery_abort_ms=_r(1000.0 * (recv[("abort", epoch)].last - t0)),
-                        recovery_plan_ms=_r(1000.0 * (plan_last - sent[("aborted", epoch)].last)),
-                        recovery_ms=_r(1000.0 * (recv[("decision", redo)].last - t0)))
+        self.row.update(
+            recovery_abort_ms=_r(1000.0 * (recv[("abort", epoch)].last - t0)),
+            recovery_plan_ms=_r(1000.0 * (plan_last - sent[("aborted", epoch)].last)),
+            recovery_ms=_r(1000.0 * (recv[("decision", redo)].last - t0)),
+        )
         self.row["reached"] = "recovered"
-        say(f"N={self.n}: recovery: abort to all {self.row['recovery_abort_ms']} ms, plan after last aborted "
-            f"{self.row['recovery_plan_ms']} ms, redone step committed {self.row['recovery_ms']} ms after the close")
+        say(
+            f"N={self.n}: recovery: abort to all {self.row['recovery_abort_ms']} ms, plan after last aborted "
+            f"{self.row['recovery_plan_ms']} ms, redone step committed {self.row['recovery_ms']} ms after the close"
+        )
 
     def stop(self) -> None:
         gen = self._gen()
@@ -215,11 +293,22 @@ class Run:
         final = gen.last_complete
         # the victim's socket may hold the decision of the step it was at when it closed: not expected
         expected = {s: self.n - (s == self.killed_step) for s in range(final + 1)}
-        missing = gen.query(lambda: sum(max(0, expected[s] - gen.rec.recv[("decision", s)].count) for s in range(final + 1)
-                                        if ("decision", s) in gen.rec.recv))
-        self.row.update(controller_rc=rc, final_hash=bool(summary.get("final_params_sha256")), steps_committed=final + 1,
-                        decisions_missing=missing, agents_fenced=gen.fenced, bad_lines=gen.bad_lines,
-                        every_decision_received=missing == 0 and all(("decision", s) in gen.rec.recv for s in range(final + 1)))
+        missing = gen.query(
+            lambda: sum(
+                max(0, expected[s] - gen.rec.recv[("decision", s)].count)
+                for s in range(final + 1)
+                if ("decision", s) in gen.rec.recv
+            )
+        )
+        self.row.update(
+            controller_rc=rc,
+            final_hash=bool(summary.get("final_params_sha256")),
+            steps_committed=final + 1,
+            decisions_missing=missing,
+            agents_fenced=gen.fenced,
+            bad_lines=gen.bad_lines,
+            every_decision_received=missing == 0 and all(("decision", s) in gen.rec.recv for s in range(final + 1)),
+        )
         self.row["reached"] = "stopped"
 
     def close(self) -> None:
@@ -259,6 +348,7 @@ class Run:
             if on_poll is not None:
                 on_poll()
             return True if gen.last_complete >= step else None
+
         self._wait(probe, 60.0 + (step - max(gen.last_complete, 0)) * 2.0, f"step {step} (at {gen.last_complete})")
 
 
@@ -293,11 +383,22 @@ def one_size(n: int, args: Any, out: Path) -> dict[str, Any]:
     return run.row
 
 
-COLUMNS = [("ranks", "ranks"), ("admit_s", "admit s"), ("commit_p50_ms", "p50 ms"), ("commit_p99_ms", "p99 ms"),
-           ("controller_cpu_ms_per_step", "ctl CPU ms/step"), ("controller_loop_cpu_ms_per_step", "loop ms/step"),
-           ("controller_cpu_cores", "ctl cores"), ("threads", "threads"), ("rss_mb", "RSS MB"),
-           ("heartbeats_per_s", "hb/s"), ("generator_cpu_cores", "gen cores"), ("switch_plan_ms", "switch plan ms"),
-           ("switch_commit_ms", "switch commit ms"), ("recovery_ms", "recovery ms")]
+COLUMNS = [
+    ("ranks", "ranks"),
+    ("admit_s", "admit s"),
+    ("commit_p50_ms", "p50 ms"),
+    ("commit_p99_ms", "p99 ms"),
+    ("controller_cpu_ms_per_step", "ctl CPU ms/step"),
+    ("controller_loop_cpu_ms_per_step", "loop ms/step"),
+    ("controller_cpu_cores", "ctl cores"),
+    ("threads", "threads"),
+    ("rss_mb", "RSS MB"),
+    ("heartbeats_per_s", "hb/s"),
+    ("generator_cpu_cores", "gen cores"),
+    ("switch_plan_ms", "switch plan ms"),
+    ("switch_commit_ms", "switch commit ms"),
+    ("recovery_ms", "recovery ms"),
+]
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -323,15 +424,32 @@ def main(args: Any) -> dict[str, Any]:
     print(table(rows))
     command, measured = recorded_command("control"), commit()
     for row in rows:
-        row.update(label=args.label, ranks_per_relay=args.relay, overrides=args.override, command=command, git_commit=measured,
-                   date=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
+        row.update(
+            label=args.label,
+            ranks_per_relay=args.relay,
+            overrides=args.override,
+            command=command,
+            git_commit=measured,
+            date=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        )
     path = Path(args.json)
     if args.append and path.exists():
         rows = json.loads(path.read_text())["rows"] + rows
-    result = {"command": command,
-              "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "git_commit": measured,
-              "setup": {"pp": args.pp, "standbys": STANDBYS, "step_ms": args.step_ms, "heartbeat_s": args.heartbeat_s,
-                        "warmup": args.warmup, "steps": args.steps, "window": args.window, "overrides": args.override},
-              "rows": rows}
+    result = {
+        "command": command,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "git_commit": measured,
+        "setup": {
+            "pp": args.pp,
+            "standbys": STANDBYS,
+            "step_ms": args.step_ms,
+            "heartbeat_s": args.heartbeat_s,
+            "warmup": args.warmup,
+            "steps": args.steps,
+            "window": args.window,
+            "overrides": args.override,
+        },
+        "rows": rows,
+    }
     write_json(path, result)
     return result

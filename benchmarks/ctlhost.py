@@ -20,7 +20,7 @@ import resource
 import sys
 from pathlib import Path
 
-from tmslurm.errors import TmslurmError
+from tmslurm.core.errors import TmslurmError
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +67,11 @@ def raise_open_files() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tmslurm.config import compose_config
     from tmslurm.controller import Controller, ControlServer, LocalHooks
-    from tmslurm.logs import setup_logging
-    from tmslurm.rundir import RunDir
-    from tmslurm.runprep import prepare_run_dir
+    from tmslurm.core.config import compose_config
+    from tmslurm.core.logs import setup_logging
+    from tmslurm.core.rundir import RunDir
+    from tmslurm.run.prepare import prepare_run_dir
     from tmslurm.wire.protocol import write_token
 
     ap = argparse.ArgumentParser(prog="python -m benchmarks.ctlhost")

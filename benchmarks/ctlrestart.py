@@ -11,7 +11,7 @@ prints the downtime and its parts (``before_death``, ``restart``, ``adopt``, ``f
 add up to the gap; downtime = gap - median step), then p50/p90 of each over the events, and whether
 the interrupted run ended bit-identical to the uninterrupted one (``final_state_sha256``). Writes
 ``--json``. A run that fails, a controller that is not the launcher's child, or a restart that is
-not adopted within 60 s raises :class:`~tmslurm.errors.TmslurmError`.
+not adopted within 60 s raises :class:`~tmslurm.core.errors.TmslurmError`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import LocalJob, SlurmJob, commit, run_local, say, write_json
-from tmslurm.errors import TmslurmError
+from tmslurm.core.errors import TmslurmError
 
 PARTS = ("before_death_s", "restart_s", "adopt_s", "first_step_s", "gap_s", "downtime_s")
 
@@ -63,7 +63,11 @@ def kill_slurm_controller(run_dir: Path, incarnation: int, timeout: float = 60) 
             cmd = Path(f"/proc/{int(info['pid'])}/cmdline").read_bytes().split(b"\0")
         except (OSError, ValueError, KeyError):
             cmd = []
-        if info.get("incarnation") == incarnation and b"tmslurm.slurm.proc.ctlmain" in cmd and str(run_dir).encode() in cmd:
+        if (
+            info.get("incarnation") == incarnation
+            and b"tmslurm.slurm.proc.ctlmain" in cmd
+            and str(run_dir).encode() in cmd
+        ):
             os.kill(int(info["pid"]), signal.SIGKILL)
             return int(info["pid"])
         time.sleep(0.05)
@@ -72,16 +76,28 @@ def kill_slurm_controller(run_dir: Path, incarnation: int, timeout: float = 60) 
 
 def interrupted_slurm(out: Path, overrides: list[str], kill_steps: list[int]) -> dict[str, Any]:
     run_dir = (out / "killed-slurm").resolve()
-    SlurmJob(run_dir, [*overrides, f"runtime.controller_restarts={len(kill_steps)}", "slurm.partition=debug",
-                       "slurm.time=00:30:00", "slurm.poll_interval_s=0.5"])
+    SlurmJob(
+        run_dir,
+        [
+            *overrides,
+            f"runtime.controller_restarts={len(kill_steps)}",
+            "slurm.partition=debug",
+            "slurm.time=00:30:00",
+            "slurm.poll_interval_s=0.5",
+        ],
+    )
     for i, step in enumerate(kill_steps):
         deadline = time.monotonic() + 600
         while committed(run_dir) < step:
             if (run_dir / "summary.json").exists() or time.monotonic() > deadline:
                 raise TmslurmError(f"the run ended or stalled before step {step}; see {run_dir}")
             time.sleep(0.01)
-        say(f"kill {i + 1}/{len(kill_steps)}: SIGKILL of controller {kill_slurm_controller(run_dir, i)} at step {committed(run_dir)}")
-        wait_journal(run_dir, lambda e, i=i: e["type"] == "adopted" and e["incarnation"] == i + 1, 60, f"adoption {i + 1}")
+        say(
+            f"kill {i + 1}/{len(kill_steps)}: SIGKILL of controller {kill_slurm_controller(run_dir, i)} at step {committed(run_dir)}"
+        )
+        wait_journal(
+            run_dir, lambda e, i=i: e["type"] == "adopted" and e["incarnation"] == i + 1, 60, f"adoption {i + 1}"
+        )
     deadline = time.monotonic() + 900
     while not (run_dir / "summary.json").exists():
         if time.monotonic() > deadline:
@@ -108,7 +124,9 @@ def interrupted(out: Path, overrides: list[str], kill_steps: list[int]) -> dict[
             if job.proc.poll() is not None or time.monotonic() > deadline:
                 raise TmslurmError(f"the run ended or stalled before step {step}; see {job.run_dir}")
             time.sleep(0.01)
-        say(f"kill {i + 1}/{len(kill_steps)}: SIGKILL of controller {kill_controller(job)} at step {committed(job.run_dir)}")
+        say(
+            f"kill {i + 1}/{len(kill_steps)}: SIGKILL of controller {kill_controller(job)} at step {committed(job.run_dir)}"
+        )
         job.wait_journal(lambda e, i=i: e["type"] == "adopted" and e["incarnation"] == i + 1, 60, f"adoption {i + 1}")
     if job.proc.wait(600) != 0:
         raise TmslurmError(f"the interrupted run failed; see {job.run_dir}")
@@ -122,8 +140,15 @@ def spread(values: list[float]) -> dict[str, float]:
 
 def main(args: argparse.Namespace) -> None:
     out = Path(args.out)
-    overrides = [f"parallel.dp={args.dp}", f"parallel.pp={args.pp}", f"model={args.model}", "standby.count=1",
-                 f"train.steps={args.steps}", f"train.step_delay_s={args.step_delay_s}", "standby.start_when_warm=true"]
+    overrides = [
+        f"parallel.dp={args.dp}",
+        f"parallel.pp={args.pp}",
+        f"model={args.model}",
+        "standby.count=1",
+        f"train.steps={args.steps}",
+        f"train.step_delay_s={args.step_delay_s}",
+        "standby.start_when_warm=true",
+    ]
     gap = (args.steps - 30) // args.kills
     rng = random.Random(args.seed)
     kill_steps = [15 + i * gap + rng.randrange(gap // 2) for i in range(args.kills)]
@@ -135,13 +160,29 @@ def main(args: argparse.Namespace) -> None:
     exact = s["final_state_sha256"] == ref["final_state_sha256"] and s["replicas_equal"] is True
     say(f"{'#':>3}{'downtime':>10}{'before death':>14}{'restart':>9}{'adopt':>8}{'first step':>12}{'gap':>8}")
     for i, e in enumerate(events, 1):
-        say(f"{i:>3}{e['downtime_s']:>9.3f}s{e['before_death_s']:>13.3f}s{e['restart_s']:>8.3f}s{e['adopt_s']:>7.3f}s"
-            f"{e['first_step_s']:>11.3f}s{e['gap_s']:>7.3f}s")
+        say(
+            f"{i:>3}{e['downtime_s']:>9.3f}s{e['before_death_s']:>13.3f}s{e['restart_s']:>8.3f}s{e['adopt_s']:>7.3f}s"
+            f"{e['first_step_s']:>11.3f}s{e['gap_s']:>7.3f}s"
+        )
     summary = {p: spread([e[p] for e in events]) for p in PARTS if events}
     for p, v in summary.items():
         say(f"{p:<15} p50 {v['p50']:.3f}s  p90 {v['p90']:.3f}s  (n={v['n']})")
     say(f"median step {s['median_step_s']:.3f}s; exact: {exact} ({s['final_state_sha256']})")
-    write_json(Path(args.json), {"command": "python -m benchmarks ctlrestart " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("cmd", "out", "json")),
-        "date": time.strftime("%Y-%m-%d %H:%M"), "commit": commit(), "cluster": args.cluster, "kill_steps": kill_steps, "overrides": overrides,
-        "median_step_s": s["median_step_s"], "exact": exact, "events": events, "spread": summary})
+    write_json(
+        Path(args.json),
+        {
+            "command": "python -m benchmarks ctlrestart "
+            + " ".join(
+                f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("cmd", "out", "json")
+            ),
+            "date": time.strftime("%Y-%m-%d %H:%M"),
+            "commit": commit(),
+            "cluster": args.cluster,
+            "kill_steps": kill_steps,
+            "overrides": overrides,
+            "median_step_s": s["median_step_s"],
+            "exact": exact,
+            "events": events,
+            "spread": summary,
+        },
+    )

@@ -30,15 +30,26 @@ import os
 import random
 import signal
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from benchmarks import dtstats
-from benchmarks.common import SlurmJob, commit, progress, recorded_command, local_slurm, resume_node, say, sh, write_json
-from tmslurm.errors import TmslurmError
-from tmslurm.progress import Progress
+from benchmarks.common import (
+    SlurmJob,
+    commit,
+    local_slurm,
+    progress,
+    recorded_command,
+    resume_node,
+    say,
+    sh,
+    write_json,
+)
 from tmslurm.agent.monitor import is_agent_of
+from tmslurm.core.errors import TmslurmError
+from tmslurm.core.progress import Progress
 from tmslurm.slurm.lab import fault_moment
 
 LEAVES = ("planned", "power-off", "partition", "bh-drain", "bh-power-off")
@@ -46,10 +57,17 @@ LEAVES = ("planned", "power-off", "partition", "bh-drain", "bh-power-off")
 
 
 def base_overrides(args: Any) -> list[str]:
-    return ["parallel.dp=2", "parallel.pp=2", f"model={args.model}", f"model.compile={str(args.compile).lower()}",
-            "train.steps=1000000", f"train.checkpoint_every={args.checkpoint_every}", "slurm.partition=debug",
-            "slurm.time=03:00:00", "slurm.poll_interval_s=0.5"] + (
-            [] if args.heartbeat_timeout is None else [f"runtime.heartbeat_timeout_s={args.heartbeat_timeout}"])
+    return [
+        "parallel.dp=2",
+        "parallel.pp=2",
+        f"model={args.model}",
+        f"model.compile={str(args.compile).lower()}",
+        "train.steps=1000000",
+        f"train.checkpoint_every={args.checkpoint_every}",
+        "slurm.partition=debug",
+        "slurm.time=03:00:00",
+        "slurm.poll_interval_s=0.5",
+    ] + ([] if args.heartbeat_timeout is None else [f"runtime.heartbeat_timeout_s={args.heartbeat_timeout}"])
 
 
 def reference(out: Path, args: Any) -> dict[str, Any]:
@@ -58,11 +76,22 @@ def reference(out: Path, args: Any) -> dict[str, Any]:
     job.wait(lambda st: st.get("step", 0) >= args.reference_steps, 3600, f"{args.reference_steps} steps")
     s = job.stop()
     say(f"reference step: median {s['median_step_s']:.4f}s over the run ({s.get('steps')} steps)")
-    return {"median_step_s": s["median_step_s"], "steps": s.get("steps"), "final_params_sha256": s["final_params_sha256"]}
+    return {
+        "median_step_s": s["median_step_s"],
+        "steps": s.get("steps"),
+        "final_params_sha256": s["final_params_sha256"],
+    }
 
 
-def run_strategy(out: Path, args: Any, strategy: str, events: list[str], ref_step: float,
-                 save: Callable[[list[dict[str, Any]]], None], prog: Progress) -> list[dict[str, Any]]:
+def run_strategy(
+    out: Path,
+    args: Any,
+    strategy: str,
+    events: list[str],
+    ref_step: float,
+    save: Callable[[list[dict[str, Any]]], None],
+    prog: Progress,
+) -> list[dict[str, Any]]:
     """Every event of ``strategy`` in one run; ``save(rows so far)`` and a progress line after each event."""
     over = base_overrides(args)
     if strategy == "tmslurm":
@@ -84,13 +113,24 @@ def run_strategy(out: Path, args: Any, strategy: str, events: list[str], ref_ste
             offset = rng.randrange(args.checkpoint_every)
             step = at_offset(job, args.checkpoint_every, offset)
             node, pid = job.node_of_rank(rank)
-            say(f"{strategy} {event} #{rep}: rank {rank} on {node} at step {step} (offset {step % args.checkpoint_every})")
+            say(
+                f"{strategy} {event} #{rep}: rank {rank} on {node} at step {step} (offset {step % args.checkpoint_every})"
+            )
             t_start = time.time()
             t_inject = inject(event, node, pid, job.run_dir)
             ev = wait_new(job, seen, t_start, strategy, None if event.startswith("bh-") else rank)
             delay = fixed_delay(job.job_id, ev) if "requeue" in str(ev.get("kind")) else None
-            row = dtstats.make_row(strategy, event, rep, ev, ref_step_s=ref_step, t_inject=t_inject, inject_step=step,
-                                   offset=step % args.checkpoint_every, fixed_delay_s=delay)
+            row = dtstats.make_row(
+                strategy,
+                event,
+                rep,
+                ev,
+                ref_step_s=ref_step,
+                t_inject=t_inject,
+                inject_step=step,
+                offset=step % args.checkpoint_every,
+                fixed_delay_s=delay,
+            )
             row.update(commit=measured, date=time.strftime("%Y-%m-%d"))
             say(dtstats.describe(row))
             rows.append(row)
@@ -147,15 +187,21 @@ def inject(event: str, node: str, pid: int, run_dir: Path) -> float:
     return t
 
 
-def wait_new(job: SlurmJob, seen: set[tuple[Any, Any]], t_inject: float, strategy: str, rank: int | None) -> dict[str, Any]:
+def wait_new(
+    job: SlurmJob, seen: set[tuple[Any, Any]], t_inject: float, strategy: str, rank: int | None
+) -> dict[str, Any]:
     """The first completed event not seen before whose first step committed after the injection and
     that involves ``rank`` (None: any); other events (a drain Slurm made itself) are skipped, logged."""
+
     def new(st: dict[str, Any]) -> list[dict[str, Any]]:
         fresh = [e for e in job.events_done(st) if _key(e) not in seen and (e.get("first_step_t") or 0) > t_inject]
         for e in [e for e in fresh if rank is not None and rank not in (e.get("ranks") or [])]:
-            say(f"skipping an event the benchmark did not inject: {e.get('kind')} ranks={e.get('ranks')} ({e.get('cause')})")
+            say(
+                f"skipping an event the benchmark did not inject: {e.get('kind')} ranks={e.get('ranks')} ({e.get('cause')})"
+            )
             seen.add(_key(e))
         return [e for e in fresh if _key(e) not in seen]
+
     st = job.wait(lambda s: bool(new(s)), 1800, f"the {strategy} event to complete")
     ev = new(st)[0]
     seen.add(_key(ev))
@@ -183,8 +229,9 @@ def bring_back(event: str, node: str, run_dir: Path, timeout: float = 300) -> No
     seen that (``spawner.json``: a node found dead that Slurm never flagged stays suspect to it)."""
     if event in ("power-off", "bh-power-off", "partition"):
         deadline = time.monotonic() + timeout
-        while not any(f in sh("sinfo", "-h", "-n", node, "-o", "%T").lower() for f in ("*", "down", "not_responding")) \
-                or (event != "bh-power-off" and node in _unconfirmed(run_dir)):
+        while not any(
+            f in sh("sinfo", "-h", "-n", node, "-o", "%T").lower() for f in ("*", "down", "not_responding")
+        ) or (event != "bh-power-off" and node in _unconfirmed(run_dir)):
             if time.monotonic() > deadline:
                 raise TmslurmError(f"Slurm did not flag {node}, or run {run_dir} did not see it, within {timeout:.0f}s")
             time.sleep(0.5)
@@ -196,14 +243,20 @@ def bring_back(event: str, node: str, run_dir: Path, timeout: float = 300) -> No
 def _drained_by_slurm() -> list[str]:
     """Nodes drained with a reason the benchmark did not give (its own is ``bench-maintenance``)."""
     out = sh("sinfo", "-h", "-R", "-N", "-o", "%N|%E", check=False)
-    return [n for n, reason in (line.split("|", 1) for line in out.splitlines() if "|" in line)
-            if reason.strip() and reason.strip() != "bench-maintenance"]
+    return [
+        n
+        for n, reason in (line.split("|", 1) for line in out.splitlines() if "|" in line)
+        if reason.strip() and reason.strip() != "bench-maintenance"
+    ]
 
 
 def _idle_nodes() -> list[str]:
     """Nodes a pending job could start on now (``sinfo -t idle`` also lists IDLE+DRAIN ones)."""
-    return [line.split()[0] for line in sh("sinfo", "-h", "-N", "-t", "idle", "-o", "%N %T", check=False).splitlines()
-            if line.split()[1:] == ["idle"]]
+    return [
+        line.split()[0]
+        for line in sh("sinfo", "-h", "-N", "-t", "idle", "-o", "%N %T", check=False).splitlines()
+        if line.split()[1:] == ["idle"]
+    ]
 
 
 def _free_spares(run_dir: Path, running: list[str]) -> int:
@@ -256,8 +309,11 @@ def _pool_warm(st: dict[str, Any]) -> bool:
 
 def event_plan(args: Any) -> list[tuple[str, list[str]]]:
     """Each strategy of ``--strategies`` but the reference run, in order, with its events."""
-    return [(s, (args.events if s == "tmslurm" else args.restart_events).split(","))
-            for s in args.strategies.split(",") if s != "reference"]
+    return [
+        (s, (args.events if s == "tmslurm" else args.restart_events).split(","))
+        for s in args.strategies.split(",")
+        if s != "reference"
+    ]
 
 
 def main(args: Any) -> dict[str, Any]:
@@ -306,14 +362,27 @@ def _runs(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def _result(args: Any, commands: list[str], ref: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
     cs = dtstats.cells(rows)
-    result = {"commands": commands,
-              "commit": commit(), "date": time.strftime("%Y-%m-%d"), "reference": ref,
-              "setup": {"model": args.model, "compile": args.compile, "layout": "DP2 x PP2, one rank per node",
-                        "checkpoint_every": args.checkpoint_every, "repeats": args.repeats, "seed": args.seed,
-                        "heartbeat_timeout_s": args.heartbeat_timeout,
-                        "cluster": "local Slurm (scripts/local-slurm), 6 nodes on one 2-core host",
-                        "downtime": "gap (commit before -> first commit after) - the reference run's median step"},
-              "runs": _runs(rows), "rows": rows, "cells": cs, "ratios": dtstats.ratios(cs)}
+    result = {
+        "commands": commands,
+        "commit": commit(),
+        "date": time.strftime("%Y-%m-%d"),
+        "reference": ref,
+        "setup": {
+            "model": args.model,
+            "compile": args.compile,
+            "layout": "DP2 x PP2, one rank per node",
+            "checkpoint_every": args.checkpoint_every,
+            "repeats": args.repeats,
+            "seed": args.seed,
+            "heartbeat_timeout_s": args.heartbeat_timeout,
+            "cluster": "local Slurm (scripts/local-slurm), 6 nodes on one 2-core host",
+            "downtime": "gap (commit before -> first commit after) - the reference run's median step",
+        },
+        "runs": _runs(rows),
+        "rows": rows,
+        "cells": cs,
+        "ratios": dtstats.ratios(cs),
+    }
     result.update(result["ratios"])
     for kind, event in (("planned", "planned"), ("unexpected", "power-off")):  # what `bench project` reads
         result[f"tmslurm_{kind}_median_s"] = cs.get("tmslurm", {}).get(event, {}).get("p50")

@@ -23,13 +23,29 @@ RS_EVENTS = ("planned", "power-off", "sigkill")
 UNEXPECTED = ("power-off", "partition", "sigkill", "sigstop")
 """Events whose detection is measured from the injection; a planned event's notice arrives while training goes on."""
 STRATEGIES = ("tmslurm", "injob_restart", "requeue_restart")
-LABELS = {"planned": "planned (admin drain)", "power-off": "power-off (silent)", "partition": "partition",
-          "sigkill": "SIGKILL of a rank", "sigstop": "SIGSTOP of a rank (hang)",
-          "bh-drain": "batch-host drain", "bh-power-off": "batch-host power-off"}
+LABELS = {
+    "planned": "planned (admin drain)",
+    "power-off": "power-off (silent)",
+    "partition": "partition",
+    "sigkill": "SIGKILL of a rank",
+    "sigstop": "SIGSTOP of a rank (hang)",
+    "bh-drain": "batch-host drain",
+    "bh-power-off": "batch-host power-off",
+}
 
 
-def make_row(strategy: str, event: str, repeat: int, ev: dict[str, Any], *, ref_step_s: float, t_inject: float,
-             inject_step: int | None, offset: int | None, fixed_delay_s: float | None = None) -> dict[str, Any]:
+def make_row(
+    strategy: str,
+    event: str,
+    repeat: int,
+    ev: dict[str, Any],
+    *,
+    ref_step_s: float,
+    t_inject: float,
+    inject_step: int | None,
+    offset: int | None,
+    fixed_delay_s: float | None = None,
+) -> dict[str, Any]:
     gap = _num(ev.get("gap_s"))
     parts = {p: ev.get(p) for p in pause_parts(ev) if _num(ev.get(p)) is not None}
     noticed = _num(ev.get("notice_t"))
@@ -42,11 +58,25 @@ def make_row(strategy: str, event: str, repeat: int, ev: dict[str, Any], *, ref_
     if gap is not None:
         parts["other_s"] = gap - sum(v for k, v in parts.items() if k != "other_s")
     down = None if gap is None else gap - ref_step_s
-    return {"strategy": strategy, "event": event, "repeat": repeat, "kind": ev.get("kind"), "ranks": ev.get("ranks"),
-            "node": ev.get("node"), "notice_s": notice, "inject_step": inject_step, "interval_offset": offset, "gap_s": gap,
-            "ref_step_s": ref_step_s, "downtime_s": down, "run_downtime_s": ev.get("downtime_s"), "parts": parts,
-            "lost_steps": ev.get("lost_steps"), "fixed_delay_s": fixed_delay_s,
-            "no_delay_s": None if down is None or fixed_delay_s is None else down - fixed_delay_s}
+    return {
+        "strategy": strategy,
+        "event": event,
+        "repeat": repeat,
+        "kind": ev.get("kind"),
+        "ranks": ev.get("ranks"),
+        "node": ev.get("node"),
+        "notice_s": notice,
+        "inject_step": inject_step,
+        "interval_offset": offset,
+        "gap_s": gap,
+        "ref_step_s": ref_step_s,
+        "downtime_s": down,
+        "run_downtime_s": ev.get("downtime_s"),
+        "parts": parts,
+        "lost_steps": ev.get("lost_steps"),
+        "fixed_delay_s": fixed_delay_s,
+        "no_delay_s": None if down is None or fixed_delay_s is None else down - fixed_delay_s,
+    }
 
 
 def _from_injection(parts: dict[str, Any], ev: dict[str, Any], t_inject: float) -> dict[str, Any]:
@@ -62,8 +92,10 @@ def _from_injection(parts: dict[str, Any], ev: dict[str, Any], t_inject: float) 
 def describe(row: dict[str, Any]) -> str:
     parts = " + ".join(f"{k[:-2]} {v:.3f}" for k, v in row["parts"].items())
     tail = f"; without Slurm's fixed delay {row['no_delay_s']:.3f}s" if row.get("no_delay_s") is not None else ""
-    return (f"{row['strategy']} {row['event']} #{row['repeat']}: downtime {_fmt(row['downtime_s'])} = gap "
-            f"{_fmt(row['gap_s'])} ({parts}) - reference step {row['ref_step_s']:.3f}{tail}")
+    return (
+        f"{row['strategy']} {row['event']} #{row['repeat']}: downtime {_fmt(row['downtime_s'])} = gap "
+        f"{_fmt(row['gap_s'])} ({parts}) - reference step {row['ref_step_s']:.3f}{tail}"
+    )
 
 
 def pct(xs: list[float], q: float) -> float | None:
@@ -87,13 +119,21 @@ def cells(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
     for by_event in out.values():
         for c in by_event.values():
             xs, ds, nd = sorted(c["samples"]), sorted(c["detect"]), sorted(c["no_delay"])
-            c.update(n=len(xs), p50=pct(xs, 50), p90=pct(xs, 90), detect_p50=pct(ds, 50), detect_p90=pct(ds, 90),
-                     no_delay_p50=pct(nd, 50), no_delay_p90=pct(nd, 90))
+            c.update(
+                n=len(xs),
+                p50=pct(xs, 50),
+                p90=pct(xs, 90),
+                detect_p50=pct(ds, 50),
+                detect_p90=pct(ds, 90),
+                no_delay_p50=pct(nd, 50),
+                no_delay_p90=pct(nd, 90),
+            )
     return out
 
 
 def ratios(cs: dict[str, dict[str, dict[str, Any]]]) -> dict[str, float | None]:
     """p50 of a baseline / p50 of tmslurm: planned = drain, unexpected = power-off (same detection)."""
+
     def p50(strategy: str, event: str, key: str = "p50") -> float | None:
         return cs.get(strategy, {}).get(event, {}).get(key)
 
@@ -118,8 +158,11 @@ def merge(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str
 def table(result: dict[str, Any]) -> str:
     """Markdown: p50/p90 per cell side by side, the ratios, median parts, then every event."""
     cs, rs = result["cells"], result["ratios"]
-    out = ["| event | tmslurm p50 / p90 | in-job restart p50 / p90 | requeue restart p50 / p90 "
-           "| requeue without fixed delay p50 | in-job / tmslurm | requeue / tmslurm |", "|---|---|---|---|---|---|---|"]
+    out = [
+        "| event | tmslurm p50 / p90 | in-job restart p50 / p90 | requeue restart p50 / p90 "
+        "| requeue without fixed delay p50 | in-job / tmslurm | requeue / tmslurm |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for ev in TM_EVENTS:
         c = [cs.get(s, {}).get(ev) for s in STRATEGIES]
         if not any(c):
@@ -127,22 +170,50 @@ def table(result: dict[str, Any]) -> str:
         cell = lambda x: "–" if x is None else f"{_fmt(x['p50'])} / {_fmt(x['p90'])} (n={x['n']})"  # noqa: E731
         tm = c[0]["p50"] if c[0] else None
         ratio = lambda x: "–" if x is None or not tm else f"{x['p50'] / tm:.0f}x"  # noqa: E731
-        out.append(f"| {LABELS[ev]} | {cell(c[0])} | {cell(c[1])} | {cell(c[2])} | "
-                   f"{_fmt(c[2]['no_delay_p50']) if c[2] else '–'} | {ratio(c[1])} | {ratio(c[2])} |")
-    out += ["", "Ratios of p50s: " + ", ".join(f"{k} {v:.1f}x" for k, v in rs.items() if v is not None), "",
-            "Median parts (seconds; gap = sum of parts, downtime = gap - reference step):", ""]
+        out.append(
+            f"| {LABELS[ev]} | {cell(c[0])} | {cell(c[1])} | {cell(c[2])} | "
+            f"{_fmt(c[2]['no_delay_p50']) if c[2] else '–'} | {ratio(c[1])} | {ratio(c[2])} |"
+        )
+    out += [
+        "",
+        "Ratios of p50s: " + ", ".join(f"{k} {v:.1f}x" for k, v in rs.items() if v is not None),
+        "",
+        "Median parts (seconds; gap = sum of parts, downtime = gap - reference step):",
+        "",
+    ]
     out += _parts_table(result["rows"])
-    out += ["", "Every event (downtime = gap - reference step):", "",
-            "| strategy | event | # | step at injection (offset in interval) | downtime | gap | parts |", "|---|---|---|---|---|---|---|"]
+    out += [
+        "",
+        "Every event (downtime = gap - reference step):",
+        "",
+        "| strategy | event | # | step at injection (offset in interval) | downtime | gap | parts |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in result["rows"]:
         parts = ", ".join(f"{k[:-2]} {v:.3f}" for k, v in r["parts"].items())
-        out.append(f"| {r['strategy']} | {r['event']} | {r['repeat']} | {r['inject_step']} ({r['interval_offset']}) | "
-                   f"{_fmt(r['downtime_s'])} | {_fmt(r['gap_s'])} | {parts} |")
+        out.append(
+            f"| {r['strategy']} | {r['event']} | {r['repeat']} | {r['inject_step']} ({r['interval_offset']}) | "
+            f"{_fmt(r['downtime_s'])} | {_fmt(r['gap_s'])} | {parts} |"
+        )
     return "\n".join(out)
 
 
-ORDER = ("before_fault_s", "detect_s", "pick_s", "phase1_s", "phase2_s", "apply_s", "transfer_s", "verify_wait_s", "stop_s",
-         "reschedule_s", "startup_s", "redo_s", "first_step_s", "other_s")
+ORDER = (
+    "before_fault_s",
+    "detect_s",
+    "pick_s",
+    "phase1_s",
+    "phase2_s",
+    "apply_s",
+    "transfer_s",
+    "verify_wait_s",
+    "stop_s",
+    "reschedule_s",
+    "startup_s",
+    "redo_s",
+    "first_step_s",
+    "other_s",
+)
 
 
 def _parts_table(rows: list[dict[str, Any]]) -> list[str]:
@@ -156,7 +227,9 @@ def _parts_table(rows: list[dict[str, Any]]) -> list[str]:
             sel = [r for r in rows if r["strategy"] == s and r["event"] == ev]
             if sel:
                 meds = [median([r["parts"].get(k) for r in sel]) for k in keys]
-                out.append(f"| {s} | {ev} | {len(sel)} | " + " | ".join("–" if m is None else f"{m:.3f}" for m in meds) + " |")
+                out.append(
+                    f"| {s} | {ev} | {len(sel)} | " + " | ".join("–" if m is None else f"{m:.3f}" for m in meds) + " |"
+                )
     return out
 
 

@@ -10,7 +10,7 @@ none), the steps lost to the straggler (the sum over the slowed steps, up to the
 extra step time in units of the median step before it), the median step before and while slowed,
 and any eviction before the slowness (a false alarm). It prints the table and writes ``--json``.
 Failure behaviour: a run that does not start or a lab command that fails raises
-:class:`~tmslurm.errors.TmslurmError`; the lab is healed in every case.
+:class:`~tmslurm.core.errors.TmslurmError`; the lab is healed in every case.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import Any
 from benchmarks.common import SlurmJob, commit, local_slurm, recorded_command, say, write_json
 from tmslurm.controller.journal import read_journal
 from tmslurm.controller.snapshot import read_steps
-from tmslurm.errors import TmslurmError
-from tmslurm.rundir import RunDir
+from tmslurm.core.errors import TmslurmError
+from tmslurm.core.rundir import RunDir
 from tmslurm.slurm.lab import fault_moment
 
 KINDS = {"throttle": "throttle", "slowlink": "slowlink"}
@@ -48,9 +48,21 @@ def _wait_steps(job: SlurmJob, step: int, timeout: float) -> None:
 
 def one(out: Path, kind: str, amount: str, i: int, args: argparse.Namespace) -> dict[str, Any]:
     run_dir = out / f"{kind}-{i}"
-    job = SlurmJob(run_dir, ["parallel.dp=2", "parallel.pp=2", f"model={args.model}", "standby.count=1",
-                             "standby.start_when_warm=true", "runtime.gray_evict=true", "train.steps=1000000",
-                             "slurm.partition=debug", "slurm.time=00:20:00", "runtime.heartbeat_timeout_s=3.0"])
+    job = SlurmJob(
+        run_dir,
+        [
+            "parallel.dp=2",
+            "parallel.pp=2",
+            f"model={args.model}",
+            "standby.count=1",
+            "standby.start_when_warm=true",
+            "runtime.gray_evict=true",
+            "train.steps=1000000",
+            "slurm.partition=debug",
+            "slurm.time=00:20:00",
+            "runtime.heartbeat_timeout_s=3.0",
+        ],
+    )
     rd = RunDir(run_dir)
     node = None
     try:
@@ -93,25 +105,40 @@ def _row(kind: str, amount: str, node: str, s0: int, t0: float, rd: RunDir, summ
     if before:
         gaps = [b["t_end"] - a["t_end"] for a, b in zip(slowed, slowed[1:]) if b["step"] == a["step"] + 1]
         lost = round(sum(max(0.0, g - before) for g in gaps) / before, 2)
-    return {"kind": kind, "amount": amount, "node": node, "slowed_at_step": s0,
-            "evicted": evict is not None, "detect_steps": evict["step"] - s0 if evict else None,
-            "detect_s": round(evict["t"] - t0, 3) if evict else None, "ratio": evict.get("ratio") if evict else None,
-            "found_by": evict.get("cause") if evict else None, "best_mbps": evict.get("best_mbps") if evict else None,
-            "median_mbps": evict.get("median_mbps") if evict else None,
-            "moved_at_step": moved["target_step"] if moved else None, "moved_by": moved["kind"] if moved else None,
-            "steps_lost": lost,
-            "median_step_before_s": round(before, 4) if before else None, "median_step_slowed_s": round(during, 4) if during else None,
-            "false_alarms": len(false_alarms), "peak_ratio": (summary.get("gray") or {}).get("peak_ratio"),
-            "link_best_mbps": (summary.get("links") or {}).get("best_mbps"),
-            "replicas_equal": summary.get("replicas_equal")}
+    return {
+        "kind": kind,
+        "amount": amount,
+        "node": node,
+        "slowed_at_step": s0,
+        "evicted": evict is not None,
+        "detect_steps": evict["step"] - s0 if evict else None,
+        "detect_s": round(evict["t"] - t0, 3) if evict else None,
+        "ratio": evict.get("ratio") if evict else None,
+        "found_by": evict.get("cause") if evict else None,
+        "best_mbps": evict.get("best_mbps") if evict else None,
+        "median_mbps": evict.get("median_mbps") if evict else None,
+        "moved_at_step": moved["target_step"] if moved else None,
+        "moved_by": moved["kind"] if moved else None,
+        "steps_lost": lost,
+        "median_step_before_s": round(before, 4) if before else None,
+        "median_step_slowed_s": round(during, 4) if during else None,
+        "false_alarms": len(false_alarms),
+        "peak_ratio": (summary.get("gray") or {}).get("peak_ratio"),
+        "link_best_mbps": (summary.get("links") or {}).get("best_mbps"),
+        "replicas_equal": summary.get("replicas_equal"),
+    }
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| kind | amount | evicted | found by | detect steps | detect s | steps lost | median step before / slowed s | false alarms |",
-             "|---|---|---|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| kind | amount | evicted | found by | detect steps | detect s | steps lost | median step before / slowed s | false alarms |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
-        lines.append(f"| {r['kind']} | {r['amount']} | {r['evicted']} | {r['found_by']} | {r['detect_steps']} | {r['detect_s']} | {r['steps_lost']} "
-                     f"| {r['median_step_before_s']} / {r['median_step_slowed_s']} | {r['false_alarms']} |")
+        lines.append(
+            f"| {r['kind']} | {r['amount']} | {r['evicted']} | {r['found_by']} | {r['detect_steps']} | {r['detect_s']} | {r['steps_lost']} "
+            f"| {r['median_step_before_s']} / {r['median_step_slowed_s']} | {r['false_alarms']} |"
+        )
     return "\n".join(lines)
 
 
@@ -131,8 +158,16 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _result(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
-    return {"command": recorded_command("gray"), "commit": commit(), "date": datetime.date.today().isoformat(),
-            "setup": {"cluster": "local Slurm (scripts/local-slurm), one rank per lab node, all on one 2-core host",
-                      "layout": "DP2 x PP2", "model": args.model, "gray": "runtime.gray_evict=true (busy times and link probes), defaults otherwise",
-                      "slowed": "rank 1's node, by the benchmark through the lab, after --baseline steps"},
-            "rows": rows}
+    return {
+        "command": recorded_command("gray"),
+        "commit": commit(),
+        "date": datetime.date.today().isoformat(),
+        "setup": {
+            "cluster": "local Slurm (scripts/local-slurm), one rank per lab node, all on one 2-core host",
+            "layout": "DP2 x PP2",
+            "model": args.model,
+            "gray": "runtime.gray_evict=true (busy times and link probes), defaults otherwise",
+            "slowed": "rank 1's node, by the benchmark through the lab, after --baseline steps",
+        },
+        "rows": rows,
+    }

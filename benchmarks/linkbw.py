@@ -57,8 +57,8 @@ def _peer(rank: int, host: str, port: int, model: str, repeats: int) -> dict[str
     import torch.distributed as dist
 
     from tmslurm.comm.fabric import FabricSettings, make_pg
-    from tmslurm.netaddr import local_address_towards
     from tmslurm.comm.transfer import recv_state, send_state
+    from tmslurm.core.netaddr import local_address_towards
     from tmslurm.train.schedule import state_digest, tensor_bytes
 
     torch.set_num_threads(1)
@@ -70,7 +70,7 @@ def _peer(rank: int, host: str, port: int, model: str, repeats: int) -> dict[str
     tick = torch.zeros(1)
     samples: dict[str, list[float]] = {"link": [], "transfer": []}
     for i in range(repeats):
-        for mode in (("link", "transfer") if i % 2 == 0 else ("transfer", "link")):
+        for mode in ("link", "transfer") if i % 2 == 0 else ("transfer", "link"):
             if rank == 0:
                 pg.recv([tick], 1, SYNC_TAG).wait()  # the receiver is ready
                 if mode == "link":
@@ -140,12 +140,33 @@ def measure_lab(model: str, repeats: int, nodes: tuple[str, str], port: int) -> 
     addrs = lab_addresses(status.stdout)
     missing = [n for n in nodes if n not in addrs]
     if missing:
-        raise RuntimeError(f"linkbw: lab nodes {missing} not found (is the lab up? scripts/local-slurm up); status said:\n"
-                           f"{status.stdout[-1000:]}{status.stderr[-500:]}")
+        raise RuntimeError(
+            f"linkbw: lab nodes {missing} not found (is the lab up? scripts/local-slurm up); status said:\n"
+            f"{status.stdout[-1000:]}{status.stderr[-500:]}"
+        )
     host = addrs[nodes[0]]
-    procs = [subprocess.Popen([lab, "exec", node, sys.executable, "-m", "benchmarks.linkbw", str(rank), host, str(port), model,
-                               str(repeats)] + (["--store"] if rank == 0 else []), cwd=REPO, stdout=subprocess.PIPE, text=True)
-             for rank, node in enumerate(nodes)]
+    procs = [
+        subprocess.Popen(
+            [
+                lab,
+                "exec",
+                node,
+                sys.executable,
+                "-m",
+                "benchmarks.linkbw",
+                str(rank),
+                host,
+                str(port),
+                model,
+                str(repeats),
+            ]
+            + (["--store"] if rank == 0 else []),
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for rank, node in enumerate(nodes)
+    ]
     outs = [p.communicate(timeout=3600)[0] for p in procs]
     if any(p.returncode != 0 for p in procs):
         raise RuntimeError(f"linkbw {model} on {nodes}: a peer failed (exit codes {[p.returncode for p in procs]})")
@@ -156,12 +177,17 @@ def row(model: str, out: dict[str, Any]) -> dict[str, Any]:
     gb = out["bytes"] / 1e9
     rates = {mode: sorted(gb / s for s in xs) for mode, xs in out["samples"].items()}
     p50 = {mode: statistics.median(r) for mode, r in rates.items()}
-    return {"model": model, "state_mb_per_rank": round(out["bytes"] / 1e6, 1), "n": len(out["samples"]["link"]),
-            "link_gbps": round(p50["link"], 3), "transfer_gbps": round(p50["transfer"], 3),
-            "link_gbps_range": [round(rates["link"][0], 3), round(rates["link"][-1], 3)],
-            "transfer_gbps_range": [round(rates["transfer"][0], 3), round(rates["transfer"][-1], 3)],
-            "transfer_over_link": round(p50["transfer"] / p50["link"], 3),
-            "samples_s": {m: [round(s, 5) for s in xs] for m, xs in out["samples"].items()}}
+    return {
+        "model": model,
+        "state_mb_per_rank": round(out["bytes"] / 1e6, 1),
+        "n": len(out["samples"]["link"]),
+        "link_gbps": round(p50["link"], 3),
+        "transfer_gbps": round(p50["transfer"], 3),
+        "link_gbps_range": [round(rates["link"][0], 3), round(rates["link"][-1], 3)],
+        "transfer_gbps_range": [round(rates["transfer"][0], 3), round(rates["transfer"][-1], 3)],
+        "transfer_over_link": round(p50["transfer"] / p50["link"], 3),
+        "samples_s": {m: [round(s, 5) for s in xs] for m, xs in out["samples"].items()},
+    }
 
 
 def main(args: argparse.Namespace) -> None:
@@ -176,10 +202,20 @@ def main(args: argparse.Namespace) -> None:
         rows.append(row(model, out))
     print(f"{'model':<8}{'MB/rank':>9}{'n':>4}{'link GB/s':>12}{'transfer GB/s':>15}{'ratio':>8}")
     for r in rows:
-        print(f"{r['model']:<8}{r['state_mb_per_rank']:>9.1f}{r['n']:>4}{r['link_gbps']:>12.3f}{r['transfer_gbps']:>15.3f}"
-              f"{r['transfer_over_link']:>8.2f}   (link {r['link_gbps_range']}, transfer {r['transfer_gbps_range']})")
-    write_json(Path(args.json), {"command": recorded_command("linkbw"), "commit": commit(),
-                                 "date": datetime.date.today().isoformat(), "endpoints": where, "rows": rows})
+        print(
+            f"{r['model']:<8}{r['state_mb_per_rank']:>9.1f}{r['n']:>4}{r['link_gbps']:>12.3f}{r['transfer_gbps']:>15.3f}"
+            f"{r['transfer_over_link']:>8.2f}   (link {r['link_gbps_range']}, transfer {r['transfer_gbps_range']})"
+        )
+    write_json(
+        Path(args.json),
+        {
+            "command": recorded_command("linkbw"),
+            "commit": commit(),
+            "date": datetime.date.today().isoformat(),
+            "endpoints": where,
+            "rows": rows,
+        },
+    )
 
 
 def _peer_main(argv: list[str]) -> None:
@@ -188,8 +224,11 @@ def _peer_main(argv: list[str]) -> None:
     import torch.distributed as dist
 
     rank, host, port, model, repeats = int(argv[0]), argv[1], int(argv[2]), argv[3], int(argv[4])
-    store = (dist.TCPStore("0.0.0.0", port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=600))
-             if "--store" in argv else None)
+    store = (
+        dist.TCPStore("0.0.0.0", port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=600))
+        if "--store" in argv
+        else None
+    )
     out = _peer(rank, host, port, model, repeats)
     if out is not None:
         print(json.dumps(out), flush=True)

@@ -31,14 +31,25 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from benchmarks.loadrec import ANC_SIZE, SO_TIMESTAMPNS, Recorder, arrival_m
 from benchmarks.simagent import Phase, Reply, SimAgent
-from tmslurm.errors import ProtocolError
-from tmslurm.wire.messages import Abort, BadMessage, Decision, Heartbeat, RelayHello, Vote, Welcome, decode_controller, encode
+from tmslurm.core.errors import ProtocolError
+from tmslurm.wire.messages import (
+    Abort,
+    BadMessage,
+    Decision,
+    Heartbeat,
+    RelayHello,
+    Vote,
+    Welcome,
+    decode_controller,
+    encode,
+)
 from tmslurm.wire.mux import HOLD_S, Close, VoteHold, parse_down, up_alive, up_gone, up_line
 
 log = logging.getLogger(__name__)
@@ -56,7 +67,7 @@ class Pipe:
     """The node, for a relay's connection."""
     hold: VoteHold = field(default_factory=lambda: VoteHold(HOLD_S))
     """A relay's vote aggregation, as the real relay's."""
-    subs: dict[int, "Conn"] = field(default_factory=dict)
+    subs: dict[int, Conn] = field(default_factory=dict)
     rbuf: bytes = b""
     out: bytearray = field(default_factory=bytearray)
     connecting: bool = True
@@ -81,8 +92,17 @@ class Conn:
 
 
 class LoadGen:
-    def __init__(self, host: str, port: int, agents: list[SimAgent], world: int, step_s: float, hb_s: float,
-                 window: int = 16, relay: bool = False) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        agents: list[SimAgent],
+        world: int,
+        step_s: float,
+        hb_s: float,
+        window: int = 16,
+        relay: bool = False,
+    ) -> None:
         self.addr = (host, port)
         self.world = world
         self.step_s = step_s
@@ -93,7 +113,7 @@ class LoadGen:
         self.sel = selectors.DefaultSelector()
         self.timers: list[tuple[float, int, Callable[[], None]]] = []
         self.seq = itertools.count()
-        self.commands: "queue.SimpleQueue[Callable[[], None]]" = queue.SimpleQueue()
+        self.commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self.to_connect: deque[list[SimAgent]] = deque(_groups(agents) if relay else [[a] for a in agents])
         self.total = len(agents)
         self.conns: list[Conn] = []
@@ -138,12 +158,14 @@ class LoadGen:
     def kill(self, rank: int) -> tuple[float, int]:
         """Close the connection of the agent serving ``rank`` as a dying process would; when it closed,
         and the step it was at (a decision for that step already on its socket is lost with it)."""
+
         def close() -> tuple[float, int]:
             conn = next(c for c in self.conns if c.agent.rank == rank and not c.closed)
             conn.agent.phase = Phase.CLOSED
             self._close(conn)
             self._send_dirty()
             return time.monotonic(), conn.agent.step
+
         return self.query(close)
 
     def stop(self) -> None:
@@ -324,7 +346,9 @@ class LoadGen:
         self._close(conn)
         if not conn.welcomed:
             self._admitted(conn.pipe)
-            if conn.pipe.relay is None and id(conn.agent) not in self._retried:  # dropped before authentication: one more try
+            if (
+                conn.pipe.relay is None and id(conn.agent) not in self._retried
+            ):  # dropped before authentication: one more try
                 self._retried.add(id(conn.agent))
                 self.retries += 1
                 self.to_connect.append([conn.agent])
@@ -333,8 +357,12 @@ class LoadGen:
         if conn.agent.phase not in (Phase.CLOSED, Phase.DONE):
             self.fenced += 1
             if self.fenced <= 3:
-                log.warning("the controller closed %s %d while it was %s", conn.agent.kind, conn.agent.ident,
-                            conn.agent.phase.value)
+                log.warning(
+                    "the controller closed %s %d while it was %s",
+                    conn.agent.kind,
+                    conn.agent.ident,
+                    conn.agent.phase.value,
+                )
         conn.agent.phase = Phase.CLOSED
 
     def _close(self, conn: Conn) -> None:

@@ -12,8 +12,22 @@ import struct
 import time
 from dataclasses import dataclass, field
 
-from tmslurm.wire.messages import (Abort, Aborted, Activate, Cancel, Decision, Join, Joined, Msg, Prepare, Prepared, Recover,
-                              Recovered, Switched, Vote)
+from tmslurm.wire.messages import (
+    Abort,
+    Aborted,
+    Activate,
+    Cancel,
+    Decision,
+    Join,
+    Joined,
+    Msg,
+    Prepare,
+    Prepared,
+    Recover,
+    Recovered,
+    Switched,
+    Vote,
+)
 
 SO_TIMESTAMPNS = 35
 """Linux's SO_TIMESTAMPNS (= SCM_TIMESTAMPNS; not exported by Python's socket module): the kernel
@@ -46,7 +60,9 @@ def key_of(msg: Msg) -> int:
     """What a message is about: its step (decision, vote) or its epoch; -1 for the others."""
     if isinstance(msg, (Decision, Vote)):
         return msg.step
-    if isinstance(msg, (Abort, Prepare, Join, Activate, Recover, Cancel, Prepared, Switched, Aborted, Recovered, Joined)):
+    if isinstance(
+        msg, (Abort, Prepare, Join, Activate, Recover, Cancel, Prepared, Switched, Aborted, Recovered, Joined)
+    ):
         return msg.epoch
     return -1
 

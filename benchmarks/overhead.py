@@ -20,9 +20,20 @@ OFF = ["runtime.commit_vote=false", "runtime.heartbeats=false", "slurm.watch=fal
 
 
 def _run(out: Path, name: str, extra: list[str], steps: int, model: str, delay_s: float) -> float:
-    job = SlurmJob(out / name, ["parallel.dp=2", "parallel.pp=2", f"model={model}", f"train.steps={steps}",
-                                f"train.step_delay_s={delay_s}", "standby.count=0", "slurm.partition=debug",
-                                "slurm.time=00:30:00", *extra])
+    job = SlurmJob(
+        out / name,
+        [
+            "parallel.dp=2",
+            "parallel.pp=2",
+            f"model={model}",
+            f"train.steps={steps}",
+            f"train.step_delay_s={delay_s}",
+            "standby.count=0",
+            "slurm.partition=debug",
+            "slurm.time=00:30:00",
+            *extra,
+        ],
+    )
     summary_path = job.run_dir / "summary.json"
     deadline = time.monotonic() + 1800
     while not summary_path.exists() and time.monotonic() < deadline:
@@ -43,15 +54,29 @@ def main(args: Any) -> dict[str, Any]:
     m_on, m_off = median(on), median(off)
     pct = 100.0 * (m_on - m_off) / m_off
     deltas = [1000 * (a - b) for a, b in zip(on, off)]
-    print(f"{'':<34}{'median step':>12}   per repeat\n"
-          f"{'vote+heartbeats+monitors+watcher':<34}{m_on:>11.4f}s   {', '.join(f'{x:.4f}' for x in on)}\n"
-          f"{'all off':<34}{m_off:>11.4f}s   {', '.join(f'{x:.4f}' for x in off)}\n"
-          f"cost: {1000 * (m_on - m_off):+.2f} ms per step ({pct:+.2f}% of the step; per repeat "
-          f"{', '.join(f'{d:+.2f}' for d in deltas)} ms; n={args.repeats} pairs)")
-    result = {"setup": {"model": args.model, "steps": args.steps, "repeats": args.repeats, "layout": "DP2 x PP2",
-                        "step_delay_s": args.step_delay_s},
-              "on_s": on, "off_s": off, "median_on_s": m_on, "median_off_s": m_off, "slowdown_pct": pct,
-              "cost_ms_per_step": 1000 * (m_on - m_off), "cost_ms_per_repeat": deltas,
-              "date": time.strftime("%Y-%m-%d %H:%M")}
+    print(
+        f"{'':<34}{'median step':>12}   per repeat\n"
+        f"{'vote+heartbeats+monitors+watcher':<34}{m_on:>11.4f}s   {', '.join(f'{x:.4f}' for x in on)}\n"
+        f"{'all off':<34}{m_off:>11.4f}s   {', '.join(f'{x:.4f}' for x in off)}\n"
+        f"cost: {1000 * (m_on - m_off):+.2f} ms per step ({pct:+.2f}% of the step; per repeat "
+        f"{', '.join(f'{d:+.2f}' for d in deltas)} ms; n={args.repeats} pairs)"
+    )
+    result = {
+        "setup": {
+            "model": args.model,
+            "steps": args.steps,
+            "repeats": args.repeats,
+            "layout": "DP2 x PP2",
+            "step_delay_s": args.step_delay_s,
+        },
+        "on_s": on,
+        "off_s": off,
+        "median_on_s": m_on,
+        "median_off_s": m_off,
+        "slowdown_pct": pct,
+        "cost_ms_per_step": 1000 * (m_on - m_off),
+        "cost_ms_per_repeat": deltas,
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
     write_json(Path(args.json), result)
     return result

@@ -35,7 +35,7 @@ class ProcSample:
 def _stat_fields(path: str) -> list[str]:
     with open(path) as f:
         text = f.read()
-    return text[text.rindex(")") + 2:].split()  # after "pid (comm) ": field 3 (state) is index 0
+    return text[text.rindex(")") + 2 :].split()  # after "pid (comm) ": field 3 (state) is index 0
 
 
 def parse_stat(fields: list[str]) -> tuple[float, int, float]:
@@ -76,8 +76,13 @@ def percentile(xs: list[float], q: float) -> float:
 def summarize(xs: list[float]) -> dict[str, Any]:
     if not xs:
         return {"p50": None, "p99": None, "max": None, "mean": None, "samples": 0}
-    return {"p50": percentile(xs, 50), "p99": percentile(xs, 99), "max": max(xs), "mean": sum(xs) / len(xs),
-            "samples": len(xs)}
+    return {
+        "p50": percentile(xs, 50),
+        "p99": percentile(xs, 99),
+        "max": max(xs),
+        "mean": sum(xs) / len(xs),
+        "samples": len(xs),
+    }
 
 
 def _frame_name(frame: str) -> str:
@@ -104,5 +109,5 @@ def top_frames(path: Path, n: int = 12) -> dict[str, Any]:
         own[frames[-1]] += k
         for name in set(frames):
             incl[name] += k
-    share = (lambda c: [{"frame": f, "samples": s, "share": round(s / total, 3)} for f, s in c.most_common(n)])
+    share = lambda c: [{"frame": f, "samples": s, "share": round(s / total, 3)} for f, s in c.most_common(n)]
     return {"samples": total, "self": share(own) if total else [], "inclusive": share(incl) if total else []}

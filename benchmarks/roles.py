@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import run_local, say, write_json
-from tmslurm.topology import Layout
+from tmslurm.core.topology import Layout
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +46,22 @@ def main(args: Any) -> dict[str, Any]:
     classes: dict[str, dict[str, list[float]]] = {}
     for rep in range(args.repeats):
         name = f"roles-{rep}"
-        s = run_local(out / name, [f"parallel.dp={DP}", f"parallel.pp={PP}", f"parallel.tp={TP}", f"model={args.model}",
-                                   f"model.n_layer={N_LAYER}", f"model.compile={str(args.compile).lower()}",
-                                   f"standby.count={layout.world}", "standby.start_when_warm=true",
-                                   f"train.steps={steps}", "train.step_delay_s=0.05", f"faults=[{faults}]"])
+        s = run_local(
+            out / name,
+            [
+                f"parallel.dp={DP}",
+                f"parallel.pp={PP}",
+                f"parallel.tp={TP}",
+                f"model={args.model}",
+                f"model.n_layer={N_LAYER}",
+                f"model.compile={str(args.compile).lower()}",
+                f"standby.count={layout.world}",
+                "standby.start_when_warm=true",
+                f"train.steps={steps}",
+                "train.step_delay_s=0.05",
+                f"faults=[{faults}]",
+            ],
+        )
         for ev in s["events"]:
             (rank,) = ev["ranks"]
             c = layout.coord(rank)
@@ -63,17 +75,33 @@ def main(args: Any) -> dict[str, Any]:
                 row["warmup_s"].append(e["warmup_s"])
                 row["role_rss_mb"].append(e["role_rss_mb"])
         say(f"run {rep}: {len(s['events'])} planned joins, final_params_sha256 {s['final_params_sha256']}")
-    roles = [{"role": k, **_spread(v), "all_warm": all(warm[k])} for k, v in sorted(downtimes.items(), key=lambda kv: kv[0])]
-    per_class = [{"class": k, "warmup_s": _spread(v["warmup_s"]), "role_rss_mb": _spread(v["role_rss_mb"])}
-                 for k, v in classes.items()]
+    roles = [
+        {"role": k, **_spread(v), "all_warm": all(warm[k])} for k, v in sorted(downtimes.items(), key=lambda kv: kv[0])
+    ]
+    per_class = [
+        {"class": k, "warmup_s": _spread(v["warmup_s"]), "role_rss_mb": _spread(v["role_rss_mb"])}
+        for k, v in classes.items()
+    ]
     for r in roles:
-        say(f"{r['role']:<22} n={r['n']} downtime median {r['median']:.3f}s (min {r['min']:.3f}, max {r['max']:.3f}) warm={r['all_warm']}")
+        say(
+            f"{r['role']:<22} n={r['n']} downtime median {r['median']:.3f}s (min {r['min']:.3f}, max {r['max']:.3f}) warm={r['all_warm']}"
+        )
     for c in per_class:
         w, m = c["warmup_s"], c["role_rss_mb"]
-        say(f"class {c['class']:<8} n={w['n']} warm-up median {w['median']:.2f}s (min {w['min']:.2f}, max {w['max']:.2f}); "
-            f"RSS growth median {m['median']:.1f} MiB (min {m['min']:.1f}, max {m['max']:.1f})")
-    result = {"setup": {"layout": f"DP{DP} x PP{PP} x TP{TP}", "model": args.model, "n_layer": N_LAYER,
-                        "compile": args.compile, "repeats": args.repeats},
-              "roles": roles, "classes": per_class}
+        say(
+            f"class {c['class']:<8} n={w['n']} warm-up median {w['median']:.2f}s (min {w['min']:.2f}, max {w['max']:.2f}); "
+            f"RSS growth median {m['median']:.1f} MiB (min {m['min']:.1f}, max {m['max']:.1f})"
+        )
+    result = {
+        "setup": {
+            "layout": f"DP{DP} x PP{PP} x TP{TP}",
+            "model": args.model,
+            "n_layer": N_LAYER,
+            "compile": args.compile,
+            "repeats": args.repeats,
+        },
+        "roles": roles,
+        "classes": per_class,
+    }
     write_json(Path(args.json), result)
     return result

@@ -14,14 +14,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import LocalJob, commit, recorded_command, median, say, write_json
+from benchmarks.common import LocalJob, commit, median, recorded_command, say, write_json
 
 
 def _one(out: Path, ranks: int, mode: str, rep: int, steps: int) -> dict[str, Any]:
     dp = ranks // 2
-    job = LocalJob(out / f"r{ranks}-{mode}-{rep}", [f"parallel.dp={dp}", "parallel.pp=2", "standby.count=1",
-                                                   "train.steps=100000", "train.step_delay_s=0.02",
-                                                   f"runtime.switch_mode={mode}", "runtime.connect_timeout_s=300"])
+    job = LocalJob(
+        out / f"r{ranks}-{mode}-{rep}",
+        [
+            f"parallel.dp={dp}",
+            "parallel.pp=2",
+            "standby.count=1",
+            "train.steps=100000",
+            "train.step_delay_s=0.02",
+            f"runtime.switch_mode={mode}",
+            "runtime.connect_timeout_s=300",
+        ],
+    )
     for role in ("first", "last"):
         job.wait_journal(lambda e: e["type"] == "standby_ready" and e["role"] == role, 900, f"standby warm for {role}")
     job.request({"type": "notice", "event": "maintenance", "rank": 1, "reason": "bench scaling"})
@@ -29,8 +38,16 @@ def _one(out: Path, ranks: int, mode: str, rep: int, steps: int) -> dict[str, An
     time.sleep(steps * 0.05)
     s = job.finish()
     (ev,) = [e for e in s["events"] if e["kind"] == "planned"]
-    row = {"ranks": ranks, "mode": mode, "repeat": rep, "phase2_s": ev.get("phase2_s"), "downtime_s": ev.get("downtime_s"),
-           "phase1_s": ev.get("phase1_s"), "groups_rebuilt": None, "median_step_s": s["median_step_s"]}
+    row = {
+        "ranks": ranks,
+        "mode": mode,
+        "repeat": rep,
+        "phase2_s": ev.get("phase2_s"),
+        "downtime_s": ev.get("downtime_s"),
+        "phase1_s": ev.get("phase1_s"),
+        "groups_rebuilt": None,
+        "median_step_s": s["median_step_s"],
+    }
     say(f"{ranks:>3} ranks {mode:<5} #{rep}: phase2 {row['phase2_s']:.3f}s downtime {row['downtime_s']:.3f}s")
     return row
 
@@ -38,16 +55,24 @@ def _one(out: Path, ranks: int, mode: str, rep: int, steps: int) -> dict[str, An
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [f"{'ranks':>5}{'delta phase2':>14}{'full phase2':>13}{'delta downtime':>16}{'full downtime':>15}"]
     sizes = sorted({r["ranks"] for r in rows})
-    med = {(n, m, k): median([r[k] for r in rows if r["ranks"] == n and r["mode"] == m])
-           for n in sizes for m in ("delta", "full") for k in ("phase2_s", "downtime_s")}
+    med = {
+        (n, m, k): median([r[k] for r in rows if r["ranks"] == n and r["mode"] == m])
+        for n in sizes
+        for m in ("delta", "full")
+        for k in ("phase2_s", "downtime_s")
+    }
     for n in sizes:
-        lines.append(f"{n:>5}{med[(n, 'delta', 'phase2_s')]:>13.3f}s{med[(n, 'full', 'phase2_s')]:>12.3f}s"
-                     f"{med[(n, 'delta', 'downtime_s')]:>15.3f}s{med[(n, 'full', 'downtime_s')]:>14.3f}s")
+        lines.append(
+            f"{n:>5}{med[(n, 'delta', 'phase2_s')]:>13.3f}s{med[(n, 'full', 'phase2_s')]:>12.3f}s"
+            f"{med[(n, 'delta', 'downtime_s')]:>15.3f}s{med[(n, 'full', 'downtime_s')]:>14.3f}s"
+        )
     if len(sizes) > 1:
         a, b = sizes[0], sizes[-1]
         for m in ("delta", "full"):
-            lines.append(f"{m}: downtime {b} ranks / {a} ranks = {med[(b, m, 'downtime_s')] / max(med[(a, m, 'downtime_s')], 1e-9):.2f}x, "
-                         f"phase2 = {med[(b, m, 'phase2_s')] / max(med[(a, m, 'phase2_s')], 1e-9):.2f}x")
+            lines.append(
+                f"{m}: downtime {b} ranks / {a} ranks = {med[(b, m, 'downtime_s')] / max(med[(a, m, 'downtime_s')], 1e-9):.2f}x, "
+                f"phase2 = {med[(b, m, 'phase2_s')] / max(med[(a, m, 'phase2_s')], 1e-9):.2f}x"
+            )
     return "\n".join(lines)
 
 
@@ -67,11 +92,25 @@ def spread(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def main(args: Any) -> dict[str, Any]:
     out = Path(args.out).resolve()
-    rows = [_one(out, n, mode, rep, args.steps) for n in args.sizes for rep in range(args.repeats) for mode in ("delta", "full")]
+    rows = [
+        _one(out, n, mode, rep, args.steps)
+        for n in args.sizes
+        for rep in range(args.repeats)
+        for mode in ("delta", "full")
+    ]
     print(table(rows))
-    result = {"command": recorded_command("scaling"), "commit": commit(),
-              "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-              "setup": {"model": "tiny", "layout": "DP x PP2, one standby, drain of rank 1", "repeats": args.repeats,
-                        "host": "local processes on one 2-core machine"}, "rows": rows, "spread": spread(rows)}
+    result = {
+        "command": recorded_command("scaling"),
+        "commit": commit(),
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "setup": {
+            "model": "tiny",
+            "layout": "DP x PP2, one standby, drain of rank 1",
+            "repeats": args.repeats,
+            "host": "local processes on one 2-core machine",
+        },
+        "rows": rows,
+        "spread": spread(rows),
+    }
     write_json(Path(args.json), result)
     return result

@@ -28,10 +28,33 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from tmslurm.wire.messages import (Abort, Aborted, Activate, Cancel, Decision, Done, Finish, Groups, Hello, Joined, Join,
-                              Left, Msg, OpStatus, Prepare, Prepared, Ready, Recover, Recovered, ShadowReady, Started,
-                              Switched, Vote, Welcome)
-from tmslurm.topology import Layout
+from tmslurm.core.topology import Layout
+from tmslurm.wire.messages import (
+    Abort,
+    Aborted,
+    Activate,
+    Cancel,
+    Decision,
+    Done,
+    Finish,
+    Groups,
+    Hello,
+    Join,
+    Joined,
+    Left,
+    Msg,
+    OpStatus,
+    Prepare,
+    Prepared,
+    Ready,
+    Recover,
+    Recovered,
+    ShadowReady,
+    Started,
+    Switched,
+    Vote,
+    Welcome,
+)
 
 log = logging.getLogger(__name__)
 DIGEST = "sim"
@@ -84,8 +107,15 @@ class SimAgent:
             self.rank = self.ident
 
     def hello(self) -> Hello:
-        return Hello(type="hello", token=self.token, kind="worker" if self.kind == "worker" else "standby",
-                     id=self.ident, pid=0, node=self.node, host=self.node)
+        return Hello(
+            type="hello",
+            token=self.token,
+            kind="worker" if self.kind == "worker" else "standby",
+            id=self.ident,
+            pid=0,
+            node=self.node,
+            host=self.node,
+        )
 
     # ---- inputs -------------------------------------------------------------------------------
     def on_welcome(self, msg: Welcome) -> Reply:
@@ -110,8 +140,11 @@ class SimAgent:
         """The step time passed: vote for the current step and wait for its decision."""
         assert self.rank is not None
         self.phase = Phase.VOTED
-        return Reply(send=[Vote(type="vote", step=self.step, epoch=self.epoch, rank=self.rank, loss=1.0, dt=0.0,
-                                peak_rss_mb=0.0)])
+        return Reply(
+            send=[
+                Vote(type="vote", step=self.step, epoch=self.epoch, rank=self.rank, loss=1.0, dt=0.0, peak_rss_mb=0.0)
+            ]
+        )
 
     def released(self) -> Reply:
         """Every slot owner recovered: redo the step."""
@@ -123,8 +156,17 @@ class SimAgent:
         join = self.joining
         assert join is not None
         self.rank, self.epoch, self.step, self.joining = join.rank, join.epoch, step, None
-        joined = Joined(type="joined", epoch=join.epoch, rank=join.rank, joiner=self.ident, step=step, transfer_s=0.0,
-                        phase1_s=0.0, bytes=0, rss_mb=0.0)
+        joined = Joined(
+            type="joined",
+            epoch=join.epoch,
+            rank=join.rank,
+            joiner=self.ident,
+            step=step,
+            transfer_s=0.0,
+            phase1_s=0.0,
+            bytes=0,
+            rss_mb=0.0,
+        )
         if join.activate:  # a recovery: wait for the others, as the first collective would
             self.phase = Phase.RECOVERING
             return Reply(send=[joined, self._groups()], barrier=join.epoch)
@@ -153,8 +195,19 @@ class SimAgent:
         if msg.final:
             self.phase = Phase.DONE
             shard = self.layout.shard(self.rank)
-            return Reply(send=[Done(type="done", rank=self.rank, stage=self.layout.coord(self.rank).stage, shard=shard,
-                                    digest=f"{DIGEST}{shard}", state_digest=f"{DIGEST}{shard}", step=self.step)])
+            return Reply(
+                send=[
+                    Done(
+                        type="done",
+                        rank=self.rank,
+                        stage=self.layout.coord(self.rank).stage,
+                        shard=shard,
+                        digest=f"{DIGEST}{shard}",
+                        state_digest=f"{DIGEST}{shard}",
+                        step=self.step,
+                    )
+                ]
+            )
         send: list[Msg] = []
         if msg.switch is not None and msg.switch.epoch in self.prepared:
             self.prepared.discard(msg.switch.epoch)
@@ -173,16 +226,18 @@ class SimAgent:
             return Reply()
         self.seen_abort = msg.epoch
         self.phase = Phase.RECOVERING
-        return Reply(send=[Aborted(type="aborted", epoch=msg.epoch, rank=self.rank, step=self.step, status=self._status())])
+        return Reply(
+            send=[Aborted(type="aborted", epoch=msg.epoch, rank=self.rank, step=self.step, status=self._status())]
+        )
 
     def _recover(self, msg: Recover) -> Reply:
         assert self.rank is not None
         xfers = sorted(msg.pairs)
         self.epoch = msg.epoch
-        recovered = Recovered(type="recovered", epoch=msg.epoch, rank=self.rank, build_s=0.0,
-                              transfer_s=0.0 if xfers else None)
-        return Reply(send=[recovered, self._groups()], barrier=msg.epoch,
-                     give=(xfers[0], self.step) if xfers else None)
+        recovered = Recovered(
+            type="recovered", epoch=msg.epoch, rank=self.rank, build_s=0.0, transfer_s=0.0 if xfers else None
+        )
+        return Reply(send=[recovered, self._groups()], barrier=msg.epoch, give=(xfers[0], self.step) if xfers else None)
 
     # ---- a standby ----------------------------------------------------------------------------
     def _as_standby(self, msg: Any) -> Reply:
@@ -205,8 +260,9 @@ class SimAgent:
 
     # ---- reports ------------------------------------------------------------------------------
     def _ready(self, role: str, stages: list[int]) -> Ready:
-        return Ready(type="ready", role=role, stages=stages, warmup_s=0.0, rss_mb=0.0, role_rss_mb=0.0,
-                     sandbox_sends_skipped=0)
+        return Ready(
+            type="ready", role=role, stages=stages, warmup_s=0.0, rss_mb=0.0, role_rss_mb=0.0, sandbox_sends_skipped=0
+        )
 
     def _group_names(self) -> list[str]:
         assert self.rank is not None
@@ -216,8 +272,15 @@ class SimAgent:
     def _groups(self) -> Groups:
         assert self.rank is not None
         gens = {n: self.epoch for n in self._group_names()}
-        return Groups(type="groups", rank=self.rank, step=self.step, epoch=self.epoch, ids={n: 0 for n in gens}, gens=gens,
-                      peak_rss_mb=0.0)
+        return Groups(
+            type="groups",
+            rank=self.rank,
+            step=self.step,
+            epoch=self.epoch,
+            ids={n: 0 for n in gens},
+            gens=gens,
+            peak_rss_mb=0.0,
+        )
 
     def _status(self) -> dict[str, OpStatus]:
         """Clean op counts (equal on every member: no group is dirty beyond the affected ones)."""

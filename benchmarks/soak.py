@@ -8,7 +8,7 @@ healthy run never writes: a rank or standby declared hung, lost, exited or fence
 monitor gone before the end, an abort, a restart, a stuck plan, a communication error. Prints
 progress every 30 s (step, alarms so far) and the result (duration, steps, median step, alarms by
 type: all zero for a pass), and writes ``--json`` (with the command, date and commit). The run's
-own failure (it ends early, cannot be stopped) raises :class:`~tmslurm.errors.TmslurmError`.
+own failure (it ends early, cannot be stopped) raises :class:`~tmslurm.core.errors.TmslurmError`.
 """
 
 from __future__ import annotations
@@ -22,8 +22,20 @@ from typing import Any
 
 from benchmarks.common import LocalJob, commit, recorded_command, say
 
-ALARMS = ("hung", "abort", "node_lost", "stuck", "process_exit", "standby_lost", "fenced", "restart", "comm_error",
-          "handler_error", "exited_ignored", "late_join")
+ALARMS = (
+    "hung",
+    "abort",
+    "node_lost",
+    "stuck",
+    "process_exit",
+    "standby_lost",
+    "fenced",
+    "restart",
+    "comm_error",
+    "handler_error",
+    "exited_ignored",
+    "late_join",
+)
 
 
 def alarms(journal: list[dict[str, Any]], until_t: float) -> Counter:
@@ -37,9 +49,16 @@ def alarms(journal: list[dict[str, Any]], until_t: float) -> Counter:
 
 def main(args: Any) -> dict[str, Any]:
     out = Path(args.out) / time.strftime("soak-%Y%m%d-%H%M%S")
-    overrides = [f"parallel.dp={args.dp}", f"parallel.pp={args.pp}", f"standby.count={args.standbys}",
-                 f"model={args.model}", f"model.compile={str(args.compile).lower()}", "train.steps=100000000",
-                 "standby.start_when_warm=true", *args.override]
+    overrides = [
+        f"parallel.dp={args.dp}",
+        f"parallel.pp={args.pp}",
+        f"standby.count={args.standbys}",
+        f"model={args.model}",
+        f"model.compile={str(args.compile).lower()}",
+        "train.steps=100000000",
+        "standby.start_when_warm=true",
+        *args.override,
+    ]
     say(f"soak: {' '.join(overrides)} for {args.minutes} min -> {out}")
     job = LocalJob(out / "run", overrides)
     job.wait_journal(lambda e: e["type"] == "standby_ready", timeout=900, what="a warm standby")
@@ -54,12 +73,23 @@ def main(args: Any) -> dict[str, Any]:
     summary = job.finish()
     found = alarms(job.journal(), stop_t)
     dts = [e["dt"] for e in summary.get("step_log", []) if e.get("dt") is not None]
-    result = {"command": recorded_command("soak"), "date": time.strftime("%Y-%m-%d %H:%M"),
-              "commit": commit(), "overrides": overrides, "minutes": round((stop_t - t0) / 60, 2),
-              "steps": summary.get("steps"), "median_step_s": statistics.median(dts) if dts else None,
-              "alarms": dict(found), "alarm_count": sum(found.values()), "unexpected_events":
-              [e for e in summary.get("events", []) if e.get("trigger") == "unexpected" or e.get("kind") == "unexpected"]}
-    say(f"soak done: {result['minutes']} min, {result['steps']} steps, median step {result['median_step_s']}, "
-        f"alarms {result['alarm_count']} {result['alarms']}")
+    result = {
+        "command": recorded_command("soak"),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "commit": commit(),
+        "overrides": overrides,
+        "minutes": round((stop_t - t0) / 60, 2),
+        "steps": summary.get("steps"),
+        "median_step_s": statistics.median(dts) if dts else None,
+        "alarms": dict(found),
+        "alarm_count": sum(found.values()),
+        "unexpected_events": [
+            e for e in summary.get("events", []) if e.get("trigger") == "unexpected" or e.get("kind") == "unexpected"
+        ],
+    }
+    say(
+        f"soak done: {result['minutes']} min, {result['steps']} steps, median step {result['median_step_s']}, "
+        f"alarms {result['alarm_count']} {result['alarms']}"
+    )
     Path(args.json).write_text(json.dumps(result, indent=1))
     return result

@@ -19,7 +19,7 @@ from typing import Any
 
 from benchmarks.common import LocalJob, commit, say, write_json
 from benchmarks.procstat import proc_sample
-from tmslurm.errors import TmslurmError
+from tmslurm.core.errors import TmslurmError
 
 DP, PP, TP, N_LAYER = 1, 3, 2, 4
 CLASSES = ("first", "middle", "last")
@@ -41,10 +41,20 @@ def _ready(job: LocalJob, standbys: int) -> dict[str, list[dict[str, Any]]]:
 
 def main(args: Any) -> dict[str, Any]:
     run_dir = Path(args.out).resolve() / "standby"
-    job = LocalJob(run_dir, [f"parallel.dp={DP}", f"parallel.pp={PP}", f"parallel.tp={TP}", f"model={args.model}",
-                             f"model.n_layer={N_LAYER}", f"model.compile={str(args.compile).lower()}",
-                             f"standby.count={args.standbys}", "train.steps=1000000",
-                             f"train.step_delay_s={args.step_delay_s}"])
+    job = LocalJob(
+        run_dir,
+        [
+            f"parallel.dp={DP}",
+            f"parallel.pp={PP}",
+            f"parallel.tp={TP}",
+            f"model={args.model}",
+            f"model.n_layer={N_LAYER}",
+            f"model.compile={str(args.compile).lower()}",
+            f"standby.count={args.standbys}",
+            "train.steps=1000000",
+            f"train.step_delay_s={args.step_delay_s}",
+        ],
+    )
     deadline = time.monotonic() + 900
     while not (ready := _ready(job, args.standbys)):
         if job.proc.poll() is not None or time.monotonic() > deadline:
@@ -64,19 +74,43 @@ def main(args: Any) -> dict[str, Any]:
     rows = []
     for aid in pids:
         cpu = last[aid].cpu_s - first[aid].cpu_s
-        rows.append({"standby": aid.split(".", 1)[0], "classes": sorted({e["role"] for e in ready[aid]}),
-                     "cpu_s": cpu, "wall_s": wall, "cpu_pct_of_a_core": 100 * cpu / wall,
-                     "cpu_ms_per_step": 1000 * cpu / steps if steps else None, "rss_mb": last[aid].rss_mb,
-                     "role_rss_mb": {e["role"]: e["role_rss_mb"] for e in ready[aid]},
-                     "warmup_s": {e["role"]: e["warmup_s"] for e in ready[aid]}})
+        rows.append(
+            {
+                "standby": aid.split(".", 1)[0],
+                "classes": sorted({e["role"] for e in ready[aid]}),
+                "cpu_s": cpu,
+                "wall_s": wall,
+                "cpu_pct_of_a_core": 100 * cpu / wall,
+                "cpu_ms_per_step": 1000 * cpu / steps if steps else None,
+                "rss_mb": last[aid].rss_mb,
+                "role_rss_mb": {e["role"]: e["role_rss_mb"] for e in ready[aid]},
+                "warmup_s": {e["role"]: e["warmup_s"] for e in ready[aid]},
+            }
+        )
         r = rows[-1]
-        say(f"{r['standby']}: {r['cpu_pct_of_a_core']:.2f}% of a core, {r['cpu_ms_per_step'] or 0:.2f} ms CPU per step, "
-            f"RSS {r['rss_mb']:.0f} MiB (per class: " + ", ".join(f"{k} +{v:.0f}" for k, v in r["role_rss_mb"].items()) + ")")
-    result = {"command": f"python -m benchmarks standby --standbys {args.standbys} --idle-s {args.idle_s:g} "
-                         f"--step-delay-s {args.step_delay_s:g}", "commit": commit(), "date": time.strftime("%Y-%m-%d"),
-              "setup": {"layout": f"DP{DP} x PP{PP} x TP{TP}", "model": args.model, "n_layer": N_LAYER,
-                        "compile": args.compile, "step_delay_s": args.step_delay_s, "idle_s": args.idle_s},
-              "steps_in_window": steps, "median_step_s": summary.get("median_step_s"), "standbys": rows}
+        say(
+            f"{r['standby']}: {r['cpu_pct_of_a_core']:.2f}% of a core, {r['cpu_ms_per_step'] or 0:.2f} ms CPU per step, "
+            f"RSS {r['rss_mb']:.0f} MiB (per class: "
+            + ", ".join(f"{k} +{v:.0f}" for k, v in r["role_rss_mb"].items())
+            + ")"
+        )
+    result = {
+        "command": f"python -m benchmarks standby --standbys {args.standbys} --idle-s {args.idle_s:g} "
+        f"--step-delay-s {args.step_delay_s:g}",
+        "commit": commit(),
+        "date": time.strftime("%Y-%m-%d"),
+        "setup": {
+            "layout": f"DP{DP} x PP{PP} x TP{TP}",
+            "model": args.model,
+            "n_layer": N_LAYER,
+            "compile": args.compile,
+            "step_delay_s": args.step_delay_s,
+            "idle_s": args.idle_s,
+        },
+        "steps_in_window": steps,
+        "median_step_s": summary.get("median_step_s"),
+        "standbys": rows,
+    }
     write_json(Path(args.json), result)
     return result
 

@@ -36,10 +36,17 @@ from typing import Any
 
 from benchmarks import linkbw
 from benchmarks.common import LocalJob, commit, progress, recorded_command, run_local, say, write_json
-from tmslurm.errors import TmslurmError
+from tmslurm.core.errors import TmslurmError
 
-BASE = ["parallel.dp=2", "parallel.pp=2", "train.micro_batches=2", "train.micro_batch_size=1", "runtime.connect_timeout_s=600",
-        "runtime.collective_timeout_s=600", "runtime.switch_timeout_s=600"]
+BASE = [
+    "parallel.dp=2",
+    "parallel.pp=2",
+    "train.micro_batches=2",
+    "train.micro_batch_size=1",
+    "runtime.connect_timeout_s=600",
+    "runtime.collective_timeout_s=600",
+    "runtime.switch_timeout_s=600",
+]
 
 
 def _p50(xs: list[float | None]) -> float | None:
@@ -54,14 +61,31 @@ def _events(summary: dict[str, Any], kind: str) -> list[dict[str, Any]]:
 def drains(out: Path, model: str, shadow: bool, repeats: int) -> dict[str, Any]:
     """One run, ``repeats`` planned moves of rank 1, each to a standby warm for every role."""
     name = f"{model}-{'shadow' if shadow else 'noshadow'}"
-    job = LocalJob(out / name, [*BASE, f"model={model}", "standby.count=1", "standby.replenish=true",
-                                "standby.start_when_warm=true", "train.steps=1000000", f"runtime.shadow={str(shadow).lower()}"])
+    job = LocalJob(
+        out / name,
+        [
+            *BASE,
+            f"model={model}",
+            "standby.count=1",
+            "standby.replenish=true",
+            "standby.start_when_warm=true",
+            "train.steps=1000000",
+            f"runtime.shadow={str(shadow).lower()}",
+        ],
+    )
     try:
         for i in range(repeats):
-            job.wait_journal(lambda e, i=i: e["type"] == "standby_ready" and e["role"] == "last"
-                             and e["agent"] == nth_standby(job, i), 1800, f"standby #{i} warm")
+            job.wait_journal(
+                lambda e, i=i: (
+                    e["type"] == "standby_ready" and e["role"] == "last" and e["agent"] == nth_standby(job, i)
+                ),
+                1800,
+                f"standby #{i} warm",
+            )
             job.request({"type": "notice", "event": "maintenance", "rank": 1, "reason": f"bench statesize {i}"})
-            job.wait_journal(lambda e, i=i: is_planned(e) and sum(map(is_planned, job.journal())) > i, 1800, f"move #{i}")
+            job.wait_journal(
+                lambda e, i=i: is_planned(e) and sum(map(is_planned, job.journal())) > i, 1800, f"move #{i}"
+            )
             say(f"{name}: move {i + 1}/{repeats} done")
         summary = job.finish(1800)
     except BaseException:
@@ -91,9 +115,19 @@ def kills(out: Path, model: str, repeats: int, overlap: bool = False) -> dict[st
     """``repeats`` runs, each with one SIGKILL of rank 1 after the standby is warm."""
     events, summaries = [], []
     for i in range(repeats):
-        s = run_local(out / f"{model}-kill{'-overlap' if overlap else ''}-{i}",
-                      [*BASE, f"model={model}", "standby.count=1", "standby.start_when_warm=true", "train.steps=10",
-                       f"runtime.redo_overlap={str(overlap).lower()}", "faults=[{step:5,kind:kill,rank:1}]"], timeout=3600)
+        s = run_local(
+            out / f"{model}-kill{'-overlap' if overlap else ''}-{i}",
+            [
+                *BASE,
+                f"model={model}",
+                "standby.count=1",
+                "standby.start_when_warm=true",
+                "train.steps=10",
+                f"runtime.redo_overlap={str(overlap).lower()}",
+                "faults=[{step:5,kind:kill,rank:1}]",
+            ],
+            timeout=3600,
+        )
         (ev,) = _events(s, "unexpected")
         ev["source_rss"] = source_rss(s, ev)
         events.append(ev)
@@ -117,9 +151,19 @@ def source_rss(summary: dict[str, Any], ev: dict[str, Any]) -> dict[str, float |
 def restarts(out: Path, model: str, repeats: int) -> dict[str, Any]:
     faults = ",".join(f"{{step:{4 + 6 * i},kind:drain,rank:1}}" for i in range(repeats))
     # fresh processes, as a restart on a cluster has (a forked agent would skip importing torch)
-    s = run_local(out / f"{model}-injob", [*BASE, f"model={model}", "standby.count=0", "runtime.restart_mode=injob_restart",
-                                           "runtime.fork_agents=false", f"train.steps={6 * repeats + 4}",
-                                           f"faults=[{faults}]"], timeout=7200)
+    s = run_local(
+        out / f"{model}-injob",
+        [
+            *BASE,
+            f"model={model}",
+            "standby.count=0",
+            "runtime.restart_mode=injob_restart",
+            "runtime.fork_agents=false",
+            f"train.steps={6 * repeats + 4}",
+            f"faults=[{faults}]",
+        ],
+        timeout=7200,
+    )
     events = _events(s, "injob_restart")
     say(f"{model}: {len(events)} in-job restarts")
     return {"summary": s, "events": events}
@@ -127,8 +171,22 @@ def restarts(out: Path, model: str, repeats: int) -> dict[str, Any]:
 
 CELLS = ("shadow", "noshadow", "unexpected", "unexpected_overlap", "injob_restart")
 """The cells measured per size after the link, in this order."""
-SAMPLE_FIELDS = ("pause_s", "downtime_s", "transfer_s", "verify_s", "first_step_s", "gap_s", "verify_wait_s", "before_fault_s",
-                 "detect_s", "pick_s", "phase1_s", "phase2_s", "other_s", "pause_from_fault_s")
+SAMPLE_FIELDS = (
+    "pause_s",
+    "downtime_s",
+    "transfer_s",
+    "verify_s",
+    "first_step_s",
+    "gap_s",
+    "verify_wait_s",
+    "before_fault_s",
+    "detect_s",
+    "pick_s",
+    "phase1_s",
+    "phase2_s",
+    "other_s",
+    "pause_from_fault_s",
+)
 """Listed per event: the first six always (null where the event has none), the rest where it has them."""
 
 
@@ -146,56 +204,74 @@ def row(model: str, link: dict[str, Any], cells: dict[str, dict[str, Any]]) -> d
     shadow, plain, kill, overlap, restart = (cells.get(k, {"events": []})["events"] for k in CELLS)
     first = next(cells[k]["summary"] for k in CELLS if k in cells)
     nbytes = max(first["state_bytes"].values())
-    memory = (cells.get("shadow") or cells.get("noshadow") or cells.get("unexpected") or {"summary": {}})["summary"].get("memory") or {}
+    memory = (cells.get("shadow") or cells.get("noshadow") or cells.get("unexpected") or {"summary": {}})[
+        "summary"
+    ].get("memory") or {}
     src = [e["source_rss"] for e in kill]
-    r = {"model": model, "state_mb_per_rank": round(nbytes / 1e6, 1), **{k: link[k] for k in ("link_gbps", "transfer_gbps")},
-         "floor_s": round(nbytes / 1e9 / link["link_gbps"], 4),
-         "planned_shadow_pause_p50_s": _p50([e.get("pause_s") for e in shadow]),
-         "planned_pause_p50_s": _p50([e.get("pause_s") for e in plain]),
-         "unexpected_pause_p50_s": _p50([e.get("pause_s") for e in kill]),
-         "planned_shadow_downtime_p50_s": _p50([e.get("downtime_s") for e in shadow]),
-         "planned_downtime_p50_s": _p50([e.get("downtime_s") for e in plain]),
-         "unexpected_downtime_p50_s": _p50([e.get("downtime_s") for e in kill]),
-         "injob_restart_planned_downtime_p50_s": _p50([e.get("downtime_s") for e in restart]),
-         "injob_restart_planned_pause_p50_s": _p50([e.get("pause_s") for e in restart]),
-         "unexpected_detect_p50_s": _p50([e.get("detect_s") for e in kill]),
-         # the SIGKILL lands between rank 1's forward and backward: the step's work before it is redone
-         "unexpected_before_fault_p50_s": _p50([e.get("before_fault_s") for e in kill]),
-         "unexpected_pause_from_fault_p50_s": _p50([e.get("pause_from_fault_s") for e in kill]),
-         "unexpected_transfer_p50_s": _p50([e.get("transfer_s") for e in kill]),
-         # for a failure, pick_s is the wait for every survivor's 'aborted' before the standby is picked
-         "unexpected_pick_p50_s": _p50([e.get("pick_s") for e in kill]),
-         # issue 23's bound on the pause from the fault: detection + 1.5 x floor + 0.1 s
-         "unexpected_bound_s": _bound(kill, nbytes / 1e9 / link["link_gbps"]),
-         # the same SIGKILL with runtime.redo_overlap=true: the held ranks redo the step beside the transfer
-         # the pause counts the held ranks' redone forwards when they run beside the transfer (overlap), not when
-         # they run after it: the gap and the downtime (gap - median step) compare the two settings fairly
-         "unexpected_overlap_pause_p50_s": _p50([e.get("pause_s") for e in overlap]),
-         "unexpected_gap_p50_s": _p50([e.get("gap_s") for e in kill]),
-         "unexpected_overlap_gap_p50_s": _p50([e.get("gap_s") for e in overlap]),
-         "unexpected_overlap_downtime_p50_s": _p50([e.get("downtime_s") for e in overlap]),
-         # downtime without the step in flight before the fault: what the user loses, whatever the setting
-         "unexpected_downtime_from_fault_p50_s": _from_fault_p50(kill),
-         "unexpected_overlap_downtime_from_fault_p50_s": _from_fault_p50(overlap),
-         "unexpected_overlap_pause_from_fault_p50_s": _p50([e.get("pause_from_fault_s") for e in overlap]),
-         "unexpected_overlap_transfer_p50_s": _p50([e.get("transfer_s") for e in overlap]),
-         "shadow_catchup_p50_s": _p50([e.get("shadow_catchup_s") for e in shadow]),
-         "shadow_follow_s_per_step_p50": _p50([e.get("shadow_follow_s_per_step") for e in shadow]),
-         "all_shadowed": all(e.get("shadowed") and e.get("shadow_matched") for e in shadow) if shadow else None,
-         "standby_rss_mb": memory.get("standby_rss_mb"), "standby_peak_rss_mb": memory.get("standby_peak_rss_mb"),
-         "rank_rss_mb": memory.get("largest_rank_peak_rss_mb"),
-         "source_peak_rss_before_mb": _p50([s["before_mb"] for s in src]),
-         "source_peak_rss_during_mb": _p50([s["after_mb"] for s in src]),
-         "n": {k: len(c["events"]) for k, c in cells.items()},
-         "samples": {k: [{f: e.get(f) for f in SAMPLE_FIELDS[:6] + tuple(f for f in SAMPLE_FIELDS[6:] if f in e)}
-                         for e in c["events"]] for k, c in cells.items()}}
+    r = {
+        "model": model,
+        "state_mb_per_rank": round(nbytes / 1e6, 1),
+        **{k: link[k] for k in ("link_gbps", "transfer_gbps")},
+        "floor_s": round(nbytes / 1e9 / link["link_gbps"], 4),
+        "planned_shadow_pause_p50_s": _p50([e.get("pause_s") for e in shadow]),
+        "planned_pause_p50_s": _p50([e.get("pause_s") for e in plain]),
+        "unexpected_pause_p50_s": _p50([e.get("pause_s") for e in kill]),
+        "planned_shadow_downtime_p50_s": _p50([e.get("downtime_s") for e in shadow]),
+        "planned_downtime_p50_s": _p50([e.get("downtime_s") for e in plain]),
+        "unexpected_downtime_p50_s": _p50([e.get("downtime_s") for e in kill]),
+        "injob_restart_planned_downtime_p50_s": _p50([e.get("downtime_s") for e in restart]),
+        "injob_restart_planned_pause_p50_s": _p50([e.get("pause_s") for e in restart]),
+        "unexpected_detect_p50_s": _p50([e.get("detect_s") for e in kill]),
+        # the SIGKILL lands between rank 1's forward and backward: the step's work before it is redone
+        "unexpected_before_fault_p50_s": _p50([e.get("before_fault_s") for e in kill]),
+        "unexpected_pause_from_fault_p50_s": _p50([e.get("pause_from_fault_s") for e in kill]),
+        "unexpected_transfer_p50_s": _p50([e.get("transfer_s") for e in kill]),
+        # for a failure, pick_s is the wait for every survivor's 'aborted' before the standby is picked
+        "unexpected_pick_p50_s": _p50([e.get("pick_s") for e in kill]),
+        # issue 23's bound on the pause from the fault: detection + 1.5 x floor + 0.1 s
+        "unexpected_bound_s": _bound(kill, nbytes / 1e9 / link["link_gbps"]),
+        # the same SIGKILL with runtime.redo_overlap=true: the held ranks redo the step beside the transfer
+        # the pause counts the held ranks' redone forwards when they run beside the transfer (overlap), not when
+        # they run after it: the gap and the downtime (gap - median step) compare the two settings fairly
+        "unexpected_overlap_pause_p50_s": _p50([e.get("pause_s") for e in overlap]),
+        "unexpected_gap_p50_s": _p50([e.get("gap_s") for e in kill]),
+        "unexpected_overlap_gap_p50_s": _p50([e.get("gap_s") for e in overlap]),
+        "unexpected_overlap_downtime_p50_s": _p50([e.get("downtime_s") for e in overlap]),
+        # downtime without the step in flight before the fault: what the user loses, whatever the setting
+        "unexpected_downtime_from_fault_p50_s": _from_fault_p50(kill),
+        "unexpected_overlap_downtime_from_fault_p50_s": _from_fault_p50(overlap),
+        "unexpected_overlap_pause_from_fault_p50_s": _p50([e.get("pause_from_fault_s") for e in overlap]),
+        "unexpected_overlap_transfer_p50_s": _p50([e.get("transfer_s") for e in overlap]),
+        "shadow_catchup_p50_s": _p50([e.get("shadow_catchup_s") for e in shadow]),
+        "shadow_follow_s_per_step_p50": _p50([e.get("shadow_follow_s_per_step") for e in shadow]),
+        "all_shadowed": all(e.get("shadowed") and e.get("shadow_matched") for e in shadow) if shadow else None,
+        "standby_rss_mb": memory.get("standby_rss_mb"),
+        "standby_peak_rss_mb": memory.get("standby_peak_rss_mb"),
+        "rank_rss_mb": memory.get("largest_rank_peak_rss_mb"),
+        "source_peak_rss_before_mb": _p50([s["before_mb"] for s in src]),
+        "source_peak_rss_during_mb": _p50([s["after_mb"] for s in src]),
+        "n": {k: len(c["events"]) for k, c in cells.items()},
+        "samples": {
+            k: [
+                {f: e.get(f) for f in SAMPLE_FIELDS[:6] + tuple(f for f in SAMPLE_FIELDS[6:] if f in e)}
+                for e in c["events"]
+            ]
+            for k, c in cells.items()
+        },
+    }
     return r
 
 
 def _from_fault_p50(kill: list[dict[str, Any]]) -> float | None:
     """p50 of downtime - before_fault per event (both known), or None."""
-    return _p50([e["downtime_s"] - e["before_fault_s"] for e in kill
-                 if e.get("downtime_s") is not None and e.get("before_fault_s") is not None] or [None])
+    return _p50(
+        [
+            e["downtime_s"] - e["before_fault_s"]
+            for e in kill
+            if e.get("downtime_s") is not None and e.get("before_fault_s") is not None
+        ]
+        or [None]
+    )
 
 
 def _bound(kill: list[dict[str, Any]], floor_s: float) -> float | None:
@@ -205,18 +281,25 @@ def _bound(kill: list[dict[str, Any]], floor_s: float) -> float | None:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = (f"{'model':<7}{'MB/rank':>8}{'link':>7}{'xfer':>7}{'floor':>7}{'shadow':>8}{'planned':>8}{'unexp':>7}"
-            f"{'fromflt':>8}{'overlap':>8}{'restart':>8}{'sby RSS':>8}{'rank RSS':>9}")
-    lines = [head, f"{'':<7}{'':>8}{'GB/s':>7}{'GB/s':>7}{'s':>7}{'pause s':>8}{'pause s':>8}{'pause':>7}{'pause s':>8}{'fromflt':>8}"
-                   f"{'down s':>8}{'MiB':>8}{'MiB':>9}"]
+    head = (
+        f"{'model':<7}{'MB/rank':>8}{'link':>7}{'xfer':>7}{'floor':>7}{'shadow':>8}{'planned':>8}{'unexp':>7}"
+        f"{'fromflt':>8}{'overlap':>8}{'restart':>8}{'sby RSS':>8}{'rank RSS':>9}"
+    )
+    lines = [
+        head,
+        f"{'':<7}{'':>8}{'GB/s':>7}{'GB/s':>7}{'s':>7}{'pause s':>8}{'pause s':>8}{'pause':>7}{'pause s':>8}{'fromflt':>8}"
+        f"{'down s':>8}{'MiB':>8}{'MiB':>9}",
+    ]
     for r in rows:
         f = lambda v, w, p=3: f"{v:>{w}.{p}f}" if isinstance(v, (int, float)) else f"{'-':>{w}}"  # noqa: E731
-        lines.append(f"{r['model']:<7}{r['state_mb_per_rank']:>8.1f}{f(r['link_gbps'], 7, 2)}{f(r['transfer_gbps'], 7, 2)}"
-                     f"{f(r['floor_s'], 7)}{f(r['planned_shadow_pause_p50_s'], 8)}{f(r['planned_pause_p50_s'], 8)}"
-                     f"{f(r['unexpected_pause_p50_s'], 7)}{f(r.get('unexpected_pause_from_fault_p50_s'), 8)}"
-                     f"{f(r.get('unexpected_overlap_pause_from_fault_p50_s'), 8)}"
-                     f"{f(r['injob_restart_planned_downtime_p50_s'], 8, 2)}"
-                     f"{f(r['standby_rss_mb'], 8, 0)}{f(r['rank_rss_mb'], 9, 0)}")
+        lines.append(
+            f"{r['model']:<7}{r['state_mb_per_rank']:>8.1f}{f(r['link_gbps'], 7, 2)}{f(r['transfer_gbps'], 7, 2)}"
+            f"{f(r['floor_s'], 7)}{f(r['planned_shadow_pause_p50_s'], 8)}{f(r['planned_pause_p50_s'], 8)}"
+            f"{f(r['unexpected_pause_p50_s'], 7)}{f(r.get('unexpected_pause_from_fault_p50_s'), 8)}"
+            f"{f(r.get('unexpected_overlap_pause_from_fault_p50_s'), 8)}"
+            f"{f(r['injob_restart_planned_downtime_p50_s'], 8, 2)}"
+            f"{f(r['standby_rss_mb'], 8, 0)}{f(r['rank_rss_mb'], 9, 0)}"
+        )
     return "\n".join(lines)
 
 
@@ -231,9 +314,13 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         return
     x = [r["state_mb_per_rank"] for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for key, label in (("planned_shadow_pause_p50_s", "planned, live shadow (pause)"), ("planned_pause_p50_s", "planned, state in the pause"),
-                       ("unexpected_pause_p50_s", "SIGKILL (pause)"), ("unexpected_pause_from_fault_p50_s", "SIGKILL (pause from the fault)"),
-                       ("injob_restart_planned_downtime_p50_s", "in-job restart, planned (downtime)")):
+    for key, label in (
+        ("planned_shadow_pause_p50_s", "planned, live shadow (pause)"),
+        ("planned_pause_p50_s", "planned, state in the pause"),
+        ("unexpected_pause_p50_s", "SIGKILL (pause)"),
+        ("unexpected_pause_from_fault_p50_s", "SIGKILL (pause from the fault)"),
+        ("injob_restart_planned_downtime_p50_s", "in-job restart, planned (downtime)"),
+    ):
         ax.plot(x, [r.get(key) for r in rows], marker="o", label=label)
     ax.plot(x, [r["floor_s"] for r in rows], linestyle="--", color="grey", label="floor: state bytes / link bandwidth")
     ax.set_xscale("log")
@@ -277,13 +364,23 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
 
 def _result(rows: list[dict[str, Any]], done: bool) -> dict[str, Any]:
     largest = rows[-1]
-    ratio = (largest["injob_restart_planned_downtime_p50_s"] / largest["planned_shadow_pause_p50_s"]
-             if largest["planned_shadow_pause_p50_s"] and largest["injob_restart_planned_downtime_p50_s"] else None)
-    result = {"command": recorded_command("statesize"), "commit": commit(), "date": datetime.date.today().isoformat(),
-              "setup": {"layout": "DP2 x PP2, one rank per local node, eager, 2 micro-batches of 1 sequence",
-                        "host": "local processes on one 2-core machine, loopback"},
-              "rows": rows, "ratio_planned_largest": round(ratio, 1) if ratio else None,
-              "ratio_note": "in-job restart planned downtime p50 / tmslurm planned pause p50 with a live shadow, largest size"}
+    ratio = (
+        largest["injob_restart_planned_downtime_p50_s"] / largest["planned_shadow_pause_p50_s"]
+        if largest["planned_shadow_pause_p50_s"] and largest["injob_restart_planned_downtime_p50_s"]
+        else None
+    )
+    result = {
+        "command": recorded_command("statesize"),
+        "commit": commit(),
+        "date": datetime.date.today().isoformat(),
+        "setup": {
+            "layout": "DP2 x PP2, one rank per local node, eager, 2 micro-batches of 1 sequence",
+            "host": "local processes on one 2-core machine, loopback",
+        },
+        "rows": rows,
+        "ratio_planned_largest": round(ratio, 1) if ratio else None,
+        "ratio_note": "in-job restart planned downtime p50 / tmslurm planned pause p50 with a live shadow, largest size",
+    }
     if not done:
         result["partial"] = "written after each size; the run has not finished every --models size"
     return result

@@ -10,7 +10,7 @@ to the next job's controller; for a requeue, Slurm's fixed delay in it: ``Eligib
 time), the start-up (controller to every rank started from the checkpoint) and the first step; and
 the steps lost (must be 0). It prints the table after every boundary and writes ``--json``.
 Failure behaviour: a run that does not reach its boundaries in time raises
-:class:`~tmslurm.errors.TmslurmError` naming them; the job is stopped in every case.
+:class:`~tmslurm.core.errors.TmslurmError` naming them; the job is stopped in every case.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 from benchmarks.common import SlurmJob, commit, progress, recorded_command, say, sh, write_json
 from benchmarks.downtime import fixed_delay
 from benchmarks.dtstats import pct
-from tmslurm.errors import TmslurmError
+from tmslurm.core.errors import TmslurmError
 
 MODES = ("requeue", "resubmit")
 
@@ -35,16 +35,35 @@ def _boundaries(job: SlurmJob, mode: str) -> list[dict[str, Any]]:
 
 
 def one(out: Path, mode: str, args: argparse.Namespace, prog: Any) -> list[dict[str, Any]]:
-    job = SlurmJob(out / mode, ["parallel.dp=2", "parallel.pp=2", f"model={args.model}", "standby.count=0",
-                                "train.steps=1000000", f"train.step_delay_s={args.step_delay_s}",
-                                "slurm.partition=debug", "slurm.time=00:02:00", "slurm.signal_lead_s=30",
-                                f"slurm.on_limit={mode}"])
+    job = SlurmJob(
+        out / mode,
+        [
+            "parallel.dp=2",
+            "parallel.pp=2",
+            f"model={args.model}",
+            "standby.count=0",
+            "train.steps=1000000",
+            f"train.step_delay_s={args.step_delay_s}",
+            "slurm.partition=debug",
+            "slurm.time=00:02:00",
+            "slurm.signal_lead_s=30",
+            f"slurm.on_limit={mode}",
+        ],
+    )
     rows: list[dict[str, Any]] = []
     try:
         while len(rows) < args.boundaries:
             n = len(rows)
-            job.wait(lambda st: len([e for e in job.events_done(st) if e.get("kind") == f"job_end_{mode}"
-                                     and e.get("first_step_t")]) > n, args.timeout, f"time-limit boundary {n + 1} ({mode})")
+            job.wait(
+                lambda st: (
+                    len(
+                        [e for e in job.events_done(st) if e.get("kind") == f"job_end_{mode}" and e.get("first_step_t")]
+                    )
+                    > n
+                ),
+                args.timeout,
+                f"time-limit boundary {n + 1} ({mode})",
+            )
             ev = _boundaries(job, mode)[n]
             job_id = _current_job(job)
             rows.append(_row(mode, n, ev, fixed_delay(job_id, ev) if mode == "requeue" else None))
@@ -71,32 +90,46 @@ def _row(mode: str, i: int, ev: dict[str, Any], fixed: float | None) -> dict[str
     t0 = ev["notice_t"]
     ckpt = ev["requeue_t"] - t0
     first = ev["first_step_t"] - ev["all_started_t"] if ev.get("all_started_t") else None
-    return {"mode": mode, "boundary": i + 1, "pause_s": round(ev["first_step_t"] - t0, 3), "checkpoint_s": round(ckpt, 3),
-            "reschedule_s": round(ev["reschedule_s"], 3), "fixed_delay_s": None if fixed is None else round(fixed, 3),
-            "startup_s": round(ev["startup_s"], 3) if ev.get("startup_s") is not None else None,
-            "first_step_s": round(first, 3) if first is not None else None, "lost_steps": ev["lost_steps"],
-            "at_step": ev["target_step"]}
+    return {
+        "mode": mode,
+        "boundary": i + 1,
+        "pause_s": round(ev["first_step_t"] - t0, 3),
+        "checkpoint_s": round(ckpt, 3),
+        "reschedule_s": round(ev["reschedule_s"], 3),
+        "fixed_delay_s": None if fixed is None else round(fixed, 3),
+        "startup_s": round(ev["startup_s"], 3) if ev.get("startup_s") is not None else None,
+        "first_step_s": round(first, 3) if first is not None else None,
+        "lost_steps": ev["lost_steps"],
+        "at_step": ev["target_step"],
+    }
 
 
 def describe(r: dict[str, Any]) -> str:
-    return (f"{r['mode']} #{r['boundary']}: pause {r['pause_s']:.1f} s = checkpoint {r['checkpoint_s']:.2f} + reschedule "
-            f"{r['reschedule_s']:.1f} (fixed delay {r['fixed_delay_s']}) + start-up {r['startup_s']} + first step "
-            f"{r['first_step_s']}; lost steps {r['lost_steps']}")
+    return (
+        f"{r['mode']} #{r['boundary']}: pause {r['pause_s']:.1f} s = checkpoint {r['checkpoint_s']:.2f} + reschedule "
+        f"{r['reschedule_s']:.1f} (fixed delay {r['fixed_delay_s']}) + start-up {r['startup_s']} + first step "
+        f"{r['first_step_s']}; lost steps {r['lost_steps']}"
+    )
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     cols = ("pause_s", "checkpoint_s", "reschedule_s", "fixed_delay_s", "startup_s", "first_step_s")
-    lines = ["| mode | n | pause p50 (min-max) s | checkpoint s | reschedule s | of it Slurm's fixed delay s | start-up s "
-             "| first step s | pause without the fixed delay s | lost steps |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| mode | n | pause p50 (min-max) s | checkpoint s | reschedule s | of it Slurm's fixed delay s | start-up s "
+        "| first step s | pause without the fixed delay s | lost steps |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for mode in MODES:
         rs = [r for r in rows if r["mode"] == mode]
         if not rs:
             continue
         cell = {c: _cell([r[c] for r in rs]) for c in cols}
         net = _cell([r["pause_s"] - (r["fixed_delay_s"] or 0.0) for r in rs])
-        lines.append(f"| {mode} | {len(rs)} | {cell['pause_s']} | {cell['checkpoint_s']} | {cell['reschedule_s']} "
-                     f"| {cell['fixed_delay_s']} | {cell['startup_s']} | {cell['first_step_s']} | {net} "
-                     f"| {sum(r['lost_steps'] for r in rs)} |")
+        lines.append(
+            f"| {mode} | {len(rs)} | {cell['pause_s']} | {cell['checkpoint_s']} | {cell['reschedule_s']} "
+            f"| {cell['fixed_delay_s']} | {cell['startup_s']} | {cell['first_step_s']} | {net} "
+            f"| {sum(r['lost_steps'] for r in rs)} |"
+        )
     return "\n".join(lines)
 
 
@@ -124,12 +157,21 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _result(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
-    return {"command": recorded_command("timelimit"), "commit": commit(), "date": datetime.date.today().isoformat(),
-            "setup": {"cluster": "local Slurm (scripts/local-slurm), one rank per lab node, all on one 2-core host",
-                      "layout": "DP2 x PP2, no standby", "model": args.model, "step_delay_s": args.step_delay_s,
-                      "job": "slurm.time=00:02:00, slurm.signal_lead_s=30 (--signal=USR1@30)",
-                      "cred_expire_s": _cred_expire()},
-            "rows": rows, "table": table(rows)}
+    return {
+        "command": recorded_command("timelimit"),
+        "commit": commit(),
+        "date": datetime.date.today().isoformat(),
+        "setup": {
+            "cluster": "local Slurm (scripts/local-slurm), one rank per lab node, all on one 2-core host",
+            "layout": "DP2 x PP2, no standby",
+            "model": args.model,
+            "step_delay_s": args.step_delay_s,
+            "job": "slurm.time=00:02:00, slurm.signal_lead_s=30 (--signal=USR1@30)",
+            "cred_expire_s": _cred_expire(),
+        },
+        "rows": rows,
+        "table": table(rows),
+    }
 
 
 def _cred_expire() -> int:

@@ -25,11 +25,12 @@ import os
 import statistics
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from benchmarks.common import say, write_json
-from tmslurm.errors import SlurmError
+from tmslurm.core.errors import SlurmError
 from tmslurm.slurm.client import CliSlurmClient
 from tmslurm.slurm.watcher import NodeWatch, SlurmWatcher
 
@@ -51,7 +52,7 @@ def cpu_s(pid: int) -> float:
 def defined_nodes() -> list[str]:
     out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True)
     if out.returncode != 0:
-        raise SystemExit(f"sinfo failed: {out.stderr.strip()} (is SLURM_CONF set? eval \"$(scripts/local-slurm env)\")")
+        raise SystemExit(f'sinfo failed: {out.stderr.strip()} (is SLURM_CONF set? eval "$(scripts/local-slurm env)")')
     return sorted(set(out.stdout.split()))
 
 
@@ -65,10 +66,16 @@ def measure(name: str, poll: Callable[[], Any], polls: int, pid: int, idle_rate:
         say(f"  {name} poll {i + 1}/{polls}: {walls[-1] * 1000:.1f} ms")
     elapsed, cpu = time.perf_counter() - t0, cpu_s(pid) - c0
     qs = statistics.quantiles(walls, n=10) if len(walls) > 1 else walls * 9
-    return {"mode": name, "polls": polls, "wall_ms_p50": 1000 * statistics.median(walls), "wall_ms_p90": 1000 * qs[8],
-            "wall_ms": [round(1000 * w, 2) for w in walls],
-            "ctld_cpu_ms_per_poll": 1000 * max(0.0, cpu - idle_rate * elapsed) / polls,
-            "ctld_cpu_ms_raw": 1000 * cpu, "elapsed_s": elapsed}
+    return {
+        "mode": name,
+        "polls": polls,
+        "wall_ms_p50": 1000 * statistics.median(walls),
+        "wall_ms_p90": 1000 * qs[8],
+        "wall_ms": [round(1000 * w, 2) for w in walls],
+        "ctld_cpu_ms_per_poll": 1000 * max(0.0, cpu - idle_rate * elapsed) / polls,
+        "ctld_cpu_ms_raw": 1000 * cpu,
+        "elapsed_s": elapsed,
+    }
 
 
 def main(args: argparse.Namespace) -> None:
@@ -87,8 +94,10 @@ def main(args: argparse.Namespace) -> None:
             client.nodes([n])
 
     try:
-        rows = [measure("batched", watcher.poll_once, args.polls, pid, idle_rate),
-                measure("per_node", per_node, args.per_node_polls, pid, idle_rate)]
+        rows = [
+            measure("batched", watcher.poll_once, args.polls, pid, idle_rate),
+            measure("per_node", per_node, args.per_node_polls, pid, idle_rate),
+        ]
     except SlurmError as exc:
         raise SystemExit(f"a Slurm query failed: {exc}") from None
     for r in rows:
@@ -96,8 +105,18 @@ def main(args: argparse.Namespace) -> None:
     b, p = rows
     say(f"\n{'mode':<10}{'nodes':>7}{'polls':>7}{'wall p50':>11}{'wall p90':>11}{'ctld CPU/poll':>15}")
     for r in rows:
-        say(f"{r['mode']:<10}{r['watched_nodes']:>7}{r['polls']:>7}{r['wall_ms_p50']:>9.1f}ms{r['wall_ms_p90']:>9.1f}ms"
-            f"{r['ctld_cpu_ms_per_poll']:>13.1f}ms")
+        say(
+            f"{r['mode']:<10}{r['watched_nodes']:>7}{r['polls']:>7}{r['wall_ms_p50']:>9.1f}ms{r['wall_ms_p90']:>9.1f}ms"
+            f"{r['ctld_cpu_ms_per_poll']:>13.1f}ms"
+        )
     say(f"per-node / batched: wall {p['wall_ms_p50'] / b['wall_ms_p50']:.0f}x")
-    write_json(Path(args.json), {"defined_nodes": len(defined_nodes()), "idle_ctld_cpu_ms_per_s": 1000 * idle_rate,
-                                 "tick_ms": 1000 * TICK_S, "rows": rows, "date": time.strftime("%Y-%m-%d")})
+    write_json(
+        Path(args.json),
+        {
+            "defined_nodes": len(defined_nodes()),
+            "idle_ctld_cpu_ms_per_s": 1000 * idle_rate,
+            "tick_ms": 1000 * TICK_S,
+            "rows": rows,
+            "date": time.strftime("%Y-%m-%d"),
+        },
+    )

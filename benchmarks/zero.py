@@ -31,17 +31,23 @@ import torch
 
 from benchmarks.common import LocalJob, commit, recorded_command, run_local, say, write_json
 from benchmarks.statesize import is_planned, nth_standby
-from tmslurm.config import MODEL_PRESETS, TrainConfig
-from tmslurm.errors import TmslurmError
-from tmslurm.topology import Layout, split_layers
+from tmslurm.core.config import MODEL_PRESETS, TrainConfig
+from tmslurm.core.errors import TmslurmError
+from tmslurm.core.topology import Layout, split_layers
 from tmslurm.train.model import ReferenceTask
 from tmslurm.train.schedule import StageRunner
 from tmslurm.train.task import StageSpec
 from tmslurm.train.zero import ZeroStageRunner
 
 LAYOUTS = {"dp4pp1": (4, 1), "dp2pp2": (2, 2)}
-COMMON = ["train.micro_batches=2", "train.micro_batch_size=1", "runtime.connect_timeout_s=600", "runtime.collective_timeout_s=600",
-          "runtime.switch_timeout_s=600", "runtime.heartbeat_timeout_s=5.0"]
+COMMON = [
+    "train.micro_batches=2",
+    "train.micro_batch_size=1",
+    "runtime.connect_timeout_s=600",
+    "runtime.collective_timeout_s=600",
+    "runtime.switch_timeout_s=600",
+    "runtime.heartbeat_timeout_s=5.0",
+]
 
 
 def _p50(xs: list[float | None]) -> float | None:
@@ -65,31 +71,65 @@ def optimizer_bytes(model: str, dp: int, pp: int) -> dict[str, Any]:
         zero.apply()
         own = sum(t.numel() * t.element_size() for t in zero.optimizer.state[zero.own].values() if t.dim())
         with_buddy = zero.optimizer_bytes()
-        rows.append({"stage": stage, "zero0_bytes": whole.optimizer_bytes(), "zero1_own_bytes": own,
-                     "zero1_with_buddy_bytes": with_buddy, "optimizer_bytes_ratio": round(with_buddy / whole.optimizer_bytes(), 4),
-                     "own_only_ratio": round(own / whole.optimizer_bytes(), 4)})
+        rows.append(
+            {
+                "stage": stage,
+                "zero0_bytes": whole.optimizer_bytes(),
+                "zero1_own_bytes": own,
+                "zero1_with_buddy_bytes": with_buddy,
+                "optimizer_bytes_ratio": round(with_buddy / whole.optimizer_bytes(), 4),
+                "own_only_ratio": round(own / whole.optimizer_bytes(), 4),
+            }
+        )
         del whole, zero
     return {"per_stage": rows, "optimizer_bytes_ratio_max": max(r["optimizer_bytes_ratio"] for r in rows)}
 
 
 def buddy_cost(out: Path, name: str, base: list[str], steps: int) -> dict[str, Any]:
     s = run_local(out / f"{name}-buddy", [*base, "parallel.zero=1", f"train.steps={steps}"], timeout=3600)
-    per_rank = {r: {"p50_ms": round(c["p50_ms"], 3), "p90_ms": round(c["p90_ms"], 3), "n": c["n"]} for r, c in s["buddy_cost"].items()}
+    per_rank = {
+        r: {"p50_ms": round(c["p50_ms"], 3), "p90_ms": round(c["p90_ms"], 3), "n": c["n"]}
+        for r, c in s["buddy_cost"].items()
+    }
     worst = max(c["p50_ms"] for c in per_rank.values())
     step = s["median_step_s"]
-    return {"steps": steps, "median_step_s": step, "per_rank": per_rank, "largest_p50_ms": worst,
-            "fraction_of_step": round(worst / 1e3 / step, 4) if step else None, "summary_optimizer_bytes": s["optimizer_bytes"]}
+    return {
+        "steps": steps,
+        "median_step_s": step,
+        "per_rank": per_rank,
+        "largest_p50_ms": worst,
+        "fraction_of_step": round(worst / 1e3 / step, 4) if step else None,
+        "summary_optimizer_bytes": s["optimizer_bytes"],
+    }
 
 
 def drains(out: Path, name: str, base: list[str], zero: int, repeats: int) -> list[dict[str, Any]]:
-    job = LocalJob(out / f"{name}-zero{zero}-drain", [*base, f"parallel.zero={zero}", "standby.count=1", "standby.replenish=true",
-                                                       "standby.start_when_warm=true", "train.steps=1000000"])
+    job = LocalJob(
+        out / f"{name}-zero{zero}-drain",
+        [
+            *base,
+            f"parallel.zero={zero}",
+            "standby.count=1",
+            "standby.replenish=true",
+            "standby.start_when_warm=true",
+            "train.steps=1000000",
+        ],
+    )
     try:
         for i in range(repeats):
-            job.wait_journal(lambda e, i=i: e["type"] == "standby_ready" and e["agent"] == nth_standby(job, i)
-                             and _warm_everywhere(job, e["agent"]), 1800, f"standby #{i} warm")
+            job.wait_journal(
+                lambda e, i=i: (
+                    e["type"] == "standby_ready"
+                    and e["agent"] == nth_standby(job, i)
+                    and _warm_everywhere(job, e["agent"])
+                ),
+                1800,
+                f"standby #{i} warm",
+            )
             job.request({"type": "notice", "event": "maintenance", "rank": 1, "reason": f"bench zero {i}"})
-            job.wait_journal(lambda e, i=i: is_planned(e) and sum(map(is_planned, job.journal())) > i, 1800, f"move #{i}")
+            job.wait_journal(
+                lambda e, i=i: is_planned(e) and sum(map(is_planned, job.journal())) > i, 1800, f"move #{i}"
+            )
         summary = job.finish(1800)
     except BaseException:
         job.proc.kill()
@@ -109,9 +149,18 @@ def _warm_everywhere(job: LocalJob, agent: str) -> bool:
 def kills(out: Path, name: str, base: list[str], zero: int, repeats: int) -> list[dict[str, Any]]:
     events = []
     for i in range(repeats):
-        s = run_local(out / f"{name}-zero{zero}-kill-{i}", [*base, f"parallel.zero={zero}", "standby.count=1",
-                                                            "standby.start_when_warm=true", "train.steps=10",
-                                                            "faults=[{step:5,kind:kill,rank:1}]"], timeout=3600)
+        s = run_local(
+            out / f"{name}-zero{zero}-kill-{i}",
+            [
+                *base,
+                f"parallel.zero={zero}",
+                "standby.count=1",
+                "standby.start_when_warm=true",
+                "train.steps=10",
+                "faults=[{step:5,kind:kill,rank:1}]",
+            ],
+            timeout=3600,
+        )
         evs = [e for e in s["events"] if e["kind"] == "unexpected" and e.get("status") == "done"]
         if len(evs) != 1:
             raise TmslurmError(f"{name} zero={zero} kill {i}: events {[e['kind'] for e in s['events']]}; see {out}")
@@ -121,11 +170,16 @@ def kills(out: Path, name: str, base: list[str], zero: int, repeats: int) -> lis
 
 
 def _cell(events: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"n": len(events), "downtime_p50_s": _p50([e.get("downtime_s") for e in events]),
-            "pause_p50_s": _p50([e.get("pause_s") for e in events]),
-            "downtime_samples_s": [round(e["downtime_s"], 4) if isinstance(e.get("downtime_s"), float) else None for e in events],
-            "pause_samples_s": [round(e["pause_s"], 4) if isinstance(e.get("pause_s"), float) else None for e in events],
-            "transfer_p50_s": _p50([e.get("transfer_s") for e in events])}
+    return {
+        "n": len(events),
+        "downtime_p50_s": _p50([e.get("downtime_s") for e in events]),
+        "pause_p50_s": _p50([e.get("pause_s") for e in events]),
+        "downtime_samples_s": [
+            round(e["downtime_s"], 4) if isinstance(e.get("downtime_s"), float) else None for e in events
+        ],
+        "pause_samples_s": [round(e["pause_s"], 4) if isinstance(e.get("pause_s"), float) else None for e in events],
+        "transfer_p50_s": _p50([e.get("transfer_s") for e in events]),
+    }
 
 
 def row(out: Path, layout: str, model: str, repeats: int, steps: int) -> dict[str, Any]:
@@ -133,25 +187,36 @@ def row(out: Path, layout: str, model: str, repeats: int, steps: int) -> dict[st
     name = f"{layout}-{model}"
     base = [f"parallel.dp={dp}", f"parallel.pp={pp}", f"model={model}", *COMMON]
     say(f"== {name}: bytes, buddy cost over {steps} steps, then {repeats} drains and kills at zero=0 and zero=1")
-    out_row: dict[str, Any] = {"layout": layout, "model": model, "bytes": optimizer_bytes(model, dp, pp),
-                               "buddy": buddy_cost(out, name, base, steps)}
+    out_row: dict[str, Any] = {
+        "layout": layout,
+        "model": model,
+        "bytes": optimizer_bytes(model, dp, pp),
+        "buddy": buddy_cost(out, name, base, steps),
+    }
     for zero in (0, 1):
-        out_row[f"zero{zero}"] = {"drain": _cell(drains(out, name, base, zero, repeats)), "kill": _cell(kills(out, name, base, zero, repeats))}
+        out_row[f"zero{zero}"] = {
+            "drain": _cell(drains(out, name, base, zero, repeats)),
+            "kill": _cell(kills(out, name, base, zero, repeats)),
+        }
     z0, z1 = out_row["zero0"]["kill"]["downtime_p50_s"], out_row["zero1"]["kill"]["downtime_p50_s"]
     out_row["unexpected_downtime_ratio"] = round(z1 / z0, 3) if z0 and z1 is not None else None
     return out_row
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("| layout | model | opt. bytes ratio (zero=1+buddy / zero=0) | buddy ms/step p50 (share of step) "
-            "| drain downtime p50 zero0 / zero1 | kill downtime p50 zero0 / zero1 |\n|---|---|---:|---:|---:|---:|")
+    head = (
+        "| layout | model | opt. bytes ratio (zero=1+buddy / zero=0) | buddy ms/step p50 (share of step) "
+        "| drain downtime p50 zero0 / zero1 | kill downtime p50 zero0 / zero1 |\n|---|---|---:|---:|---:|---:|"
+    )
     lines = [head]
     for r in rows:
         b = r["buddy"]
-        lines.append(f"| {r['layout']} | {r['model']} | {r['bytes']['optimizer_bytes_ratio_max']:.3f} "
-                     f"| {b['largest_p50_ms']:.2f} ({100 * (b['fraction_of_step'] or 0):.2f} % of {b['median_step_s']:.3f} s) "
-                     f"| {r['zero0']['drain']['downtime_p50_s']} / {r['zero1']['drain']['downtime_p50_s']} "
-                     f"| {r['zero0']['kill']['downtime_p50_s']} / {r['zero1']['kill']['downtime_p50_s']} |")
+        lines.append(
+            f"| {r['layout']} | {r['model']} | {r['bytes']['optimizer_bytes_ratio_max']:.3f} "
+            f"| {b['largest_p50_ms']:.2f} ({100 * (b['fraction_of_step'] or 0):.2f} % of {b['median_step_s']:.3f} s) "
+            f"| {r['zero0']['drain']['downtime_p50_s']} / {r['zero1']['drain']['downtime_p50_s']} "
+            f"| {r['zero0']['kill']['downtime_p50_s']} / {r['zero1']['kill']['downtime_p50_s']} |"
+        )
     return "\n".join(lines)
 
 
@@ -169,7 +234,13 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _result(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"command": recorded_command("zero"), "commit": commit(), "date": datetime.date.today().isoformat(),
-            "setup": {"host": "local processes on one 2-core machine, loopback, eager; 2 micro-batches of 1 sequence",
-                      "buddy": "mutual pairs: dp rank XOR 1"},
-            "rows": rows}
+    return {
+        "command": recorded_command("zero"),
+        "commit": commit(),
+        "date": datetime.date.today().isoformat(),
+        "setup": {
+            "host": "local processes on one 2-core machine, loopback, eager; 2 micro-batches of 1 sequence",
+            "buddy": "mutual pairs: dp rank XOR 1",
+        },
+        "rows": rows,
+    }

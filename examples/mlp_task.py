@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tmslurm.config import ModelConfig, TrainConfig
+from tmslurm.core.config import ModelConfig, TrainConfig
 from tmslurm.train.task import StageSpec
 
 IN_FEATURES = 16
@@ -100,7 +100,7 @@ class MlpTask:
         self.t = train
         gen = torch.Generator().manual_seed(_seed(train.seed, 7))
         self.a = torch.randn(IN_FEATURES, 8, generator=gen)
-        self.b = torch.randn(8, OUT_FEATURES, generator=gen) / 8 ** 0.5
+        self.b = torch.randn(8, OUT_FEATURES, generator=gen) / 8**0.5
 
     def build_stage(self, spec: StageSpec, device: torch.device) -> nn.Module:
         stage = MlpStage(spec, self.width)

@@ -17,9 +17,9 @@ import os
 import re
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -43,27 +43,16 @@ class SlurmCluster:
     slurmd_timeout: int = 5
     env: dict[str, str] = field(default_factory=dict)
 
-    def run(
-        self, *cmd: str, check: bool = True, timeout: float = 60
-    ) -> subprocess.CompletedProcess[str]:
+    def run(self, *cmd: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """Run a command with SLURM_CONF set; output captured as text."""
-        proc = subprocess.run(
-            list(cmd),
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        proc = subprocess.run(list(cmd), env=self.env, capture_output=True, text=True, timeout=timeout)
         if check and proc.returncode != 0:
             raise AssertionError(
-                f"{' '.join(cmd)} exited {proc.returncode}\n"
-                f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+                f"{' '.join(cmd)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
             )
         return proc
 
-    def local_slurm(
-        self, *args: str, check: bool = True, timeout: float = 180
-    ) -> subprocess.CompletedProcess[str]:
+    def local_slurm(self, *args: str, check: bool = True, timeout: float = 180) -> subprocess.CompletedProcess[str]:
         """Run ``scripts/local-slurm ARGS``."""
         return self.run(str(self.script), *args, check=check, timeout=timeout)
 
@@ -89,7 +78,10 @@ class SlurmCluster:
     def node_slowness(self) -> dict[str, tuple[str, str]]:
         """{node: (CPU quota, link rate)}, ``full`` when not throttled / not limited."""
         out = self.local_slurm("status", check=False).stdout
-        return {m.group(1): (m.group(2), m.group(3)) for m in re.finditer(r"^\s+(node\d+)\s+addr .* cpu (\S+)\s+rate (\S+)", out, re.M)}
+        return {
+            m.group(1): (m.group(2), m.group(3))
+            for m in re.finditer(r"^\s+(node\d+)\s+addr .* cpu (\S+)\s+rate (\S+)", out, re.M)
+        }
 
     def node_addr(self, node: str) -> str:
         """The node's own address in the lab (its NodeAddr)."""
@@ -111,8 +103,7 @@ class SlurmCluster:
         return running
 
     def wait_for(
-        self, predicate: Callable[[], object], timeout: float, interval: float = 0.25,
-        what: str = "condition",
+        self, predicate: Callable[[], object], timeout: float, interval: float = 0.25, what: str = "condition"
     ) -> object:
         """Poll ``predicate`` until it returns a truthy value; fail after ``timeout`` s."""
         deadline = time.monotonic() + timeout
@@ -152,10 +143,7 @@ class SlurmCluster:
                     continue
                 bad = True
                 if any(s in state for s in ("down", "drain", "fail")) and "*" not in state:
-                    self.run(
-                        "scontrol", "update", f"nodename={node}", "state=resume",
-                        check=False,
-                    )
+                    self.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
             return not bad
 
         self.wait_for(settled, timeout, interval=0.5, what="all nodes idle/usable again")
@@ -178,9 +166,7 @@ def slurm_cluster():
         pytest.skip("TMSLURM_SKIP_SLURM is set: skipping tests that need the local Slurm cluster")
 
     def sh(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(LOCAL_SLURM), *args], capture_output=True, text=True, timeout=timeout
-        )
+        return subprocess.run([str(LOCAL_SLURM), *args], capture_output=True, text=True, timeout=timeout)
 
     status = sh("status")
     # status: 0 = everything running, 1 = partly running, 3 = nothing running
@@ -190,11 +176,7 @@ def slurm_cluster():
         # requeue; a lab that is already configured keeps its own setting)
         up = sh("up", *(["--requeue-delay", "20"] if started_here else []))
         if up.returncode != 0:
-            pytest.fail(
-                f"scripts/local-slurm up failed (rc {up.returncode}):\n"
-                f"{up.stdout}\n{up.stderr}",
-                pytrace=False,
-            )
+            pytest.fail(f"scripts/local-slurm up failed (rc {up.returncode}):\n{up.stdout}\n{up.stderr}", pytrace=False)
 
     env_line = sh("env").stdout.strip()
     m = re.match(r"export SLURM_CONF=(\S+)", env_line)
@@ -204,17 +186,13 @@ def slurm_cluster():
     os.environ["SLURM_CONF"] = conf
     env = dict(os.environ)
 
-    version_out = subprocess.run(
-        ["scontrol", "--version"], capture_output=True, text=True, env=env
-    ).stdout
+    version_out = subprocess.run(["scontrol", "--version"], capture_output=True, text=True, env=env).stdout
     version = version_out.split()[-1] if version_out.split() else "unknown"
     nodes_out = subprocess.run(
         ["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True, env=env
     ).stdout.split()
     nodes = sorted(set(nodes_out), key=lambda n: (len(n), n))
-    timeout_m = re.search(
-        r"^SlurmdTimeout=(\d+)", Path(conf).read_text(), re.M
-    )
+    timeout_m = re.search(r"^SlurmdTimeout=(\d+)", Path(conf).read_text(), re.M)
 
     cluster = SlurmCluster(
         conf=conf,

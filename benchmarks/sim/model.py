@@ -12,7 +12,7 @@ TrainMover, :mod:`benchmarks.sim.parts` (one law per part) for ``tmslurm`` and
 ``tmslurm_full_rebuild``, and constants given by the user for ``tmslurm_measured``. Every
 modelling choice is a sentence in :data:`ASSUMPTIONS`.
 
-Failure behaviour: invalid inputs raise :class:`~tmslurm.errors.ConfigError` naming the field.
+Failure behaviour: invalid inputs raise :class:`~tmslurm.core.errors.ConfigError` naming the field.
 """
 
 from __future__ import annotations
@@ -22,15 +22,20 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from tmslurm.errors import ConfigError
 from benchmarks.sim import parts as pt
+from tmslurm.core.errors import ConfigError
 
 HOURS_PER_WEEK = 168.0
 DEFAULT_GPUS = (1024, 8192, 16384, 65536, 131072)
 
 #: Production checkpoint-restart breakdown at 8,192 GPUs (TrainMover paper), minutes.
-RESTART_BREAKDOWN_MIN = {"stop": 0.52, "reschedule": 1.50, "checkpoint_load": 1.56,
-                         "communicator_setup": 1.09, "warmup": 1.80}
+RESTART_BREAKDOWN_MIN = {
+    "stop": 0.52,
+    "reschedule": 1.50,
+    "checkpoint_load": 1.56,
+    "communicator_setup": 1.09,
+    "warmup": 1.80,
+}
 #: MTTF anchors (GPUs, hours): Meta's 1,024-GPU jobs; Llama 3 on 16,384 GPUs.
 MTTF_ANCHORS = ((1024, 7.9), (16384, 2.7))
 #: TrainMover's measured downtimes (seconds) at 32 and 1,024 GPUs.
@@ -138,16 +143,16 @@ class ProjectionInputs:
     """TrainMover downtime beyond 1,024 GPUs: 'extrapolate' (log-linear) or 'hold'."""
 
     def __post_init__(self) -> None:
-        for name in ("checkpoint_interval_min", "restart_fixed_min", "reschedule_extra_min",
-                     "standby_gpus"):
+        for name in ("checkpoint_interval_min", "restart_fixed_min", "reschedule_extra_min", "standby_gpus"):
             setattr(self, name, pt.check_number(name, getattr(self, name)))
-        given = [n for n in ("tmslurm_planned_s", "tmslurm_unexpected_s")
-                 if getattr(self, n) is not None]
+        given = [n for n in ("tmslurm_planned_s", "tmslurm_unexpected_s") if getattr(self, n) is not None]
         for name in given:
             pt.check_number(name, getattr(self, name))
         if len(given) == 1:
-            raise ConfigError(f"{given[0]} was given without its pair: give both "
-                              "tmslurm_planned_s and tmslurm_unexpected_s, or neither")
+            raise ConfigError(
+                f"{given[0]} was given without its pair: give both "
+                "tmslurm_planned_s and tmslurm_unexpected_s, or neither"
+            )
         if pt.check_number("unexpected_per_planned", self.unexpected_per_planned) <= 0:
             raise ConfigError("unexpected_per_planned must be > 0")
         if not isinstance(self.parts, pt.PartInputs):
@@ -180,8 +185,7 @@ def vary(inputs: ProjectionInputs, **change: Any) -> ProjectionInputs:
     part_names = {f.name for f in dataclasses.fields(pt.PartInputs)}
     part_change = {k: v for k, v in change.items() if k in part_names}
     top = {k: v for k, v in change.items() if k not in part_names}
-    return dataclasses.replace(inputs, parts=dataclasses.replace(inputs.parts, **part_change),
-                               **top)
+    return dataclasses.replace(inputs, parts=dataclasses.replace(inputs.parts, **part_change), **top)
 
 
 def strategies_of(inputs: ProjectionInputs) -> tuple[str, ...]:
@@ -236,8 +240,7 @@ def restart_downtime_s(inputs: ProjectionInputs) -> tuple[float, float]:
     return fixed + (lost if inputs.planned_loses_progress else 0.0), fixed + lost
 
 
-def strategy_parts(strategy: str, kind: str, gpus: int,
-                   inputs: ProjectionInputs) -> dict[str, float] | None:
+def strategy_parts(strategy: str, kind: str, gpus: int, inputs: ProjectionInputs) -> dict[str, float] | None:
     """The component parts of one event for a tmslurm component-model strategy, else None."""
     mode = TMSLURM_MODES.get(strategy)
     return None if mode is None else pt.downtime_parts(kind, gpus, inputs.parts, mode)
@@ -248,12 +251,16 @@ def strategy_downtimes_s(strategy: str, gpus: int, inputs: ProjectionInputs) -> 
     if strategy == "checkpoint_restart":
         return restart_downtime_s(inputs)
     if strategy == "trainmover_paper":
-        return (trainmover_downtime_s("planned", gpus, inputs.trainmover_beyond),
-                trainmover_downtime_s("unexpected", gpus, inputs.trainmover_beyond))
+        return (
+            trainmover_downtime_s("planned", gpus, inputs.trainmover_beyond),
+            trainmover_downtime_s("unexpected", gpus, inputs.trainmover_beyond),
+        )
     if strategy in TMSLURM_MODES:
         mode = TMSLURM_MODES[strategy]
-        return (pt.downtime_s("planned", gpus, inputs.parts, mode),
-                pt.downtime_s("unexpected", gpus, inputs.parts, mode))
+        return (
+            pt.downtime_s("planned", gpus, inputs.parts, mode),
+            pt.downtime_s("unexpected", gpus, inputs.parts, mode),
+        )
     pt.check_choice("strategy", strategy, STRATEGIES)
     if not inputs.measured:
         raise ConfigError("tmslurm_measured needs tmslurm_planned_s and tmslurm_unexpected_s")
@@ -282,8 +289,11 @@ def control_gpu_hours(gpus: int, strategy: str, inputs: ProjectionInputs) -> flo
 
 def wasted_gpu_hours(gpus: int, strategy: str, inputs: ProjectionInputs) -> float:
     """Wasted GPU-hours per week of ``strategy`` at ``gpus`` GPUs: downtime, control, standby."""
-    return (downtime_gpu_hours(gpus, strategy, inputs) + control_gpu_hours(gpus, strategy, inputs)
-            + standby_gpus_of(strategy, inputs) * HOURS_PER_WEEK)
+    return (
+        downtime_gpu_hours(gpus, strategy, inputs)
+        + control_gpu_hours(gpus, strategy, inputs)
+        + standby_gpus_of(strategy, inputs) * HOURS_PER_WEEK
+    )
 
 
 def reduction_pct(waste: float, baseline: float) -> float:
@@ -300,15 +310,20 @@ def rows_at(gpus: int, inputs: ProjectionInputs) -> list[dict]:
         d_planned, d_unexpected = strategy_downtimes_s(strategy, gpus, inputs)
         waste = wasted_gpu_hours(gpus, strategy, inputs)
         row = {
-            "gpus": gpus, "strategy": strategy, "mttf_h": mttf_hours(gpus, inputs.mttf_rule),
-            "interruptions_per_week": total, "planned_per_week": planned,
-            "unexpected_per_week": unexpected, "downtime_s_planned": d_planned,
+            "gpus": gpus,
+            "strategy": strategy,
+            "mttf_h": mttf_hours(gpus, inputs.mttf_rule),
+            "interruptions_per_week": total,
+            "planned_per_week": planned,
+            "unexpected_per_week": unexpected,
+            "downtime_s_planned": d_planned,
             "downtime_s_unexpected": d_unexpected,
             "downtime_gpu_hours_per_week": downtime_gpu_hours(gpus, strategy, inputs),
             "control_gpu_hours_per_week": control_gpu_hours(gpus, strategy, inputs),
             "standby_gpu_hours_per_week": standby_gpus_of(strategy, inputs) * HOURS_PER_WEEK,
             "wasted_gpu_hours_per_week": waste,
-            "reduction_vs_restart_pct": reduction_pct(waste, baseline)}
+            "reduction_vs_restart_pct": reduction_pct(waste, baseline),
+        }
         if strategy in TMSLURM_MODES:
             row["parts_planned"] = strategy_parts(strategy, "planned", gpus, inputs)
             row["parts_unexpected"] = strategy_parts(strategy, "unexpected", gpus, inputs)
@@ -321,28 +336,52 @@ def assumption_values(inputs: ProjectionInputs) -> dict[str, Any]:
     p = inputs.parts
     values = {k: v for k, v in dataclasses.asdict(inputs).items() if k != "parts"}
     values.update(dataclasses.asdict(p))
-    derived = "given as step_s" if p.step_s is not None else (
-        f"{p.flops_per_param_token:g} x params x {p.tokens_per_replica:,.0f} tokens per replica / "
-        f"({pt.replica_gpus(p)} GPUs x {p.achieved_tflops:g} TFLOP/s)")
-    measured = (f"planned {inputs.tmslurm_planned_s:g} s, unexpected "
-                f"{inputs.tmslurm_unexpected_s:g} s ({inputs.tmslurm_source})"
-                if inputs.measured else "not given in this run")
+    derived = (
+        "given as step_s"
+        if p.step_s is not None
+        else (
+            f"{p.flops_per_param_token:g} x params x {p.tokens_per_replica:,.0f} tokens per replica / "
+            f"({pt.replica_gpus(p)} GPUs x {p.achieved_tflops:g} TFLOP/s)"
+        )
+    )
+    measured = (
+        f"planned {inputs.tmslurm_planned_s:g} s, unexpected "
+        f"{inputs.tmslurm_unexpected_s:g} s ({inputs.tmslurm_source})"
+        if inputs.measured
+        else "not given in this run"
+    )
     values.update(
-        loglog_exponent=loglog_exponent(), rate_exponent=-loglog_exponent(),
+        loglog_exponent=loglog_exponent(),
+        rate_exponent=-loglog_exponent(),
         half_interval_min=inputs.checkpoint_interval_min / 2.0,
         standby_gpu_hours=inputs.standby_gpus * HOURS_PER_WEEK,
-        planned_loss_text=("lose the same" if inputs.planned_loses_progress else
-                           "lose nothing (the baseline checkpoints just before a planned stop)"),
-        params_b=p.params / 1e9, replica=pt.replica_gpus(p), step_s=pt.step_time_s(p),
-        step_source=derived, state_gb=pt.state_bytes_per_rank(p) / 1e9,
-        transfer_s=pt.transfer_s(p), detect_s=pt.detection_s("unexpected", p),
-        delta_us=pt.delta_phase2_s() * 1e6, build_ms=pt.group_build_fit().b * 1e3,
-        full_ms=pt.full_rebuild_fit().b * 1e3, commit_1k_ms=pt.commit_s(1024, p) * 1e3,
-        commit_128k_s=pt.commit_s(131072, p), commit_4096_ms=pt.commit_s(4096, p) * 1e3,
-        commit_4096_measured_ms=pt.COMMIT_P50_MS_4096, first_step_s=pt.first_step_s(p),
+        planned_loss_text=(
+            "lose the same"
+            if inputs.planned_loses_progress
+            else "lose nothing (the baseline checkpoints just before a planned stop)"
+        ),
+        params_b=p.params / 1e9,
+        replica=pt.replica_gpus(p),
+        step_s=pt.step_time_s(p),
+        step_source=derived,
+        state_gb=pt.state_bytes_per_rank(p) / 1e9,
+        transfer_s=pt.transfer_s(p),
+        detect_s=pt.detection_s("unexpected", p),
+        delta_us=pt.delta_phase2_s() * 1e6,
+        build_ms=pt.group_build_fit().b * 1e3,
+        full_ms=pt.full_rebuild_fit().b * 1e3,
+        commit_1k_ms=pt.commit_s(1024, p) * 1e3,
+        commit_128k_s=pt.commit_s(131072, p),
+        commit_4096_ms=pt.commit_s(4096, p) * 1e3,
+        commit_4096_measured_ms=pt.COMMIT_P50_MS_4096,
+        first_step_s=pt.first_step_s(p),
         measured_text=measured,
-        async_text=(" -- NOT in this run: async_commit, a what-if tmslurm does not implement, "
-                    "hides that wait" if p.async_commit else ""))
+        async_text=(
+            " -- NOT in this run: async_commit, a what-if tmslurm does not implement, hides that wait"
+            if p.async_commit
+            else ""
+        ),
+    )
     return values
 
 
@@ -355,4 +394,3 @@ def assumptions(inputs: ProjectionInputs) -> list[str]:
 def gpus_label(gpus: int) -> str:
     """1024 -> '1K'; counts that are not multiples of 1,024 stay as they are."""
     return f"{gpus // 1024}K" if gpus % 1024 == 0 else str(gpus)
-

@@ -20,7 +20,7 @@ The parts (planned = a notice ahead, unexpected = a node lost without warning)::
 Plus a steady-state cost outside any event: every step waits for the commit (``vote`` ->
 ``decision``), so a fraction commit/(step + commit) of training time is lost at every N.
 
-Failure behaviour: invalid inputs raise :class:`~tmslurm.errors.ConfigError` naming the field;
+Failure behaviour: invalid inputs raise :class:`~tmslurm.core.errors.ConfigError` naming the field;
 nothing else is raised for finite inputs. Fits are computed from the constants below, never from
 files, so the result does not depend on the working directory.
 """
@@ -31,21 +31,29 @@ import dataclasses
 import math
 import statistics
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
-from tmslurm.errors import ConfigError
 from benchmarks.sim.measured import (  # noqa: F401 (re-exported: the laws' inputs)
-    SCALING_SAMPLES, SCALING_PP, CONTROL_RANKS, COMMIT_P50_MS, RECOVERY_ABORT_MS,
-    RECOVERY_PLAN_MS, CONTROLLER_CPU_MS_PER_STEP, COMMIT_P50_MS_4096, COMMIT_TARGET_MS,
-    DETECT_P50_S_MEASURED, CONTROLLER_TICK_S,
+    COMMIT_P50_MS,
+    COMMIT_P50_MS_4096,
+    COMMIT_TARGET_MS,
+    CONTROL_RANKS,
+    CONTROLLER_CPU_MS_PER_STEP,
+    CONTROLLER_TICK_S,
+    DETECT_P50_S_MEASURED,
+    RECOVERY_ABORT_MS,
+    RECOVERY_PLAN_MS,
+    SCALING_PP,
+    SCALING_SAMPLES,
 )
+from tmslurm.core.errors import ConfigError
 
 KINDS = ("planned", "unexpected")
 SWITCH_MODES = ("delta", "full")
 CONTROL_LAWS = ("power", "linear", "hold", "target")
-PART_NAMES = ("detect_s", "control_s", "group_build_s", "phase2_s", "transfer_s", "commit_s",
-              "first_step_s")
+PART_NAMES = ("detect_s", "control_s", "group_build_s", "phase2_s", "transfer_s", "commit_s", "first_step_s")
+
 
 @dataclass(frozen=True)
 class Fit:
@@ -60,7 +68,7 @@ class Fit:
     def __call__(self, x: float) -> float:
         x = min(x, self.x_max)
         if self.kind == "power":
-            return self.a * x ** self.b
+            return self.a * x**self.b
         if self.kind == "linear":
             return max(0.0, self.a + self.b * x)
         return self.a
@@ -81,17 +89,15 @@ def fit_linear(xs: tuple[float, ...], ys: tuple[float, ...]) -> Fit:
 
 def _slope(xs: list[float], ys: list[float]) -> float:
     mx, my = statistics.mean(xs), statistics.mean(ys)
-    return (sum((x - mx) * (y - my) for x, y in zip(xs, ys))
-            / sum((x - mx) ** 2 for x in xs))
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
 
 
 def _scaling_medians(mode: str, index: int) -> tuple[tuple[int, ...], tuple[float, ...]]:
     ranks = tuple(sorted({n for n, m in SCALING_SAMPLES if m == mode}))
-    return ranks, tuple(statistics.median(s[index] for s in SCALING_SAMPLES[(n, mode)])
-                        for n in ranks)
+    return ranks, tuple(statistics.median(s[index] for s in SCALING_SAMPLES[(n, mode)]) for n in ranks)
 
 
-@lru_cache(maxsize=None)
+@cache
 def control_fit(series: str, law: str) -> Fit:
     """The control-plane law ``law`` for ``series`` ('commit', 'recovery', 'cpu'), in seconds.
 
@@ -107,10 +113,13 @@ def control_fit(series: str, law: str) -> Fit:
         if series == "commit":
             (n1, t1), (n2, t2) = sorted(COMMIT_TARGET_MS.items())
             b = math.log(t2 / t1) / math.log(n2 / n1)
-            return Fit("power", t1 / 1000.0 / n1 ** b, b)
+            return Fit("power", t1 / 1000.0 / n1**b, b)
         law = "hold"
-    ys_ms = {"commit": COMMIT_P50_MS, "cpu": CONTROLLER_CPU_MS_PER_STEP,
-             "recovery": tuple(a + p for a, p in zip(RECOVERY_ABORT_MS, RECOVERY_PLAN_MS))}[series]
+    ys_ms = {
+        "commit": COMMIT_P50_MS,
+        "cpu": CONTROLLER_CPU_MS_PER_STEP,
+        "recovery": tuple(a + p for a, p in zip(RECOVERY_ABORT_MS, RECOVERY_PLAN_MS)),
+    }[series]
     ys = tuple(y / 1000.0 for y in ys_ms)
     if law == "linear":
         return fit_linear(CONTROL_RANKS, ys)
@@ -170,9 +179,16 @@ class PartInputs:
     no training time waits for commits (the commit after a switch stays in the downtime)."""
 
     def __post_init__(self) -> None:
-        for name in ("params", "bytes_per_param", "link_gbps", "tokens_per_replica",
-                     "achieved_tflops", "flops_per_param_token", "heartbeat_interval_s",
-                     "monitor_interval_s"):
+        for name in (
+            "params",
+            "bytes_per_param",
+            "link_gbps",
+            "tokens_per_replica",
+            "achieved_tflops",
+            "flops_per_param_token",
+            "heartbeat_interval_s",
+            "monitor_interval_s",
+        ):
             check_positive(name, getattr(self, name))
         for name in ("first_step_steps", "node_timeout_s", "detect_tick_s"):
             check_number(name, getattr(self, name))
@@ -220,8 +236,7 @@ def replica_gpus(p: PartInputs) -> int:
 def dp_degree(gpus: int, p: PartInputs) -> int:
     """Data-parallel degree N / (tp * pp); ConfigError naming gpus if N is not a multiple."""
     if gpus <= 0 or gpus % replica_gpus(p):
-        raise ConfigError(f"gpus: {gpus} is not a positive multiple of tp x pp = "
-                          f"{p.tp} x {p.pp} = {replica_gpus(p)}")
+        raise ConfigError(f"gpus: {gpus} is not a positive multiple of tp x pp = {p.tp} x {p.pp} = {replica_gpus(p)}")
     return gpus // replica_gpus(p)
 
 
@@ -272,7 +287,7 @@ def affected_group_size(gpus: int, p: PartInputs) -> int:
     return sum(s for s in (dp_degree(gpus, p), p.pp, p.tp) if s > 1)
 
 
-@lru_cache(maxsize=None)
+@cache
 def group_build_fit() -> Fit:
     """Delta phase 1 (build the leaver's groups) vs their size, linear, from scaling.json's medians.
 
@@ -292,11 +307,10 @@ def group_build_s(gpus: int, p: PartInputs) -> float:
 
 def delta_phase2_s() -> float:
     """Delta phase 2: installing prebuilt handles, flat in N: median of scaling.json's 30 samples."""
-    return statistics.median(s[1] for (n, m), v in SCALING_SAMPLES.items() if m == "delta"
-                             for s in v)
+    return statistics.median(s[1] for (n, m), v in SCALING_SAMPLES.items() if m == "delta" for s in v)
 
 
-@lru_cache(maxsize=None)
+@cache
 def full_rebuild_fit() -> Fit:
     """Full rebuild (every group inside the pause) vs ranks: linear, from scaling.json's medians.
 
@@ -359,10 +373,15 @@ def downtime_parts(kind: str, gpus: int, p: PartInputs, mode: str = "delta") -> 
         build, phase2 = (0.0, full_rebuild_s(gpus)) if planned else (full_rebuild_s(gpus), 0.0)
     else:
         build, phase2 = (0.0, delta_phase2_s()) if planned else (group_build_s(gpus, p), 0.0)
-    return {"detect_s": detection_s(kind, p),
-            "control_s": 0.0 if planned else recovery_control_s(gpus, p),
-            "group_build_s": build, "phase2_s": phase2, "transfer_s": transfer_s(p),
-            "commit_s": commit_s(gpus, p), "first_step_s": first_step_s(p)}
+    return {
+        "detect_s": detection_s(kind, p),
+        "control_s": 0.0 if planned else recovery_control_s(gpus, p),
+        "group_build_s": build,
+        "phase2_s": phase2,
+        "transfer_s": transfer_s(p),
+        "commit_s": commit_s(gpus, p),
+        "first_step_s": first_step_s(p),
+    }
 
 
 def downtime_s(kind: str, gpus: int, p: PartInputs, mode: str = "delta") -> float:
@@ -373,14 +392,20 @@ def downtime_s(kind: str, gpus: int, p: PartInputs, mode: str = "delta") -> floa
 def scale_row(gpus: int, p: PartInputs) -> dict[str, Any]:
     """Everything per N that is not a downtime: layout, transfer and control-plane figures."""
     step = step_time_s(p)
-    return {"gpus": gpus, "dp": dp_degree(gpus, p),
-            "affected_group_size": affected_group_size(gpus, p),
-            "state_gb_per_rank": state_bytes_per_rank(p) / 1e9,
-            "link_gb_per_s": link_bytes_per_s(p) / 1e9, "transfer_s": transfer_s(p),
-            "step_s": step, "commit_ms": 1000.0 * commit_s(gpus, p),
-            "controller_cpu_s_per_step": controller_cpu_s(gpus, p),
-            "controller_cores": controller_cpu_s(gpus, p) / (step + commit_s(gpus, p)),
-            "control_overhead_pct": 100.0 * control_overhead_fraction(gpus, p),
-            "heartbeats_per_s": heartbeats_per_s(gpus, p),
-            "extrapolated": gpus > max(CONTROL_RANKS),
-            "full_rebuild_s": full_rebuild_s(gpus), "group_build_s": group_build_s(gpus, p)}
+    return {
+        "gpus": gpus,
+        "dp": dp_degree(gpus, p),
+        "affected_group_size": affected_group_size(gpus, p),
+        "state_gb_per_rank": state_bytes_per_rank(p) / 1e9,
+        "link_gb_per_s": link_bytes_per_s(p) / 1e9,
+        "transfer_s": transfer_s(p),
+        "step_s": step,
+        "commit_ms": 1000.0 * commit_s(gpus, p),
+        "controller_cpu_s_per_step": controller_cpu_s(gpus, p),
+        "controller_cores": controller_cpu_s(gpus, p) / (step + commit_s(gpus, p)),
+        "control_overhead_pct": 100.0 * control_overhead_fraction(gpus, p),
+        "heartbeats_per_s": heartbeats_per_s(gpus, p),
+        "extrapolated": gpus > max(CONTROL_RANKS),
+        "full_rebuild_s": full_rebuild_s(gpus),
+        "group_build_s": group_build_s(gpus, p),
+    }

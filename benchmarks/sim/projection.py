@@ -19,7 +19,7 @@ part); the model of rates and strategies is :mod:`benchmarks.sim.model`. Measure
 constant at every N (the earlier mode) are an extra ``tmslurm_measured`` row, only when
 ``--downtime-json`` or ``--planned-s``/``--unexpected-s`` are given.
 
-Failure behaviour: invalid inputs raise :class:`~tmslurm.errors.ConfigError` naming the field
+Failure behaviour: invalid inputs raise :class:`~tmslurm.core.errors.ConfigError` naming the field
 (from the API) or the flag (from the command line); an explicitly named downtime file that is
 missing, unreadable or lacks the tmslurm medians raises ``ConfigError`` naming the file and flag.
 :func:`main` prints the message and returns 2; it never raises for bad user input.
@@ -33,21 +33,36 @@ import json
 import math
 import statistics
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-from tmslurm.errors import ConfigError
-from tmslurm.jsonfile import read_json_object
 from benchmarks.sim import parts as pt
-from benchmarks.sim.model import (ASSUMPTIONS, BEYOND_RULES, DEFAULT_GPUS, HOURS_PER_WEEK,  # noqa: F401
-                               MTTF_ANCHORS, MTTF_RULES, RESTART_BREAKDOWN_MIN, STRATEGIES,
-                               TRAINMOVER_DOWNTIME_S, ProjectionInputs, assumptions,
-                               interruptions_per_week, loglog_exponent, mttf_hours, reduction_pct,
-                               restart_downtime_s, rows_at, strategy_downtimes_s,
-                               trainmover_downtime_s, wasted_gpu_hours)
+from benchmarks.sim.model import (  # noqa: F401
+    ASSUMPTIONS,
+    BEYOND_RULES,
+    DEFAULT_GPUS,
+    HOURS_PER_WEEK,
+    MTTF_ANCHORS,
+    MTTF_RULES,
+    RESTART_BREAKDOWN_MIN,
+    STRATEGIES,
+    TRAINMOVER_DOWNTIME_S,
+    ProjectionInputs,
+    assumptions,
+    interruptions_per_week,
+    loglog_exponent,
+    mttf_hours,
+    reduction_pct,
+    restart_downtime_s,
+    rows_at,
+    strategy_downtimes_s,
+    trainmover_downtime_s,
+    wasted_gpu_hours,
+)
 from benchmarks.sim.render import format_table  # noqa: F401
-from benchmarks.sim.verdicts import (check_claims, compare_with_paper, sensitivity,
-                                  tmslurm_sensitivity)
+from benchmarks.sim.verdicts import check_claims, compare_with_paper, sensitivity, tmslurm_sensitivity
+from tmslurm.core.errors import ConfigError
+from tmslurm.core.jsonfile import read_json_object
 
 DEFAULT_OUT = Path("docs/bench/projection.json")
 
@@ -56,11 +71,16 @@ def project(inputs: ProjectionInputs) -> dict:
     """Run the model; returns the JSON-able result described in the module docstring."""
     inputs_json = dataclasses.asdict(inputs)
     inputs_json["parts"]["derived_step_s"] = pt.step_time_s(inputs.parts)
-    return {"assumptions": assumptions(inputs), "inputs": inputs_json,
-            "rows": [row for gpus in inputs.gpus for row in rows_at(gpus, inputs)],
-            "scale": [pt.scale_row(gpus, inputs.parts) for gpus in inputs.gpus],
-            "comparison": compare_with_paper(inputs), "claims": check_claims(inputs),
-            "sensitivity": sensitivity(inputs), "tmslurm_sensitivity": tmslurm_sensitivity(inputs)}
+    return {
+        "assumptions": assumptions(inputs),
+        "inputs": inputs_json,
+        "rows": [row for gpus in inputs.gpus for row in rows_at(gpus, inputs)],
+        "scale": [pt.scale_row(gpus, inputs.parts) for gpus in inputs.gpus],
+        "comparison": compare_with_paper(inputs),
+        "claims": check_claims(inputs),
+        "sensitivity": sensitivity(inputs),
+        "tmslurm_sensitivity": tmslurm_sensitivity(inputs),
+    }
 
 
 # ---------------------------------------------------------------- measured downtimes
@@ -84,13 +104,17 @@ def _measured(data: dict, kind: str, path: Path, flag: str) -> float:
     for value in (data.get(key), medians.get(key), nested.get(kind)):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return pt.check_number(f"{flag} {path}: {key}", float(value))
-    rows = [r.get("downtime_s") for r in data.get("rows") or [] if isinstance(r, dict)
-            and r.get("strategy") == "tmslurm" and r.get("event") == kind]
+    rows = [
+        r.get("downtime_s")
+        for r in data.get("rows") or []
+        if isinstance(r, dict) and r.get("strategy") == "tmslurm" and r.get("event") == kind
+    ]
     rows = [float(x) for x in rows if isinstance(x, (int, float)) and not isinstance(x, bool)]
     if rows:
         return statistics.median(rows)
-    raise ConfigError(f"{flag} {path}: no '{key}' (top level or under 'medians') and no "
-                      f"tmslurm/{kind} rows with downtime_s")
+    raise ConfigError(
+        f"{flag} {path}: no '{key}' (top level or under 'medians') and no tmslurm/{kind} rows with downtime_s"
+    )
 
 
 # ---------------------------------------------------------------- command line
@@ -106,37 +130,33 @@ PART_FLAGS = (
     ("--link-gbps", "link_gbps", "positive", "inter-node bandwidth per GPU, Gbit/s"),
     ("--tokens-per-replica", "tokens_per_replica", "positive", "tokens per step per DP replica"),
     ("--achieved-tflops", "achieved_tflops", "positive", "achieved TFLOP/s per GPU"),
-    ("--flops-per-param-token", "flops_per_param_token", "positive",
-     "training FLOPs per parameter per token"),
+    ("--flops-per-param-token", "flops_per_param_token", "positive", "training FLOPs per parameter per token"),
     ("--step-s", "step_s", "positive", "step time, s (default: derived from the job)"),
     ("--first-step-steps", "first_step_steps", "number", "steps counted as the first step"),
     ("--node-timeout-s", "node_timeout_s", "number", "runtime.node_timeout_s"),
     ("--detect-tick-s", "detect_tick_s", "number", "the controller's deadline tick, s"),
-    ("--heartbeat-interval-s", "heartbeat_interval_s", "positive",
-     "runtime.heartbeat_interval_s"),
+    ("--heartbeat-interval-s", "heartbeat_interval_s", "positive", "runtime.heartbeat_interval_s"),
     ("--monitor-interval-s", "monitor_interval_s", "positive", "runtime.monitor_interval_s"),
 )
 #: (flag, ProjectionInputs field, check, help) for the rate and restart model.
 MODEL_FLAGS = (
-    ("--checkpoint-interval-min", "checkpoint_interval_min", "number",
-     "restart baseline checkpoint interval, minutes"),
+    ("--checkpoint-interval-min", "checkpoint_interval_min", "number", "restart baseline checkpoint interval, minutes"),
     ("--restart-fixed-min", "restart_fixed_min", "number", "fixed restart cost, minutes"),
-    ("--reschedule-extra-min", "reschedule_extra_min", "number",
-     "extra rescheduling per restart, minutes"),
-    ("--unexpected-per-planned", "unexpected_per_planned", "positive",
-     "unexpected interruptions per planned one"),
+    ("--reschedule-extra-min", "reschedule_extra_min", "number", "extra rescheduling per restart, minutes"),
+    ("--unexpected-per-planned", "unexpected_per_planned", "positive", "unexpected interruptions per planned one"),
     ("--standby-gpus", "standby_gpus", "int0", "idle standby GPUs"),
 )
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.sim.projection",
-                                description="Project wasted GPU-hours per week at scale.")
-    p.add_argument("--downtime-json", metavar="PATH",
-                   help="measured downtimes held constant: adds tmslurm_measured rows")
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.sim.projection", description="Project wasted GPU-hours per week at scale."
+    )
+    p.add_argument(
+        "--downtime-json", metavar="PATH", help="measured downtimes held constant: adds tmslurm_measured rows"
+    )
     p.add_argument("--planned-s", metavar="X", help="constant planned downtime, s (overrides file)")
-    p.add_argument("--unexpected-s", metavar="Y",
-                   help="constant unexpected downtime, s (overrides file)")
+    p.add_argument("--unexpected-s", metavar="Y", help="constant unexpected downtime, s (overrides file)")
     model_defaults = ProjectionInputs()
     for flag, name, _, text in MODEL_FLAGS:
         default = getattr(model_defaults, name)
@@ -147,14 +167,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--planned-loses-progress", action="store_true")
     for flag, name, _, text in PART_FLAGS:
         default = getattr(_PART_DEFAULTS, name)
-        p.add_argument(flag, metavar="X", default=None if default is None else f"{default:g}",
-                       help=f"{text} (default {default})")
-    p.add_argument("--control-law", metavar="LAW", default=_PART_DEFAULTS.control_law,
-                   help=f"commit/control growth beyond 1,024 ranks: {', '.join(pt.CONTROL_LAWS)}")
-    p.add_argument("--async-commit", action="store_true",
-                   help="what-if, not implemented: steps do not wait for their commit")
-    p.add_argument("--out", metavar="PATH", default=str(DEFAULT_OUT),
-                   help=f"JSON output (default {DEFAULT_OUT})")
+        p.add_argument(
+            flag, metavar="X", default=None if default is None else f"{default:g}", help=f"{text} (default {default})"
+        )
+    p.add_argument(
+        "--control-law",
+        metavar="LAW",
+        default=_PART_DEFAULTS.control_law,
+        help=f"commit/control growth beyond 1,024 ranks: {', '.join(pt.CONTROL_LAWS)}",
+    )
+    p.add_argument(
+        "--async-commit", action="store_true", help="what-if, not implemented: steps do not wait for their commit"
+    )
+    p.add_argument("--out", metavar="PATH", default=str(DEFAULT_OUT), help=f"JSON output (default {DEFAULT_OUT})")
     return p
 
 
@@ -201,33 +226,40 @@ def _tmslurm_downtimes(args: argparse.Namespace) -> tuple[float | None, float | 
         if planned is None and unexpected is None:
             return None, None, "not given"
         missing = "--unexpected-s" if unexpected is None else "--planned-s"
-        raise ConfigError(f"{missing} is missing: constant downtimes need --planned-s and "
-                          "--unexpected-s together, or --downtime-json")
+        raise ConfigError(
+            f"{missing} is missing: constant downtimes need --planned-s and --unexpected-s together, or --downtime-json"
+        )
     file_planned, file_unexpected = read_measured_downtimes(path)
-    source = f"medians from {path}" + (" with a command-line override" if
-                                       planned is not None or unexpected is not None else "")
-    return (file_planned if planned is None else planned,
-            file_unexpected if unexpected is None else unexpected, source)
+    source = f"medians from {path}" + (
+        " with a command-line override" if planned is not None or unexpected is not None else ""
+    )
+    return (file_planned if planned is None else planned, file_unexpected if unexpected is None else unexpected, source)
 
 
 def parse_inputs(argv: Sequence[str] | None = None) -> tuple[ProjectionInputs, Path]:
     """Command line -> (inputs, JSON output path); ConfigError names the offending flag."""
     args = _parser().parse_args(argv)
     planned, unexpected, source = _tmslurm_downtimes(args)
-    part_values = {name: _value(flag, getattr(args, name), check)
-                   for flag, name, check, _ in PART_FLAGS}
+    part_values = {name: _value(flag, getattr(args, name), check) for flag, name, check, _ in PART_FLAGS}
     if args.control_law not in pt.CONTROL_LAWS:
-        raise ConfigError(f"--control-law must be one of {', '.join(pt.CONTROL_LAWS)}; "
-                          f"got {args.control_law!r}")
-    parts = pt.PartInputs(**{k: v for k, v in part_values.items() if v is not None},
-                          control_law=args.control_law, async_commit=args.async_commit)
-    model_values = {name: _value(flag, getattr(args, name), check)
-                    for flag, name, check, _ in MODEL_FLAGS}
+        raise ConfigError(f"--control-law must be one of {', '.join(pt.CONTROL_LAWS)}; got {args.control_law!r}")
+    parts = pt.PartInputs(
+        **{k: v for k, v in part_values.items() if v is not None},
+        control_law=args.control_law,
+        async_commit=args.async_commit,
+    )
+    model_values = {name: _value(flag, getattr(args, name), check) for flag, name, check, _ in MODEL_FLAGS}
     inputs = ProjectionInputs(
-        tmslurm_planned_s=planned, tmslurm_unexpected_s=unexpected, tmslurm_source=source,
-        parts=parts, gpus=_gpus_flag(args.gpus, pt.replica_gpus(parts)),
-        mttf_rule=args.mttf_rule, trainmover_beyond=args.trainmover_beyond,
-        planned_loses_progress=args.planned_loses_progress, **model_values)
+        tmslurm_planned_s=planned,
+        tmslurm_unexpected_s=unexpected,
+        tmslurm_source=source,
+        parts=parts,
+        gpus=_gpus_flag(args.gpus, pt.replica_gpus(parts)),
+        mttf_rule=args.mttf_rule,
+        trainmover_beyond=args.trainmover_beyond,
+        planned_loses_progress=args.planned_loses_progress,
+        **model_values,
+    )
     return inputs, Path(args.out)
 
 

@@ -20,7 +20,7 @@ class Run:
 
     def __init__(self, run_dir: Path, overrides: list[str]) -> None:
         self.run_dir = run_dir
-        self.cmd = [sys.executable, "-m", "tmslurm.launch", f"run_dir={run_dir}", *overrides]
+        self.cmd = [sys.executable, "-m", "tmslurm.cli.launch", f"run_dir={run_dir}", *overrides]
         self.log = open(run_dir.parent / f"{run_dir.name}.launch.log", "wb")
         self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT)
 

@@ -50,7 +50,19 @@ def test_projection_from_a_downtime_file(tmp_path):
 
 def test_checkpoint_stall_smallest(tmp_path):
     out = tmp_path / "ckpt.json"
-    r = bench("ckpt", "--model", "tiny", "--steps", "20", "--repeats", "1", "--out", str(tmp_path / "runs"), "--json", str(out))
+    r = bench(
+        "ckpt",
+        "--model",
+        "tiny",
+        "--steps",
+        "20",
+        "--repeats",
+        "1",
+        "--out",
+        str(tmp_path / "runs"),
+        "--json",
+        str(out),
+    )
     data = json.loads(out.read_text())
     assert set(data["modes"]) == {"off", "sync", "async"}
     assert "ckpt_n" not in data["modes"]["off"]

@@ -21,8 +21,15 @@ from tests.distributed.test_controller_lost import children, running, wait_gone
 from tmslurm.wire.protocol import request
 
 STEPS = 160
-LAYOUT = ("parallel.dp=2", "parallel.pp=2", "standby.count=1", "model=tiny", f"train.steps={STEPS}",
-          "train.step_delay_s=0.05", "standby.start_when_warm=true")
+LAYOUT = (
+    "parallel.dp=2",
+    "parallel.pp=2",
+    "standby.count=1",
+    "model=tiny",
+    f"train.steps={STEPS}",
+    "train.step_delay_s=0.05",
+    "standby.start_when_warm=true",
+)
 
 
 def controller_pid(run) -> int:
@@ -101,8 +108,14 @@ def test_kill_9_in_phase_1_of_a_planned_switch_rolls_it_back_and_moves_again(lau
     follows lands in phase 1 (group builds in the background, the shadow catching up over a 0.2 s
     step). The restarted controller cancels that plan everywhere, notices rank 1 again, and the move
     is done afresh under a new epoch; the run ends bit-identical."""
-    layout = ("parallel.dp=2", "parallel.pp=2", "standby.count=1", "model=tiny", "train.steps=40",
-              "standby.start_when_warm=true")
+    layout = (
+        "parallel.dp=2",
+        "parallel.pp=2",
+        "standby.count=1",
+        "model=tiny",
+        "train.steps=40",
+        "standby.start_when_warm=true",
+    )
     base = baseline(*layout)
     run = launch(*layout, "train.step_delay_s=0.2")
     wait_step(run, 8)
@@ -128,16 +141,27 @@ def test_kill_9_in_the_middle_of_a_recovery_redoes_it_and_ends_exact(launch, bas
     transfer (fault hiccup, when: transfer), and the controller is killed then. The restarted
     controller finds a recovery under way, cancels the cut-off join and redoes the recovery under a
     new epoch; the run ends bit-identical."""
-    layout = ("parallel.dp=2", "parallel.pp=2", "standby.count=1", "model=tiny", "train.steps=40",
-              "standby.start_when_warm=true")
+    layout = (
+        "parallel.dp=2",
+        "parallel.pp=2",
+        "standby.count=1",
+        "model=tiny",
+        "train.steps=40",
+        "standby.start_when_warm=true",
+    )
     base = baseline(*layout)
-    run = launch(*layout, "train.step_delay_s=0.05",
-                 "faults=[{step:10,kind:kill,rank:2},{step:10,kind:hiccup,rank:0,when:transfer,amount:'3'}]")
+    run = launch(
+        *layout,
+        "train.step_delay_s=0.05",
+        "faults=[{step:10,kind:kill,rank:2},{step:10,kind:hiccup,rank:0,when:transfer,amount:'3'}]",
+    )
     run.wait_for(lambda e: e["type"] == "fault" and e.get("kind") == "hiccup", timeout=120)
     os.kill(controller_pid(run), signal.SIGKILL)
     summary = run.wait()
     journal = run.journal()
-    assert not [e for e in journal if e["type"] == "adoption_refused"], [e for e in journal if e["type"] == "adoption_refused"]
+    assert not [e for e in journal if e["type"] == "adoption_refused"], [
+        e for e in journal if e["type"] == "adoption_refused"
+    ]
     (adopted,) = [e for e in journal if e["type"] == "adopted"]
     assert adopted.get("resumed_recovery") is True, adopted
     assert any(e["kind"] == "unexpected" and e["status"] == "done" for e in summary["events"]), summary["events"]
@@ -154,11 +178,21 @@ def test_kill_9_past_phase_1_of_a_planned_switch_completes_it_and_ends_exact(lau
     the joiner is receiving. ``first step``: it is killed once the joiner's ``joined`` is journalled,
     while the first step after the switch runs (or right after it committed). The restarted
     controller completes the switch instead of refusing it; the run ends bit-identical."""
-    layout = ("parallel.dp=2", "parallel.pp=2", "standby.count=1", "model=tiny", "train.steps=40",
-              "standby.start_when_warm=true", "runtime.shadow=false")
+    layout = (
+        "parallel.dp=2",
+        "parallel.pp=2",
+        "standby.count=1",
+        "model=tiny",
+        "train.steps=40",
+        "standby.start_when_warm=true",
+        "runtime.shadow=false",
+    )
     base = baseline(*layout)
-    run = launch(*layout, "train.step_delay_s=0.05",
-                 "faults=[{step:10,kind:drain,rank:1},{step:10,kind:hiccup,rank:1,when:transfer,amount:'3'}]")
+    run = launch(
+        *layout,
+        "train.step_delay_s=0.05",
+        "faults=[{step:10,kind:drain,rank:1},{step:10,kind:hiccup,rank:1,when:transfer,amount:'3'}]",
+    )
     if moment == "phase 2":
         run.wait_for(lambda e: e["type"] == "fault" and e.get("kind") == "hiccup", timeout=120)
     else:
@@ -187,7 +221,14 @@ def test_kill_9_in_the_middle_of_a_checkpoint_restart_restarts_again_and_ends_ex
     cannot settle where the run stands. The restarted controller says so (``adoption_refused`` with
     ``fallback: checkpoint_restart``), stops them and restarts every rank from the latest complete
     checkpoint again, in the same run; it ends bit-identical instead of failed."""
-    layout = ("parallel.dp=2", "parallel.pp=2", "standby.count=0", "model=tiny", "train.steps=30", "train.checkpoint_every=10")
+    layout = (
+        "parallel.dp=2",
+        "parallel.pp=2",
+        "standby.count=0",
+        "model=tiny",
+        "train.steps=30",
+        "train.checkpoint_every=10",
+    )
     base = baseline(*layout)
     run = launch(*layout, "train.step_delay_s=0.05", "faults=[{step:12,kind:kill,rank:2}]")
     run.wait_for(lambda e: e["type"] == "restart", timeout=120)

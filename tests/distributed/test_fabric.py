@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 
 from tmslurm.comm.fabric import Fabric, FabricSettings
-from tmslurm.errors import CommAborted, CommError
-from tmslurm.topology import Layout
+from tmslurm.core.errors import CommAborted, CommError
+from tmslurm.core.topology import Layout
 
 pytestmark = pytest.mark.dist
 LAYOUT = Layout(dp=2, pp=2)

@@ -27,18 +27,87 @@ EXAMPLES = 1500  # derandomized: the same 1,500 lines every run (2,500 took ~40 
 # loaded CI host a rank once went 3.03 s without a heartbeat while it started (before any message
 # was sent), the 3 s default fenced it and every rank restarted (docs/recovery.md "Noticed")
 FUZZ_RUN = ["train.steps=1000000", "train.step_delay_s=0.05", "runtime.heartbeat_timeout_s=15.0"]
-TYPES = ["hello", "hb", "started", "groups", "vote", "progress", "prepared", "switched", "left", "aborted", "recovered",
-         "comm_error", "fault", "done", "ready", "joined", "join_failed", "status", "stop", "notice", "signed_notice",
-         "welcome", "decision", "abort", "finish", "error", "", "__class__", "hello\u0000", "vote" * 50]
-FIELDS = ["kind", "id", "pid", "node", "host", "rank", "step", "epoch", "event", "deadline", "reason", "source", "loss",
-          "dt", "digest", "state_digest", "status", "error", "index", "stage", "role", "joiner", "bytes", "ids", "gens",
-          "peak_rss_mb", "phase1_s", "phase2_s", "transfer_s", "build_s", "payload", "signature", "type", "token", "zzz"]
-numbers = st.one_of(st.integers(-2**70, 2**70), st.floats(allow_nan=False, allow_infinity=False), st.integers(0, 8))
+TYPES = [
+    "hello",
+    "hb",
+    "started",
+    "groups",
+    "vote",
+    "progress",
+    "prepared",
+    "switched",
+    "left",
+    "aborted",
+    "recovered",
+    "comm_error",
+    "fault",
+    "done",
+    "ready",
+    "joined",
+    "join_failed",
+    "status",
+    "stop",
+    "notice",
+    "signed_notice",
+    "welcome",
+    "decision",
+    "abort",
+    "finish",
+    "error",
+    "",
+    "__class__",
+    "hello\u0000",
+    "vote" * 50,
+]
+FIELDS = [
+    "kind",
+    "id",
+    "pid",
+    "node",
+    "host",
+    "rank",
+    "step",
+    "epoch",
+    "event",
+    "deadline",
+    "reason",
+    "source",
+    "loss",
+    "dt",
+    "digest",
+    "state_digest",
+    "status",
+    "error",
+    "index",
+    "stage",
+    "role",
+    "joiner",
+    "bytes",
+    "ids",
+    "gens",
+    "peak_rss_mb",
+    "phase1_s",
+    "phase2_s",
+    "transfer_s",
+    "build_s",
+    "payload",
+    "signature",
+    "type",
+    "token",
+    "zzz",
+]
+numbers = st.one_of(st.integers(-(2**70), 2**70), st.floats(allow_nan=False, allow_infinity=False), st.integers(0, 8))
 values = st.recursive(
-    st.one_of(st.none(), st.booleans(), numbers, st.text(max_size=40), st.sampled_from(["worker", "standby", "local0",
-                                                                                         "maintenance", "failure"])),
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        numbers,
+        st.text(max_size=40),
+        st.sampled_from(["worker", "standby", "local0", "maintenance", "failure"]),
+    ),
     lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
-    max_leaves=12)
+    max_leaves=12,
+)
 
 
 @st.composite
@@ -46,8 +115,13 @@ def lines(draw, token: str, pids: list[int]) -> bytes:
     msg = {"type": draw(st.sampled_from(TYPES))}
     msg.update(draw(st.dictionaries(st.sampled_from(FIELDS), values, max_size=8)))
     if msg["type"] == "hello" and draw(st.booleans()):  # a well-formed hello reporting someone else's pid
-        msg.update(token=token, kind=draw(st.sampled_from(["worker", "standby"])), id=draw(st.integers(0, 5)),
-                   pid=draw(st.sampled_from(pids)), node="local0")
+        msg.update(
+            token=token,
+            kind=draw(st.sampled_from(["worker", "standby"])),
+            id=draw(st.integers(0, 5)),
+            pid=draw(st.sampled_from(pids)),
+            node="local0",
+        )
     auth = draw(st.sampled_from(["good", "good", "bad", "none", "keep"]))
     if auth == "good":
         msg["token"] = token
@@ -60,7 +134,7 @@ def lines(draw, token: str, pids: list[int]) -> bytes:
     text = json.dumps(msg, ensure_ascii=draw(st.booleans()), allow_nan=True).encode()
     framing = draw(st.sampled_from(["line", "line", "truncated", "garbage", "no_newline"]))
     if framing == "truncated":
-        return text[:draw(st.integers(0, max(0, len(text) - 1)))] + b"\n"
+        return text[: draw(st.integers(0, max(0, len(text) - 1)))] + b"\n"
     if framing == "garbage":
         return draw(st.binary(max_size=300)) + b"\n"
     return text if framing == "no_newline" else text + b"\n"
@@ -87,11 +161,16 @@ def test_1500_generated_messages_change_nothing(launch, baseline, sentinel):  # 
     run = launch(*LAYOUT, *FUZZ_RUN)
     all_up(run)
     addr, token = addr_of(run), read_token(run.run_dir)
-    pids = [sentinel.pid, -1, 0, 1, 2**31, -2**31]
+    pids = [sentinel.pid, -1, 0, 1, 2**31, -(2**31)]
     replies: dict[str, int] = {}
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+    )
     @given(data=lines(token, pids))
     def fuzz(data: bytes) -> None:
         assert run.proc.poll() is None, "the run ended (or crashed) while fuzzing:\n" + run.output()[-3000:]
@@ -109,4 +188,7 @@ def test_1500_generated_messages_change_nothing(launch, baseline, sentinel):  # 
     assert sentinel.poll() is None, "a process outside the run was signalled"
     journal = run.journal()
     assert not any(e["type"] in ("handler_error", "fenced", "abort", "restart") for e in journal)
-    assert sum(e["type"] in ("bad_message", "auth_refused", "hello_refused", "preauth_dropped") for e in journal) > EXAMPLES // 2
+    assert (
+        sum(e["type"] in ("bad_message", "auth_refused", "hello_refused", "preauth_dropped") for e in journal)
+        > EXAMPLES // 2
+    )

@@ -13,8 +13,15 @@ pytestmark = pytest.mark.dist
 
 STEPS = 24
 LAYOUT = ("parallel.dp=2", "parallel.pp=2")
-BASE = [*LAYOUT, f"train.steps={STEPS}", "train.step_delay_s=0.05", "standby.count=1", "standby.start_when_warm=true",
-        "runtime.gray_evict=true", "runtime.gray_window=6"]
+BASE = [
+    *LAYOUT,
+    f"train.steps={STEPS}",
+    "train.step_delay_s=0.05",
+    "standby.count=1",
+    "standby.start_when_warm=true",
+    "runtime.gray_evict=true",
+    "runtime.gray_window=6",
+]
 
 
 def test_a_slow_rank_is_moved_off_and_a_hiccup_moves_nothing(launch, baseline):
@@ -30,8 +37,16 @@ def test_a_slow_rank_is_moved_off_and_a_hiccup_moves_nothing(launch, baseline):
     (evict,) = [e for e in slow.journal() if e["type"] == "gray_evict"]
     # slow from step 6: found once 4 of its 6 windowed steps were slow (step 9; the vote of a step carries its busy time)
     assert evict["rank"] == 1 and 9 <= evict["step"] <= 10 and evict["ratio"] >= 1.5, evict
-    assert s["gray"]["evictions"] == [{"cause": "compute", "rank": 1, "node": evict["node"], "step": evict["step"],
-                                       "ratio": evict["ratio"], "excess_s": evict["excess_s"]}]
+    assert s["gray"]["evictions"] == [
+        {
+            "cause": "compute",
+            "rank": 1,
+            "node": evict["node"],
+            "step": evict["step"],
+            "ratio": evict["ratio"],
+            "excess_s": evict["excess_s"],
+        }
+    ]
 
     assert_exact(h, ref)
     assert h["events"] == [] and not any(e["type"].startswith("gray") for e in hiccup.journal())

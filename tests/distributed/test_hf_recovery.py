@@ -23,8 +23,14 @@ LAYOUT = ("parallel.dp=2", "parallel.pp=2", "train.steps=14", "train.task=tmslur
 def test_a_drain_and_a_kill_end_exact(launch, baseline, model):
     source = f"model.hf_config={EXAMPLES / model / 'config.json'}"
     ref = baseline(*LAYOUT, source)
-    s = launch(*LAYOUT, source, "standby.count=2", "standby.start_when_warm=true", "runtime.heartbeat_timeout_s=2.0",
-               "faults=[{step:5,kind:drain,rank:1},{step:9,kind:kill,rank:2}]").wait()
+    s = launch(
+        *LAYOUT,
+        source,
+        "standby.count=2",
+        "standby.start_when_warm=true",
+        "runtime.heartbeat_timeout_s=2.0",
+        "faults=[{step:5,kind:drain,rank:1},{step:9,kind:kill,rank:2}]",
+    ).wait()
     assert [(e["kind"], e["ranks"]) for e in s["events"]] == [("planned", [1]), ("unexpected", [2])], s["events"]
     assert s["steps"] == 14 and s["replicas_equal"] is True
     assert s["final_state_sha256"] == ref["final_state_sha256"] is not None

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from tmslurm.wire.protocol import exchange, read_token
-from tmslurm.signing import generate_keypair, load_private_key, signed_notice
 from tests.distributed.test_recovery import BASE, STEPS, assert_exact
+from tmslurm.core.signing import generate_keypair, load_private_key, signed_notice
+from tmslurm.wire.protocol import exchange, read_token
 
 pytestmark = pytest.mark.dist
 LAYOUT = ("parallel.dp=2", "parallel.pp=2")
@@ -54,17 +54,21 @@ def test_hostile_hellos_and_malformed_messages_change_nothing(launch, baseline, 
     run = launch(*LAYOUT, *BASE)
     all_up(run)
     addr, token = addr_of(run), read_token(run.run_dir)
-    hostile = [{"type": "hello", "token": token, "kind": "worker", "id": 1, "pid": sentinel.pid, "node": "local0"},
-               {"type": "hello", "token": token, "kind": "standby", "id": 0, "pid": sentinel.pid, "node": "x"},
-               {"type": "hello", "token": token, "kind": "worker", "id": 3, "pid": -1, "node": "local1"}]
+    hostile = [
+        {"type": "hello", "token": token, "kind": "worker", "id": 1, "pid": sentinel.pid, "node": "local0"},
+        {"type": "hello", "token": token, "kind": "standby", "id": 0, "pid": sentinel.pid, "node": "x"},
+        {"type": "hello", "token": token, "kind": "worker", "id": 3, "pid": -1, "node": "local1"},
+    ]
     for msg in hostile:
         reply = exchange(addr, msg)
         assert reply["type"] == "error" and "refused" in reply["error"], reply
-    malformed = [{"type": "notice", "token": token, "event": "maintenance", "node": ["a"]},  # crashed the old controller
-                 {"type": "hello", "token": token, "kind": "worker", "id": 1, "pid": "1", "node": "n"},
-                 {"type": "left", "token": token},
-                 {"type": "stop", "token": token, "extra": 1},
-                 {"type": "notice", "token": token, "event": "failure", "rank": 2**40}]
+    malformed = [
+        {"type": "notice", "token": token, "event": "maintenance", "node": ["a"]},  # crashed the old controller
+        {"type": "hello", "token": token, "kind": "worker", "id": 1, "pid": "1", "node": "n"},
+        {"type": "left", "token": token},
+        {"type": "stop", "token": token, "extra": 1},
+        {"type": "notice", "token": token, "event": "failure", "rank": 2**40},
+    ]
     for msg in malformed:
         reply = exchange(addr, msg)
         assert reply["type"] == "error" and "bad first message" in reply["error"], reply
@@ -86,11 +90,13 @@ def test_preauth_limits_drop_oversize_slow_and_surplus_clients(launch, baseline)
     assert send_line(addr, b'{"type": "status", "token": "' + b"x" * 100_000 + b'"}\n') is None
     idle = [socket.create_connection((addr["host"], addr["port"])) for _ in range(40)]  # never send anything
     run.wait_for(lambda e: e["type"] == "preauth_dropped" and "too many" in e["why"])
+
     # Every idle socket is either refused at once ("too many") or dropped after auth_timeout_s ("in time");
     # the gate frees a slot before it journals the drop, so once all 40 are journalled the gate has room.
     def idle_drops() -> int:
-        return sum(e["type"] == "preauth_dropped" and ("too many" in e["why"] or "in time" in e["why"])
-                   for e in run.journal())
+        return sum(
+            e["type"] == "preauth_dropped" and ("too many" in e["why"] or "in time" in e["why"]) for e in run.journal()
+        )
 
     deadline = time.monotonic() + 60
     while idle_drops() < len(idle):
@@ -111,8 +117,9 @@ def test_signed_notices_forged_stale_replayed_refused_valid_one_moves_the_rank(l
     key = load_private_key(tmp_path / "admin.key")
     generate_keypair(tmp_path / "other.key", tmp_path / "other.pub")
     other = load_private_key(tmp_path / "other.key")
-    run = launch(*LAYOUT, *BASE, "standby.count=1", f"runtime.admin_public_key_file={tmp_path / 'admin.pub'}",
-                 name="signed")
+    run = launch(
+        *LAYOUT, *BASE, "standby.count=1", f"runtime.admin_public_key_file={tmp_path / 'admin.pub'}", name="signed"
+    )
     all_up(run, n=5)
     run.wait_for(lambda e: e["type"] == "standby_ready")
     addr = addr_of(run)

@@ -29,15 +29,26 @@ def _free_port() -> int:
 def _scrape(port: int) -> dict[tuple[str, tuple], float]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         text = r.read().decode()
-    return {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("run", "job")))): s.value
-            for fam in prometheus.text_string_to_metric_families(text) for s in fam.samples}
+    return {
+        (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("run", "job")))): s.value
+        for fam in prometheus.text_string_to_metric_families(text)
+        for s in fam.samples
+    }
 
 
 def test_a_scrape_after_a_drain_and_a_kill_matches_the_journal(launch, baseline):
     port = _free_port()
-    run = launch(*LAYOUT, "standby.count=2", "standby.start_when_warm=true", "train.steps=1000000",
-                 "train.step_delay_s=0.05", "runtime.heartbeat_timeout_s=2.0", f"runtime.metrics_port={port}", "train.checkpoint_every=5",
-                 "faults=[{step:6,kind:drain,rank:1},{step:12,kind:kill,rank:2}]")
+    run = launch(
+        *LAYOUT,
+        "standby.count=2",
+        "standby.start_when_warm=true",
+        "train.steps=1000000",
+        "train.step_delay_s=0.05",
+        "runtime.heartbeat_timeout_s=2.0",
+        f"runtime.metrics_port={port}",
+        "train.checkpoint_every=5",
+        "faults=[{step:6,kind:drain,rank:1},{step:12,kind:kill,rank:2}]",
+    )
     deadline = time.monotonic() + 180
     while len(events := [e for e in run.journal() if e["type"] == "event"]) < 2:
         assert time.monotonic() < deadline and run.proc.poll() is None, run.output()[-3000:]
@@ -73,8 +84,15 @@ def test_a_node_monitor_serves_its_node_and_counts_an_exit(launch):
     """runtime.monitor_metrics_port: on cluster=local every node is this host, so the first monitor binds
     and the others go on without metrics; the one that binds tells its port in monitors/<node>.metrics."""
     port = _free_port()
-    run = launch(*LAYOUT, "standby.count=1", "standby.start_when_warm=true", "train.steps=1000000",
-                 "train.step_delay_s=0.05", "runtime.heartbeat_timeout_s=2.0", f"runtime.monitor_metrics_port={port}")
+    run = launch(
+        *LAYOUT,
+        "standby.count=1",
+        "standby.start_when_warm=true",
+        "train.steps=1000000",
+        "train.step_delay_s=0.05",
+        "runtime.heartbeat_timeout_s=2.0",
+        f"runtime.monitor_metrics_port={port}",
+    )
     deadline = time.monotonic() + 120
     while not (files := sorted((run.run_dir / "monitors").glob("*.metrics"))):
         assert time.monotonic() < deadline and run.proc.poll() is None, run.output()[-3000:]

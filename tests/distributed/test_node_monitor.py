@@ -57,8 +57,15 @@ def test_a_frozen_node_is_lost_in_under_a_second_and_its_rank_moves(launch, base
 def test_the_monitor_reports_a_rank_exit(launch, baseline):
     opts = [o for o in BASE if not o.startswith("train.")]
     # controller_lost_s=1: a monitor alive at step 20 (seconds after it started) proves it gets beats
-    run = launch(*LAYOUT, *opts, f"train.steps={STEPS}", "train.step_delay_s=0.05", "standby.count=1",
-                 "runtime.controller_lost_s=1", "faults=[{step:20,kind:kill,rank:2}]")
+    run = launch(
+        *LAYOUT,
+        *opts,
+        f"train.steps={STEPS}",
+        "train.step_delay_s=0.05",
+        "standby.count=1",
+        "runtime.controller_lost_s=1",
+        "faults=[{step:20,kind:kill,rank:2}]",
+    )
     s = run.wait()
     assert_exact(s, baseline(*LAYOUT, f"train.steps={STEPS}"))
     log = (run.run_dir / "logs" / "monitor-local2.log").read_text()

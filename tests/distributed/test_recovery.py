@@ -6,7 +6,6 @@ optimizer state of every stage) as the uninterrupted run of its layout, with ``r
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 
@@ -14,12 +13,16 @@ import pytest
 
 from tmslurm.wire.protocol import request
 
-
 pytestmark = pytest.mark.dist
 
 STEPS = 24
 # Pace steps a little so standbys (which import torch and warm up) are ready by the faults' steps.
-BASE = [f"train.steps={STEPS}", "train.step_delay_s=0.05", "runtime.heartbeat_timeout_s=2.0", "standby.start_when_warm=true"]
+BASE = [
+    f"train.steps={STEPS}",
+    "train.step_delay_s=0.05",
+    "runtime.heartbeat_timeout_s=2.0",
+    "standby.start_when_warm=true",
+]
 
 
 def events_of(summary, kind):
@@ -53,10 +56,14 @@ def assert_planned(ev, rank: int, shadow: str | None) -> None:
         assert ev["shadow_matched"] is False and ev["transfer_s"] > 0.0
 
 
-@pytest.mark.parametrize("rank,extra,shadow", [
-    (1, ("runtime.shadow=false",), None),                    # the state travels in the pause
-    (0, ("faults=[{step:12,kind:drain,rank:0},{step:0,kind:corrupt_shadow,rank:0}]",), "mismatch"),
-], ids=["last-stage-state-in-pause", "forced-shadow-mismatch-falls-back"])
+@pytest.mark.parametrize(
+    "rank,extra,shadow",
+    [
+        (1, ("runtime.shadow=false",), None),  # the state travels in the pause
+        (0, ("faults=[{step:12,kind:drain,rank:0},{step:0,kind:corrupt_shadow,rank:0}]",), "mismatch"),
+    ],
+    ids=["last-stage-state-in-pause", "forced-shadow-mismatch-falls-back"],
+)
 def test_planned_migration_is_exact(launch, baseline, rank, extra, shadow):
     """Shadowed moves of the first and the last stage are checked by the run of three events below."""
     faults = () if any(e.startswith("faults=") for e in extra) else (f"faults=[{{step:12,kind:drain,rank:{rank}}}]",)
@@ -67,8 +74,13 @@ def test_planned_migration_is_exact(launch, baseline, rank, extra, shadow):
 
 
 def test_planned_middle_stage_with_pp3(launch, baseline):
-    s = _run(launch, baseline, "standby.count=1", "faults=[{step:12,kind:drain,rank:4}]",
-             layout=("parallel.dp=2", "parallel.pp=3"))
+    s = _run(
+        launch,
+        baseline,
+        "standby.count=1",
+        "faults=[{step:12,kind:drain,rank:4}]",
+        layout=("parallel.dp=2", "parallel.pp=3"),
+    )
     (ev,) = events_of(s, "planned")
     assert ev["ranks"] == [4]
 
@@ -80,8 +92,13 @@ def test_unexpected_failures_kill_then_stop_are_exact(launch, baseline, overlap)
     ranks that send no state redo the step after the transfer (held) or beside it (overlapped)."""
     layout = ("parallel.dp=2", "parallel.pp=2")
     ref = baseline(*layout, f"train.steps={STEPS}")
-    run = launch(*layout, *BASE, "standby.count=2", f"runtime.redo_overlap={overlap}",
-                 "faults=[{step:8,kind:kill,rank:2},{step:16,kind:stop,rank:1}]")
+    run = launch(
+        *layout,
+        *BASE,
+        "standby.count=2",
+        f"runtime.redo_overlap={overlap}",
+        "faults=[{step:8,kind:kill,rank:2},{step:16,kind:stop,rank:1}]",
+    )
     s = run.wait()
     assert_exact(s, ref)
     held = [e["held"] for e in run.journal() if e["type"] == "recover"]
@@ -100,8 +117,12 @@ def test_rank_that_heartbeats_but_stops_training_is_hung_and_replaced_exactly(la
 
 
 def test_second_rank_killed_during_the_switch(launch, baseline):
-    s = _run(launch, baseline, "standby.count=2",
-             "faults=[{step:12,kind:kill,rank:1},{step:12,kind:kill,rank:2,when:recover}]")
+    s = _run(
+        launch,
+        baseline,
+        "standby.count=2",
+        "faults=[{step:12,kind:kill,rank:1},{step:12,kind:kill,rank:2,when:recover}]",
+    )
     evs = events_of(s, "unexpected")
     assert sorted(r for ev in evs for r in ev["ranks"]) == [1, 2], evs
     assert not events_of(s, "restart")
@@ -109,8 +130,14 @@ def test_second_rank_killed_during_the_switch(launch, baseline):
 
 @pytest.mark.parametrize("async_", ["false", "true"], ids=["sync-checkpoints", "async-checkpoints"])
 def test_only_standby_killed_in_warmup_then_failure_falls_back_to_checkpoint(launch, baseline, async_):
-    run = launch(*("parallel.dp=2", "parallel.pp=2"), *BASE, "standby.count=1", "train.checkpoint_every=5",
-                 f"train.checkpoint_async={async_}", "faults=[{step:16,kind:kill,rank:3}]")
+    run = launch(
+        *("parallel.dp=2", "parallel.pp=2"),
+        *BASE,
+        "standby.count=1",
+        "train.checkpoint_every=5",
+        f"train.checkpoint_async={async_}",
+        "faults=[{step:16,kind:kill,rank:3}]",
+    )
     up = run.wait_for(lambda e: e["type"] == "agent_up" and e["agent"].startswith("standby"))
     os.kill(up["pid"], signal.SIGKILL)
     s = run.wait()
@@ -128,8 +155,12 @@ def test_only_standby_killed_in_warmup_then_failure_falls_back_to_checkpoint(lau
 def test_two_planned_migrations_and_a_failure_in_one_run(launch, baseline):
     """The drains move the first stage (rank 0) and the last stage (rank 3), each shadowed: the pause
     moves no state."""
-    s = _run(launch, baseline, "standby.count=3",
-             "faults=[{step:6,kind:drain,rank:0},{step:12,kind:drain,rank:3},{step:18,kind:kill,rank:1}]")
+    s = _run(
+        launch,
+        baseline,
+        "standby.count=3",
+        "faults=[{step:6,kind:drain,rank:0},{step:12,kind:drain,rank:3},{step:18,kind:kill,rank:1}]",
+    )
     first, last = events_of(s, "planned")
     assert_planned(first, 0, "matched")
     assert_planned(last, 3, "matched")
@@ -158,8 +189,11 @@ def test_untouched_groups_keep_their_objects_and_stayers_memory_is_flat(launch, 
     (ev,) = events_of(s, "planned")
     switch_step = max(e["step"] for e in s["step_log"] if e["t_end"] <= ev["switched_t"])
     for rank in (1, 2, 3):
-        before = max(e["peak_rss_mb"][str(rank)] for e in s["step_log"]
-                     if e["step"] <= switch_step and str(rank) in e["peak_rss_mb"])
+        before = max(
+            e["peak_rss_mb"][str(rank)]
+            for e in s["step_log"]
+            if e["step"] <= switch_step and str(rank) in e["peak_rss_mb"]
+        )
         after = max(e["peak_rss_mb"][str(rank)] for e in s["step_log"] if str(rank) in e["peak_rss_mb"])
         assert after - before < 8.0, (rank, before, after)
 

@@ -13,7 +13,12 @@ from tests.distributed.test_recovery import assert_exact, events_of
 pytestmark = pytest.mark.dist
 
 STEPS = 20
-BASE = [f"train.steps={STEPS}", "train.step_delay_s=0.05", "runtime.heartbeat_timeout_s=2.0", "standby.start_when_warm=true"]
+BASE = [
+    f"train.steps={STEPS}",
+    "train.step_delay_s=0.05",
+    "runtime.heartbeat_timeout_s=2.0",
+    "standby.start_when_warm=true",
+]
 DP2PP2 = ("parallel.dp=2", "parallel.pp=2")
 
 
@@ -30,8 +35,13 @@ def _exact(launch, baseline, layout, *extra):
 def test_three_ranks_of_three_stages_lost_at_one_instant_move_together(launch, baseline):
     """DP2 x PP3: one fault kills ranks 0, 4 and 2 (stages 0, 1, 2) mid-step 6; each stage keeps a
     replica, so one recovery moves all three to the three standbys."""
-    s, journal = _exact(launch, baseline, ("parallel.dp=2", "parallel.pp=3"), "standby.count=3",
-                        "faults=[{step:6,kind:kill,ranks:[0,4,2]}]")
+    s, journal = _exact(
+        launch,
+        baseline,
+        ("parallel.dp=2", "parallel.pp=3"),
+        "standby.count=3",
+        "faults=[{step:6,kind:kill,ranks:[0,4,2]}]",
+    )
     (ev,) = s["events"]
     assert ev["kind"] == "unexpected" and ev["ranks"] == [0, 2, 4] and ev["status"] == "done", ev
     assert sorted(e["rank"] for e in journal if e["type"] == "fault") == [0, 2, 4]
@@ -40,8 +50,13 @@ def test_three_ranks_of_three_stages_lost_at_one_instant_move_together(launch, b
 def test_the_source_dying_mid_transfer_is_covered_by_another_peer(launch, baseline):
     """DP4: rank 1 dies; its state's source (rank 0, the first live DP peer) dies after sending the
     transfer's header. The next recovery moves both, from ranks 2/3, to the two standbys."""
-    s, journal = _exact(launch, baseline, ("parallel.dp=4", "parallel.pp=1"), "standby.count=2",
-                        "faults=[{step:6,kind:kill,rank:1},{step:6,kind:kill,rank:0,when:transfer}]")
+    s, journal = _exact(
+        launch,
+        baseline,
+        ("parallel.dp=4", "parallel.pp=1"),
+        "standby.count=2",
+        "faults=[{step:6,kind:kill,rank:1},{step:6,kind:kill,rank:0,when:transfer}]",
+    )
     assert [e["kind"] for e in s["events"] if e["status"] == "done"][-1] == "unexpected"
     assert {r for e in s["events"] for r in e["ranks"]} == {0, 1}
     assert not events_of(s, "restart")
@@ -49,8 +64,13 @@ def test_the_source_dying_mid_transfer_is_covered_by_another_peer(launch, baseli
 
 
 def test_the_joining_standby_dying_mid_transfer_is_replaced_by_the_next(launch, baseline):
-    s, journal = _exact(launch, baseline, DP2PP2, "standby.count=2",
-                        "faults=[{step:6,kind:kill,rank:2},{step:6,kind:kill,rank:2,when:join}]")
+    s, journal = _exact(
+        launch,
+        baseline,
+        DP2PP2,
+        "standby.count=2",
+        "faults=[{step:6,kind:kill,rank:2},{step:6,kind:kill,rank:2,when:join}]",
+    )
     assert not events_of(s, "restart")
     assert [e["ranks"] for e in s["events"] if e["status"] == "done"] == [[2]]
     joined = [e for e in journal if e["type"] == "joined" and e["rank"] == 2]
@@ -61,8 +81,14 @@ def test_the_joining_standby_dying_mid_transfer_is_replaced_by_the_next(launch, 
 def test_more_failures_than_warm_standbys_fall_back_to_the_checkpoint(launch, baseline):
     """One standby: the first kill takes it; the second (before a replacement is warm, or with
     none) restarts from the step-8 checkpoint, and the journal says why."""
-    s, journal = _exact(launch, baseline, DP2PP2, "standby.count=1", "train.checkpoint_every=4",
-                        "faults=[{step:5,kind:kill,rank:1},{step:9,kind:kill,rank:2}]")
+    s, journal = _exact(
+        launch,
+        baseline,
+        DP2PP2,
+        "standby.count=1",
+        "train.checkpoint_every=4",
+        "faults=[{step:5,kind:kill,rank:1},{step:9,kind:kill,rank:2}]",
+    )
     kinds = [e["kind"] for e in s["events"]]
     assert kinds[0] == "unexpected" and "restart" in kinds, s["events"]
     (restart,) = events_of(s, "restart")
@@ -73,9 +99,15 @@ def test_a_drain_notice_then_a_kill_both_end_exact_and_the_notice_is_kept(launch
     """As a new user tried: the drain of rank 1 waits for the standby, the kill of rank 2 finds none
     warm and restarts; the notice survives the restart and is planned after it (or still pending
     in the summary), never silently dropped."""
-    s, journal = _exact(launch, baseline, DP2PP2, "standby.count=1", "train.checkpoint_every=4",
-                        "standby.start_when_warm=false",  # as the user ran it: the drain may meet a cold standby
-                        "faults=[{step:8,kind:drain,rank:1},{step:12,kind:kill,rank:2}]")
+    s, journal = _exact(
+        launch,
+        baseline,
+        DP2PP2,
+        "standby.count=1",
+        "train.checkpoint_every=4",
+        "standby.start_when_warm=false",  # as the user ran it: the drain may meet a cold standby
+        "faults=[{step:8,kind:drain,rank:1},{step:12,kind:kill,rank:2}]",
+    )
     # Honoured three ways, depending on when the standby warms: a planned switch, a checkpoint at
     # the next step then a restart (no standby left: nothing lost), or still pending at the end.
     planned = [e for e in s["events"] if e["kind"] == "planned" and e["status"] == "done" and e["ranks"] == [1]]

@@ -11,15 +11,20 @@ import signal
 
 import pytest
 
-from tests.distributed.test_controller_restart import controller_pid, wait_step
 from tests.distributed.test_controller_lost import children
+from tests.distributed.test_controller_restart import controller_pid, wait_step
 from tests.distributed.test_recovery import assert_exact, events_of
 
 pytestmark = pytest.mark.dist
 
 LAYOUT = ("parallel.dp=2", "parallel.pp=2", "parallel.ranks_per_node=2")
 STEPS = 24
-RELAY = ("runtime.relay=true", "train.step_delay_s=0.05", "runtime.heartbeat_timeout_s=2.0", "standby.start_when_warm=true")
+RELAY = (
+    "runtime.relay=true",
+    "train.step_delay_s=0.05",
+    "runtime.heartbeat_timeout_s=2.0",
+    "standby.start_when_warm=true",
+)
 
 
 def relays(journal: list[dict]) -> list[str]:
@@ -28,8 +33,13 @@ def relays(journal: list[dict]) -> list[str]:
 
 def test_a_migration_and_a_failure_through_relays_are_exact(launch, baseline):
     ref = baseline(*LAYOUT, f"train.steps={STEPS}")
-    run = launch(*LAYOUT, *RELAY, f"train.steps={STEPS}", "standby.count=2",
-                 "faults=[{step:8,kind:drain,rank:0},{step:16,kind:kill,rank:3}]")
+    run = launch(
+        *LAYOUT,
+        *RELAY,
+        f"train.steps={STEPS}",
+        "standby.count=2",
+        "faults=[{step:8,kind:drain,rank:0},{step:16,kind:kill,rank:3}]",
+    )
     s = run.wait()
     assert_exact(s, ref)
     assert len(events_of(s, "planned")) == 1 and len(events_of(s, "unexpected")) == 1, s["events"]

@@ -56,7 +56,9 @@ def _peer(rank: int, port: int, q, mode: str) -> None:
     pg = dist.ProcessGroupGloo(dist.PrefixStore("xfer", store), rank, 2, datetime.timedelta(seconds=30))
     if rank == 1:  # the standby: other initial values, so only what it receives can make it equal
         runner = _Runner(seed=1)
-        got = follow(pg, runner, 30, lambda: False, lambda step, s: q.put(("caught_up", step)), corrupt=(mode == "mismatch"))
+        got = follow(
+            pg, runner, 30, lambda: False, lambda step, s: q.put(("caught_up", step)), corrupt=(mode == "mismatch")
+        )
         matched, received = False, got.switch_bytes
         if got.shadowed:
             matched = check(pg, runner, 30, lambda: False)

@@ -15,7 +15,6 @@ the earlier bound of 1.5x + 0.1 s). The run ends bit-identical to the uninterrup
 from __future__ import annotations
 
 import pytest
-
 from test_recovery import assert_exact, events_of
 
 pytestmark = [pytest.mark.dist, pytest.mark.heavy]
@@ -34,8 +33,14 @@ def test_pp8_compiled_drain_of_every_shape_class_joins_warm(launch, baseline):
     faults = ",".join(f"{{step:{EVERY * (i + 1)},kind:drain,rank:{r}}}" for i, r in enumerate(DRAINED))
     ref = baseline(*LAYOUT)
     # one standby per drain, all warm before step 0 commits (a replenished one would still be compiling)
-    s = launch(*LAYOUT, f"standby.count={len(DRAINED)}", "standby.start_when_warm=true",
-               "train.step_delay_s=0.05", "runtime.heartbeat_timeout_s=20", f"faults=[{faults}]").wait(timeout=600)
+    s = launch(
+        *LAYOUT,
+        f"standby.count={len(DRAINED)}",
+        "standby.start_when_warm=true",
+        "train.step_delay_s=0.05",
+        "runtime.heartbeat_timeout_s=20",
+        f"faults=[{faults}]",
+    ).wait(timeout=600)
     assert_exact(s, ref)
     evs = events_of(s, "planned")
     assert [ev["ranks"] for ev in evs] == [[r] for r in DRAINED], evs
@@ -52,8 +57,14 @@ def test_pp8_compiled_drain_of_every_shape_class_joins_warm(launch, baseline):
 def test_class_beyond_the_cap_joins_cold_and_says_why(launch, baseline):
     layout = ("parallel.dp=1", "parallel.pp=3", "train.steps=12")
     ref = baseline(*layout)
-    s = launch(*layout, "standby.count=1", "standby.max_classes=2", "standby.start_when_warm=true",
-               "train.step_delay_s=0.05", "faults=[{step:6,kind:drain,rank:2}]").wait()
+    s = launch(
+        *layout,
+        "standby.count=1",
+        "standby.max_classes=2",
+        "standby.start_when_warm=true",
+        "train.step_delay_s=0.05",
+        "faults=[{step:6,kind:drain,rank:2}]",
+    ).wait()
     assert_exact(s, ref)
     (ev,) = events_of(s, "planned")
     assert ev["joiner_warm"] is False

@@ -2,7 +2,7 @@
 
 Each run ends with the same ``final_state_sha256`` as the uninterrupted zero=1 run of its layout. At
 zero=1 that hash covers every rank's own optimizer slice, and it is only given when each buddy's copy
-equals the slice it shadows (controller/final.py ``fold_slices``). So an exact end also proves that
+equals the slice it shadows (controller/final_hashes.py ``fold_slices``). So an exact end also proves that
 the buddy copies stayed exact through the failure.
 """
 
@@ -15,8 +15,13 @@ from tests.distributed.test_recovery import assert_exact, events_of
 pytestmark = pytest.mark.dist
 
 STEPS = 16
-BASE = [f"train.steps={STEPS}", "train.step_delay_s=0.05", "runtime.heartbeat_timeout_s=2.0", "standby.start_when_warm=true",
-        "parallel.zero=1"]
+BASE = [
+    f"train.steps={STEPS}",
+    "train.step_delay_s=0.05",
+    "runtime.heartbeat_timeout_s=2.0",
+    "standby.start_when_warm=true",
+    "parallel.zero=1",
+]
 DP2PP2 = ("parallel.dp=2", "parallel.pp=2")
 DP4PP1 = ("parallel.dp=4", "parallel.pp=1")
 
@@ -30,16 +35,27 @@ def _run(launch, baseline, layout, *extra):
     return s
 
 
-@pytest.mark.parametrize("layout,faults,standbys,kinds", [
-    (DP2PP2, "{step:6,kind:drain,rank:1}", 1, ["planned"]),
-    (DP2PP2, "{step:6,kind:kill,rank:2}", 1, ["unexpected"]),
-    (DP2PP2, "{step:6,kind:stop,rank:3}", 1, ["unexpected"]),
-    (DP2PP2, "{step:6,kind:kill,rank:0},{step:6,kind:kill,rank:3}", 2, ["unexpected"]),  # two DP groups, one step
-    (DP4PP1, "{step:5,kind:drain,rank:2},{step:10,kind:kill,rank:1}", 2, ["planned", "unexpected"]),
-    (DP4PP1, "{step:6,kind:stop,rank:3}", 1, ["unexpected"]),
-    (DP4PP1, "{step:6,kind:kill,rank:0},{step:6,kind:kill,rank:3}", 2, ["unexpected"]),  # two buddy pairs, one step
-], ids=["dp2pp2-drain", "dp2pp2-kill", "dp2pp2-stop", "dp2pp2-two-groups", "dp4-drain-then-kill", "dp4-stop",
-        "dp4-two-pairs"])
+@pytest.mark.parametrize(
+    "layout,faults,standbys,kinds",
+    [
+        (DP2PP2, "{step:6,kind:drain,rank:1}", 1, ["planned"]),
+        (DP2PP2, "{step:6,kind:kill,rank:2}", 1, ["unexpected"]),
+        (DP2PP2, "{step:6,kind:stop,rank:3}", 1, ["unexpected"]),
+        (DP2PP2, "{step:6,kind:kill,rank:0},{step:6,kind:kill,rank:3}", 2, ["unexpected"]),  # two DP groups, one step
+        (DP4PP1, "{step:5,kind:drain,rank:2},{step:10,kind:kill,rank:1}", 2, ["planned", "unexpected"]),
+        (DP4PP1, "{step:6,kind:stop,rank:3}", 1, ["unexpected"]),
+        (DP4PP1, "{step:6,kind:kill,rank:0},{step:6,kind:kill,rank:3}", 2, ["unexpected"]),  # two buddy pairs, one step
+    ],
+    ids=[
+        "dp2pp2-drain",
+        "dp2pp2-kill",
+        "dp2pp2-stop",
+        "dp2pp2-two-groups",
+        "dp4-drain-then-kill",
+        "dp4-stop",
+        "dp4-two-pairs",
+    ],
+)
 def test_failures_at_zero1_are_exact(launch, baseline, layout, faults, standbys, kinds):
     s = _run(launch, baseline, layout, f"standby.count={standbys}", f"faults=[{faults}]")
     assert sorted(e["kind"] for e in s["events"]) == kinds, s["events"]  # no checkpoint restart among them
@@ -53,8 +69,14 @@ def test_failures_at_zero1_are_exact(launch, baseline, layout, faults, standbys,
 
 
 def test_a_slice_and_its_buddy_lost_together_restart_from_the_checkpoint_exactly(launch, baseline):
-    s = _run(launch, baseline, DP2PP2, "standby.count=2", "train.checkpoint_every=4",
-             "faults=[{step:9,kind:kill,rank:0},{step:9,kind:kill,rank:2}]")
+    s = _run(
+        launch,
+        baseline,
+        DP2PP2,
+        "standby.count=2",
+        "train.checkpoint_every=4",
+        "faults=[{step:9,kind:kill,rank:0},{step:9,kind:kill,rank:2}]",
+    )
     (ev,) = events_of(s, "restart")
     assert "buddy" in ev["cause"] and "exists nowhere else" in ev["cause"], ev
     assert ev["from_checkpoint_step"] == 8 and ev["lost_steps"] == 1

@@ -14,11 +14,21 @@ pytestmark = pytest.mark.dist
 
 
 def test_watch_follows_a_run_to_its_end(launch):
-    run = launch("parallel.dp=1", "parallel.pp=2", "standby.count=1", "standby.start_when_warm=true",
-                 "train.steps=60", "train.step_delay_s=0.05")
+    run = launch(
+        "parallel.dp=1",
+        "parallel.pp=2",
+        "standby.count=1",
+        "standby.start_when_warm=true",
+        "train.steps=60",
+        "train.step_delay_s=0.05",
+    )
     run.wait_for(lambda entry: True)  # the run directory exists (a missing one is bad input)
-    watch = subprocess.Popen([sys.executable, "-c", CLI, "status", "--watch", "--interval", "0.3", str(run.run_dir)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watch = subprocess.Popen(
+        [sys.executable, "-c", CLI, "status", "--watch", "--interval", "0.3", str(run.run_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         out, err = watch.communicate(timeout=120)
     finally:

@@ -49,8 +49,8 @@ def test_tp2_equals_tp1_within_tolerance_and_reproduces_bitwise(launch):
 
 
 def test_initial_tp_shards_are_the_tp1_weights_split():
-    from tmslurm.config import ModelConfig, TrainConfig
-    from tmslurm.topology import split_layers
+    from tmslurm.core.config import ModelConfig, TrainConfig
+    from tmslurm.core.topology import split_layers
     from tmslurm.train.model import ReferenceTask, merge_tp_shards
     from tmslurm.train.task import StageSpec
     from tmslurm.train.tp import TPGroup
@@ -61,8 +61,12 @@ def test_initial_tp_shards_are_the_tp1_weights_split():
         role = "first" if j == 0 else "last"
         full = task.build_stage(StageSpec(j, 2, role, blocks), torch.device("cpu")).state_dict()
         for tp in (2, 4):
-            shards = [task.build_stage(StageSpec(j, 2, role, blocks, tp_rank=r, tp_size=tp, tp_group=TPGroup(r, tp)),
-                                       torch.device("cpu")).state_dict() for r in range(tp)]
+            shards = [
+                task.build_stage(
+                    StageSpec(j, 2, role, blocks, tp_rank=r, tp_size=tp, tp_group=TPGroup(r, tp)), torch.device("cpu")
+                ).state_dict()
+                for r in range(tp)
+            ]
             merged = merge_tp_shards(shards)
             assert sorted(merged) == sorted(full)
             for name in full:

@@ -10,7 +10,6 @@ only the leaver's groups (its TP group, its DP group, its pipeline pair).
 from __future__ import annotations
 
 import pytest
-
 from test_recovery import BASE, STEPS, assert_exact, events_of
 
 pytestmark = pytest.mark.dist
@@ -32,8 +31,12 @@ def _run(launch, baseline, *extra):
 
 
 def test_drain_in_each_dimension_is_exact_and_rebuilds_only_the_leavers_groups(launch, baseline):
-    run, s = _run(launch, baseline, "standby.count=3",
-                  "faults=[{step:6,kind:drain,rank:1},{step:12,kind:drain,rank:2},{step:18,kind:drain,rank:4}]")
+    run, s = _run(
+        launch,
+        baseline,
+        "standby.count=3",
+        "faults=[{step:6,kind:drain,rank:1},{step:12,kind:drain,rank:2},{step:18,kind:drain,rank:4}]",
+    )
     evs = events_of(s, "planned")
     assert [ev["ranks"] for ev in evs] == [[1], [2], [4]], evs
     assert all(ev["joiner_warm"] is True for ev in evs), evs
@@ -56,8 +59,12 @@ def test_drain_in_each_dimension_is_exact_and_rebuilds_only_the_leavers_groups(l
 
 
 def test_kill_in_each_dimension_is_exact(launch, baseline):
-    run, s = _run(launch, baseline, "standby.count=3",
-                  "faults=[{step:6,kind:kill,rank:1},{step:12,kind:kill,rank:2},{step:18,kind:kill,rank:4}]")
+    run, s = _run(
+        launch,
+        baseline,
+        "standby.count=3",
+        "faults=[{step:6,kind:kill,rank:1},{step:12,kind:kill,rank:2},{step:18,kind:kill,rank:4}]",
+    )
     evs = events_of(s, "unexpected")
     assert sorted(r for ev in evs for r in ev["ranks"]) == [1, 2, 4], evs
     # the state of each lost rank came from its DP peer with the same (pp, tp): 1 <- 5, 2 <- 6, 4 <- 0
@@ -67,8 +74,12 @@ def test_kill_in_each_dimension_is_exact(launch, baseline):
 
 def test_failure_during_a_switch_is_exact(launch, baseline):
     """Rank 1 dies; its TP peer rank 0 dies while rebuilding the groups the joiner needs."""
-    _, s = _run(launch, baseline, "standby.count=2",
-                "faults=[{step:12,kind:kill,rank:1},{step:12,kind:kill,rank:0,when:recover}]")
+    _, s = _run(
+        launch,
+        baseline,
+        "standby.count=2",
+        "faults=[{step:12,kind:kill,rank:1},{step:12,kind:kill,rank:0,when:recover}]",
+    )
     evs = events_of(s, "unexpected")
     assert sorted(r for ev in evs for r in ev["ranks"]) == [0, 1], evs
 
@@ -77,8 +88,12 @@ def test_second_death_outside_the_joiners_groups_during_recovery_is_exact(launch
     """Rank 1 dies; rank 6 (no group in common with rank 1) dies while the recovery runs. The joiner
     for rank 1 may finish before the controller handles rank 6's death: it then owns rank 1 and is
     never sent to join again (the run used to stall on 60 s rebuild timeouts there)."""
-    run, s = _run(launch, baseline, "standby.count=2",
-                  "faults=[{step:12,kind:kill,rank:1},{step:12,kind:kill,rank:6,when:recover}]")
+    run, s = _run(
+        launch,
+        baseline,
+        "standby.count=2",
+        "faults=[{step:12,kind:kill,rank:1},{step:12,kind:kill,rank:6,when:recover}]",
+    )
     journal = run.journal()
     assert {1, 6} <= {r for e in journal if e["type"] == "abort" for r in e["dead"]}, s["events"]
     assert [ev["ranks"] for ev in events_of(s, "unexpected")] in ([[1], [6]], [[1, 6]], [[6]]), s["events"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
@@ -27,7 +26,7 @@ def test_dp2_trains_loss_falls_and_replicas_stay_equal(launch, pp):
 
 def _global_params(run_dir, pp: int, n_layer: int = 4) -> dict[str, torch.Tensor]:
     """Stage state dicts renamed to the unsplit model's names (block i of stage j -> global index)."""
-    from tmslurm.topology import split_layers
+    from tmslurm.core.topology import split_layers
 
     out = {}
     for stage, blocks in enumerate(split_layers(n_layer, pp)):
@@ -47,8 +46,12 @@ def test_dp2_pp2_matches_dp1_pp1_within_float_tolerance(launch, optimizer):
     With AdamW, parameters whose true gradient is zero (e.g. the key bias, which softmax ignores) are
     moved by lr * sign(rounding noise), so only the loss trajectory is comparable there.
     """
-    a = launch("parallel.dp=2", "parallel.pp=2", "train.micro_batches=2", "train.steps=8", f"train.optimizer={optimizer}")
-    b = launch("parallel.dp=1", "parallel.pp=1", "train.micro_batches=4", "train.steps=8", f"train.optimizer={optimizer}")
+    a = launch(
+        "parallel.dp=2", "parallel.pp=2", "train.micro_batches=2", "train.steps=8", f"train.optimizer={optimizer}"
+    )
+    b = launch(
+        "parallel.dp=1", "parallel.pp=1", "train.micro_batches=4", "train.steps=8", f"train.optimizer={optimizer}"
+    )
     sa, sb = a.wait(), b.wait()
     for ea, eb in zip(sa["step_log"], sb["step_log"], strict=True):
         assert ea["loss"] == pytest.approx(eb["loss"], rel=1e-5), (ea["step"], ea["loss"], eb["loss"])
@@ -72,18 +75,25 @@ def test_identical_runs_and_checkpoint_resume_give_the_same_hash(launch):
 
 
 def test_bad_layout_and_pp_beyond_layers_fail_with_the_override_named(tmp_path):
-    for overrides, needle in ((["parallel.nodes=3"], "parallel.nodes"), (["parallel.pp=5"], "parallel.pp=5"),
-                              (["parallel.dp=0"], "parallel.dp")):
-        r = subprocess.run([sys.executable, "-m", "tmslurm.launch", f"run_dir={tmp_path / 'x'}", *overrides],
-                           capture_output=True, text=True, timeout=60)
+    for overrides, needle in (
+        (["parallel.nodes=3"], "parallel.nodes"),
+        (["parallel.pp=5"], "parallel.pp=5"),
+        (["parallel.dp=0"], "parallel.dp"),
+    ):
+        r = subprocess.run(
+            [sys.executable, "-m", "tmslurm.cli.launch", f"run_dir={tmp_path / 'x'}", *overrides],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode == 2, r.stderr
         assert r.stderr.startswith("error:") and needle in r.stderr, r.stderr
         assert not (tmp_path / "x").exists()
 
 
 def test_corrupt_checkpoint_names_the_file(launch, tmp_path):
-    from tmslurm.config import MODEL_PRESETS, TrainConfig
-    from tmslurm.errors import CheckpointError
+    from tmslurm.core.config import MODEL_PRESETS, TrainConfig
+    from tmslurm.core.errors import CheckpointError
     from tmslurm.train import checkpoint
     from tmslurm.train.model import ReferenceTask
     from tmslurm.train.schedule import StageRunner
@@ -97,7 +107,7 @@ def test_corrupt_checkpoint_names_the_file(launch, tmp_path):
     assert fresh.digest() == runner.digest()
     data = next(p for p in path.iterdir() if p.suffix == ".distcp")
     raw = bytearray(data.read_bytes())
-    raw[len(raw) // 2: len(raw) // 2 + 64] = b"\xff" * 64
+    raw[len(raw) // 2 : len(raw) // 2 + 64] = b"\xff" * 64
     data.write_bytes(bytes(raw))
     with pytest.raises(CheckpointError, match=str(path)):
         checkpoint.load_stage(tmp_path, 3, 0, fresh)

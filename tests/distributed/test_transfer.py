@@ -20,8 +20,12 @@ def _state(extra: int = 0, seed: int = 0):
     m(torch.randn(2, 5)).sum().backward()
     o.step()
     # ``extra`` more tensors (mixed dtypes, 0-dim ones among them): several windows of messages in flight
-    more = [torch.randn(i % 7 + 1).to([torch.float32, torch.float64, torch.int64][i % 3]) if i % 5 else torch.tensor(float(i))
-            for i in range(extra)]
+    more = [
+        torch.randn(i % 7 + 1).to([torch.float32, torch.float64, torch.int64][i % 3])
+        if i % 5
+        else torch.tensor(float(i))
+        for i in range(extra)
+    ]
     return {"state": {"model": m.state_dict(), "optim": o.state_dict(), "more": more}, "step": 7}
 
 
@@ -50,18 +54,26 @@ def _peer(rank: int, port: int, q, extra: int, bucket: int, into: bool) -> None:
     same = all(torch.equal(got["state"]["model"][k], v) for k, v in st["state"]["model"].items())
     for i, s in st["state"]["optim"]["state"].items():
         for k, v in s.items():
-            same &= torch.equal(got["state"]["optim"]["state"][i][k], v) and got["state"]["optim"]["state"][i][k].shape == v.shape
+            same &= (
+                torch.equal(got["state"]["optim"]["state"][i][k], v)
+                and got["state"]["optim"]["state"][i][k].shape == v.shape
+            )
     same &= got["step"] == 7 and got["state"]["optim"]["param_groups"] == st["state"]["optim"]["param_groups"]
     same &= len(got["state"]["more"]) == extra and all(
-        a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b) for a, b in zip(got["state"]["more"], st["state"]["more"]))
+        a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+        for a, b in zip(got["state"]["more"], st["state"]["more"])
+    )
     q.put(("recv", same, n))
 
 
-@pytest.mark.parametrize("extra,bucket,into", [
-    (0, 32 << 20, False),  # the whole state in one bucket: staged
-    (150, 7, False),       # 7-byte buckets: boundaries inside every tensor, 0-dim ones included
-    (150, 64, True),       # buckets spanning several tensors, received into the receiver's own tensors
-])
+@pytest.mark.parametrize(
+    "extra,bucket,into",
+    [
+        (0, 32 << 20, False),  # the whole state in one bucket: staged
+        (150, 7, False),  # 7-byte buckets: boundaries inside every tensor, 0-dim ones included
+        (150, 64, True),  # buckets spanning several tensors, received into the receiver's own tensors
+    ],
+)
 def test_state_arrives_bit_identical(extra, bucket, into):
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     ctx = mp.get_context("spawn")

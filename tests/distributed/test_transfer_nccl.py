@@ -6,16 +6,19 @@ the receiver receives into its own CUDA tensors, and nothing is staged through h
 
 from __future__ import annotations
 
-import datetime
 import multiprocessing as mp
 
 import pytest
 import torch
 import torch.distributed as dist
 
-pytestmark = [pytest.mark.dist, pytest.mark.skipif(
-    not (torch.cuda.is_available() and torch.cuda.device_count() >= 2 and dist.is_nccl_available()),
-    reason="needs two CUDA devices and NCCL (the CPU machine runs the gloo path: test_transfer.py)")]
+pytestmark = [
+    pytest.mark.dist,
+    pytest.mark.skipif(
+        not (torch.cuda.is_available() and torch.cuda.device_count() >= 2 and dist.is_nccl_available()),
+        reason="needs two CUDA devices and NCCL (the CPU machine runs the gloo path: test_transfer.py)",
+    ),
+]
 
 
 def _state(seed: int, device: torch.device):
@@ -62,7 +65,15 @@ def _peer(rank: int, port: int, q) -> None:
         torch.Tensor.cpu, torch.Tensor.to = real_cpu, real_to
     landed = [t.data_ptr() for t in got["state"]["model"].values()]
     on_device = all(t.is_cuda for t in got["state"]["model"].values())
-    q.put(("recv", n, sum(copies), landed == own and on_device, state_digest(got["state"]) == state_digest(_state(0, device)["state"])))
+    q.put(
+        (
+            "recv",
+            n,
+            sum(copies),
+            landed == own and on_device,
+            state_digest(got["state"]) == state_digest(_state(0, device)["state"]),
+        )
+    )
 
 
 def test_cuda_state_travels_device_to_device_over_nccl():

@@ -26,16 +26,44 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_five_minutes_of_every_fault_kind_end_exact_with_every_fault_explained(slurm, tmp_path):
     out = tmp_path / "chaos.json"
-    r = subprocess.run([sys.executable, "-m", "benchmarks", "chaos", "--minutes", "5", "--model", "tiny",
-                        "--step-delay", "0.3", "--min-gap", "12", "--max-gap", "20", "--seed", "0",
-                        "--out", str(tmp_path / "runs"), "--json", str(out)],
-                       cwd=REPO, capture_output=True, text=True, timeout=1500, env=slurm.env)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks",
+            "chaos",
+            "--minutes",
+            "5",
+            "--model",
+            "tiny",
+            "--step-delay",
+            "0.3",
+            "--min-gap",
+            "12",
+            "--max-gap",
+            "20",
+            "--seed",
+            "0",
+            "--out",
+            str(tmp_path / "runs"),
+            "--json",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        env=slurm.env,
+    )
     assert out.exists(), f"rc {r.returncode}\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
     res = json.loads(out.read_text())
     failed = {name: c for name, c in res["checks"].items() if c["status"] != "PASS"}
     if r.returncode != 0 or not res["passed"] or failed:  # whole, not cut short by pytest's assertion rewriting
-        pytest.fail(f"rc {r.returncode}, passed {res['passed']}\n{json.dumps(failed, indent=1, default=str)[:12000]}"
-                    f"\n{r.stdout[-3000:]}", pytrace=False)
+        pytest.fail(
+            f"rc {r.returncode}, passed {res['passed']}\n{json.dumps(failed, indent=1, default=str)[:12000]}"
+            f"\n{r.stdout[-3000:]}",
+            pytrace=False,
+        )
     # every kind drawn; how many faults fit in 5 minutes depends on how long recoveries hold the draw
     # back (14-18 on a quiet host, 11 beside the other test lane, where restarts ran slower)
     assert set(res["faults_by_kind"]) == set(KINDS), res["faults_by_kind"]

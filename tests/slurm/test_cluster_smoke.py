@@ -54,16 +54,31 @@ def _running_steps(slurm, job_id: str) -> list[str]:
 def _submit_steps_job(slurm, tmp_path: Path, nodes: list[str]) -> str:
     script = tmp_path / "steps.sh"
     script.write_text(STEP_PER_NODE_SCRIPT)
-    job_id = slurm.run(
-        "sbatch", "--parsable", "--no-kill", f"-N{len(nodes)}", "-w", ",".join(nodes),
-        "-J", "smoke-steps", "-o", str(tmp_path / "slurm-%j.out"), str(script),
-    ).stdout.strip().split(";")[0]
+    job_id = (
+        slurm.run(
+            "sbatch",
+            "--parsable",
+            "--no-kill",
+            f"-N{len(nodes)}",
+            "-w",
+            ",".join(nodes),
+            "-J",
+            "smoke-steps",
+            "-o",
+            str(tmp_path / "slurm-%j.out"),
+            str(script),
+        )
+        .stdout.strip()
+        .split(";")[0]
+    )
     # running, with one step per node (batch step excluded)
     slurm.wait_for(
-        lambda: _job(slurm, job_id)[0] == "RUNNING"
-        and len([s for s in _running_steps(slurm, job_id) if not s.endswith(".batch")])
-        >= len(nodes),
-        timeout=30, what=f"job {job_id} running with {len(nodes)} steps",
+        lambda: (
+            _job(slurm, job_id)[0] == "RUNNING"
+            and len([s for s in _running_steps(slurm, job_id) if not s.endswith(".batch")]) >= len(nodes)
+        ),
+        timeout=30,
+        what=f"job {job_id} running with {len(nodes)} steps",
     )
     return job_id
 
@@ -98,10 +113,7 @@ def test_no_kill_job_survives_admin_down_of_non_batch_node(slurm, tmp_path):
 
     slurm.run("scontrol", "update", f"nodename={victim}", "state=resume")
     slurm.run("scancel", job_id)
-    slurm.wait_for(
-        lambda: slurm.node_states()[victim] == "idle", timeout=20,
-        what=f"{victim} idle after resume",
-    )
+    slurm.wait_for(lambda: slurm.node_states()[victim] == "idle", timeout=20, what=f"{victim} idle after resume")
 
 
 def test_kill_node_is_seen_as_node_failure_and_revive_restores_it(slurm, tmp_path):
@@ -127,23 +139,19 @@ def test_kill_node_is_seen_as_node_failure_and_revive_restores_it(slurm, tmp_pat
 
     slurm.run("scancel", job_id)
     slurm.local_slurm("revive-node", victim)
-    slurm.wait_for(
-        lambda: slurm.node_states()[victim] == "idle", timeout=30,
-        what=f"{victim} idle after revive-node",
-    )
+    slurm.wait_for(lambda: slurm.node_states()[victim] == "idle", timeout=30, what=f"{victim} idle after revive-node")
     assert slurm.slurmd_running()[victim] is True
 
 
 def test_sacct_reports_completed_job(slurm, tmp_path):
-    job_id = slurm.run(
-        "sbatch", "--parsable", "-N1", "-J", "smoke-true", "-o", str(tmp_path / "out"),
-        "--wrap", "true",
-    ).stdout.strip().split(";")[0]
+    job_id = (
+        slurm.run("sbatch", "--parsable", "-N1", "-J", "smoke-true", "-o", str(tmp_path / "out"), "--wrap", "true")
+        .stdout.strip()
+        .split(";")[0]
+    )
 
     def sacct_state():
-        out = slurm.run(
-            "sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State", check=False
-        ).stdout.split()
+        out = slurm.run("sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State", check=False).stdout.split()
         return out[0] if out and out[0] == "COMPLETED" else None
 
     assert slurm.wait_for(sacct_state, timeout=30, what=f"sacct COMPLETED for {job_id}")
@@ -154,8 +162,7 @@ def test_submitit_job_completes(slurm, tmp_path):
     executor = submitit.AutoExecutor(folder=tmp_path / "submitit")
     assert executor.cluster == "slurm"
     executor.update_parameters(
-        slurm_partition="debug", timeout_min=5, nodes=1, tasks_per_node=1,
-        cpus_per_task=1, name="smoke-submitit",
+        slurm_partition="debug", timeout_min=5, nodes=1, tasks_per_node=1, cpus_per_task=1, name="smoke-submitit"
     )
 
     def add(a: int, b: int) -> tuple[int, str]:
@@ -171,6 +178,8 @@ def test_submitit_job_completes(slurm, tmp_path):
     assert node in slurm.nodes
 
     slurm.wait_for(
-        lambda: job.state == "COMPLETED", timeout=60, interval=1,
+        lambda: job.state == "COMPLETED",
+        timeout=60,
+        interval=1,
         what=f"submitit job {job.job_id} state COMPLETED (is {job.state})",
     )

@@ -16,8 +16,8 @@ import dataclasses
 import json
 import os
 import shutil
-from collections import Counter
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -61,8 +61,11 @@ def test_hanging_scancel_and_sbatch_during_a_recovery_do_not_delay_commits(slurm
     bin_dir, flag, log = wrappers(tmp_path)
     env = {**slurm.env, "PATH": f"{bin_dir}{os.pathsep}{slurm.env.get('PATH', os.defpath)}"}
     cluster = dataclasses.replace(slurm, env=env)
-    run = SlurmRun(cluster, tmp_path / "run", ["parallel.dp=2", "parallel.pp=2", "standby.count=1", *COMMON,
-                                               "faults=[{step:20,kind:stop,rank:2}]"])
+    run = SlurmRun(
+        cluster,
+        tmp_path / "run",
+        ["parallel.dp=2", "parallel.pp=2", "standby.count=1", *COMMON, "faults=[{step:20,kind:stop,rank:2}]"],
+    )
     run.wait_step(8)
     flag.touch()  # from now on scancel and sbatch block
     run.wait_for(lambda e: e["type"] == "joined" and e["rank"] == 2, what="standby took rank 2")

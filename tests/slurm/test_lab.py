@@ -41,8 +41,9 @@ class NodeEcho:
     """An echo server running on ``node`` (through ``local-slurm exec``) and a host connection to it."""
 
     def __init__(self, slurm, node: str) -> None:
-        self.proc = subprocess.Popen([str(slurm.script), "exec", node, "python3", "-c", ECHO],
-                                     stdout=subprocess.PIPE, text=True, env=slurm.env)
+        self.proc = subprocess.Popen(
+            [str(slurm.script), "exec", node, "python3", "-c", ECHO], stdout=subprocess.PIPE, text=True, env=slurm.env
+        )
         line = self.proc.stdout.readline().split()  # waits until it listens
         assert len(line) == 2, f"echo server on {node} did not start (rc {self.proc.poll()})"
         self.pid, self.hostname = int(line[0]), line[1]
@@ -103,11 +104,15 @@ def test_power_off_is_silent_then_slurm_sees_it_and_power_on_reboots(slurm, tmp_
             echo.echo(b"anyone?", timeout=2.0)
         echo.conn.sendall(b"more")  # no RST: the send is only queued
         t0 = time.monotonic()
-        slurm.wait_for(lambda: _slurm_lost(slurm, victim), timeout=3 * slurm.slurmd_timeout + 10,
-                       what=f"Slurm to see {victim} NOT_RESPONDING/DOWN")
+        slurm.wait_for(
+            lambda: _slurm_lost(slurm, victim),
+            timeout=3 * slurm.slurmd_timeout + 10,
+            what=f"Slurm to see {victim} NOT_RESPONDING/DOWN",
+        )
         assert time.monotonic() - t0 < 3 * slurm.slurmd_timeout + 10
-        slurm.wait_for(lambda: "down" in slurm.node_states()[victim], timeout=4 * slurm.slurmd_timeout + 10,
-                       what=f"{victim} DOWN")
+        slurm.wait_for(
+            lambda: "down" in slurm.node_states()[victim], timeout=4 * slurm.slurmd_timeout + 10, what=f"{victim} DOWN"
+        )
         state, job_nodes = _job(slurm, job_id)
         assert state == "RUNNING" and victim not in job_nodes and nodes[0] in job_nodes
         slurm.fault("power-on", victim)
@@ -170,8 +175,11 @@ def test_scontrol_reboot_restarts_slurmd_on_the_node(slurm):
     pidfile = slurm.state_dir / "run" / f"slurmd-{victim}.pid"
     before = pidfile.read_text().strip()
     slurm.run("scontrol", "reboot", "nextstate=resume", "reason=lab-test", victim)
-    slurm.wait_for(lambda: pidfile.read_text().strip() != before and slurm.node_states()[victim] == "idle",
-                   timeout=40, what=f"{victim} rebooted and idle")
+    slurm.wait_for(
+        lambda: pidfile.read_text().strip() != before and slurm.node_states()[victim] == "idle",
+        timeout=40,
+        what=f"{victim} rebooted and idle",
+    )
     out = slurm.run("srun", "-N1", "-w", victim, "sh", "-c", "hostname; ip -4 -o addr show eth0", timeout=60).stdout
     assert out.splitlines()[0] == victim and slurm.node_addr(victim) in out
 

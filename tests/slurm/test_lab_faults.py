@@ -28,18 +28,25 @@ def _steps_of(slurm, job_id: str) -> dict[str, str]:
     return dict(line.split(None, 1) for line in out.splitlines() if len(line.split()) == 2)
 
 
-@pytest.mark.parametrize("relay,layout,source", [
-    ("true", [*LAYOUT, "parallel.zero=1"], 0), ("false", ["parallel.dp=4", "parallel.pp=1", "parallel.zero=1"], 3)],
-    ids=["node-relays-sharded-optimizer", "direct-sharded-optimizer-dp4"])
-def test_power_off_of_a_training_node_is_detected_and_the_standby_takes_over(slurm, tmp_path, tmp_path_factory, relay, layout, source):
+@pytest.mark.parametrize(
+    "relay,layout,source",
+    [("true", [*LAYOUT, "parallel.zero=1"], 0), ("false", ["parallel.dp=4", "parallel.pp=1", "parallel.zero=1"], 3)],
+    ids=["node-relays-sharded-optimizer", "direct-sharded-optimizer-dp4"],
+)
+def test_power_off_of_a_training_node_is_detected_and_the_standby_takes_over(
+    slurm, tmp_path, tmp_path_factory, relay, layout, source
+):
     """Two runs, each combining checks (the direct path at zero=0 is the two-node test's below and the
     chaos soak's): through node relays the powered-off node's relay goes silent with its monitor and
     its ranks, the same detection, the same exact result. With the sharded optimizer (parallel.zero=1) rank 2's
     slice comes from its buddy (dp rank XOR 1: rank 0 at DP2 x PP2, rank 3 at DP4 x PP1), and the run
     ends exact against the uninterrupted zero=1 run of the same layout."""
     ref = reference_hash(tmp_path_factory, *layout)
-    run = SlurmRun(slurm, tmp_path / "run", [*layout, "standby.count=2", *COMMON, f"runtime.relay={relay}",
-                                             "faults=[{step:20,kind:power_off,rank:2}]"])
+    run = SlurmRun(
+        slurm,
+        tmp_path / "run",
+        [*layout, "standby.count=2", *COMMON, f"runtime.relay={relay}", "faults=[{step:20,kind:power_off,rank:2}]"],
+    )
     fault = run.wait_for(lambda e: e["type"] == "fault" and e.get("via") == "lab", what="the lab's power-off")
     node = fault["node"]
     assert fault["ranks"] == [2]
@@ -66,7 +73,9 @@ def test_two_nodes_powered_off_at_one_instant_are_replaced_together(slurm, tmp_p
     """One fault powers off the nodes of ranks 1 and 2 (different stages and replicas) in one lab
     command: both standbys take over, in the same Slurm job, and the run ends exact."""
     ref = reference_hash(tmp_path_factory, *LAYOUT)
-    run = SlurmRun(slurm, tmp_path / "run", [*LAYOUT, "standby.count=2", *COMMON, "faults=[{step:20,kind:power_off,ranks:[1,2]}]"])
+    run = SlurmRun(
+        slurm, tmp_path / "run", [*LAYOUT, "standby.count=2", *COMMON, "faults=[{step:20,kind:power_off,ranks:[1,2]}]"]
+    )
     fault = run.wait_for(lambda e: e["type"] == "fault" and e.get("via") == "lab", what="the lab's power-off")
     assert fault["ranks"] == [1, 2] and len(set(fault["nodes"])) == 2, fault
     power = slurm.node_power()
@@ -94,8 +103,18 @@ def test_a_throttled_node_is_found_slow_and_moved_off(slurm, tmp_path, tmp_path_
     common = [o if not o.startswith("train.steps=") else f"train.steps={steps}" for o in COMMON]
     # link probes off: a node throttled this hard also answers its probes slowly (its monitor shares
     # the quota), and this test is about busy times
-    run = SlurmRun(slurm, tmp_path / "run", [*layout, "standby.count=1", *common, "runtime.gray_evict=true",
-                                             "runtime.link_probe_s=0", "faults=[{step:12,kind:throttle,rank:1,amount:'15'}]"])
+    run = SlurmRun(
+        slurm,
+        tmp_path / "run",
+        [
+            *layout,
+            "standby.count=1",
+            *common,
+            "runtime.gray_evict=true",
+            "runtime.link_probe_s=0",
+            "faults=[{step:12,kind:throttle,rank:1,amount:'15'}]",
+        ],
+    )
     fault = run.wait_for(lambda e: e["type"] == "fault" and e.get("via") == "lab", what="the lab's throttle")
     assert fault["kind"] == "throttle" and fault["amount"] == "15" and slurm.node_slowness()[fault["node"]][0] == "15"
     evict = run.wait_for(lambda e: e["type"] == "gray_evict", what="the controller to move the slow node off")
@@ -116,8 +135,17 @@ def test_a_node_on_a_slow_link_is_found_by_link_probes_and_moved_off(slurm, tmp_
     it to the warm standby with a planned switch, and the run ends exact. No other node is judged
     slow, and the batch host (which sees every other node's probes too) is not."""
     ref = reference_hash(tmp_path_factory, *LAYOUT)
-    run = SlurmRun(slurm, tmp_path / "run", [*LAYOUT, "standby.count=1", *SLOW, "runtime.gray_evict=true",
-                                             "faults=[{step:12,kind:slowlink,rank:1,amount:'20mbit'}]"])
+    run = SlurmRun(
+        slurm,
+        tmp_path / "run",
+        [
+            *LAYOUT,
+            "standby.count=1",
+            *SLOW,
+            "runtime.gray_evict=true",
+            "faults=[{step:12,kind:slowlink,rank:1,amount:'20mbit'}]",
+        ],
+    )
     fault = run.wait_for(lambda e: e["type"] == "fault" and e.get("via") == "lab", what="the lab's slow link")
     assert fault["kind"] == "slowlink" and slurm.node_slowness()[fault["node"]][1] == "20mbit", slurm.node_slowness()
     evict = run.wait_for(lambda e: e["type"] == "gray_evict", what="the controller to move the slow-linked node off")
@@ -130,14 +158,17 @@ def test_a_node_on_a_slow_link_is_found_by_link_probes_and_moved_off(slurm, tmp_
     (ev,) = s["events"]
     assert ev["kind"] == "planned" and ev["ranks"] == [1] and ev["status"] == "done", ev
     assert s["links"]["moved"] == [fault["node"]] and s["links"]["probes"] > 0, s["links"]
-    assert [e for e in run.journal() if e["type"] in ("gray_evict", "link_slow") and e.get("node") != fault["node"]] == []
+    assert [
+        e for e in run.journal() if e["type"] in ("gray_evict", "link_slow") and e.get("node") != fault["node"]
+    ] == []
     assert exact(s, ref), {k: v for k, v in s.items() if k != "step_log"}
 
 
 def test_partition_of_a_training_node_then_heal_the_fenced_process_changes_nothing(slurm, tmp_path, tmp_path_factory):
     ref = reference_hash(tmp_path_factory, *LAYOUT)
-    run = SlurmRun(slurm, tmp_path / "run", [*LAYOUT, "standby.count=2", *SLOW,
-                                             "faults=[{step:10,kind:partition,rank:1}]"])
+    run = SlurmRun(
+        slurm, tmp_path / "run", [*LAYOUT, "standby.count=2", *SLOW, "faults=[{step:10,kind:partition,rank:1}]"]
+    )
     fault = run.wait_for(lambda e: e["type"] == "fault" and e.get("via") == "lab", what="the lab's partition")
     node = fault["node"]
     lost = run.wait_for(lambda e: e["type"] == "node_lost" and e["node"] == node, what="rank 1's node declared lost")
@@ -146,8 +177,11 @@ def test_partition_of_a_training_node_then_heal_the_fenced_process_changes_nothi
     slurm.fault("heal", node)  # the old rank 1 is alive on the healed node while the run goes on
     assert run.status().get("step", 0) < 50, "the run (nearly) ended before the heal: nothing was tested"
     # the fenced process does not linger: its step ends once its node is back
-    slurm.wait_for(lambda: node not in " ".join(_steps_of(slurm, run.job_id).values()), timeout=60,
-                   what=f"the fenced step on {node} to end")
+    slurm.wait_for(
+        lambda: node not in " ".join(_steps_of(slurm, run.job_id).values()),
+        timeout=60,
+        what=f"the fenced step on {node} to end",
+    )
     s = run.summary()
     assert exact(s, ref), {k: v for k, v in s.items() if k != "step_log"}
     (ev,) = [e for e in s["events"] if e["kind"] == "unexpected"]
@@ -158,8 +192,10 @@ def test_partition_of_a_training_node_then_heal_the_fenced_process_changes_nothi
     # it stopped: by itself on finding its connection closed, or killed by its fence (scancel of its
     # step), whichever reached the healed node first
     logs = run.run_dir / "logs"
-    assert ("lost the controller" in (logs / "rank1.0.log").read_text()
-            or "task 0: Killed" in (logs / "rank1.0.srun").read_text())
+    assert (
+        "lost the controller" in (logs / "rank1.0.log").read_text()
+        or "task 0: Killed" in (logs / "rank1.0.srun").read_text()
+    )
 
 
 def test_power_off_of_a_spare_is_replaced(slurm, tmp_path, tmp_path_factory):
@@ -170,8 +206,10 @@ def test_power_off_of_a_spare_is_replaced(slurm, tmp_path, tmp_path_factory):
     first = set(run.status().get("spare_job_ids", []))
     assert spare_node not in {r["node"] for r in st["ranks"]} and len(first) == 1
     slurm.fault("power-off", spare_node)
-    lost = run.wait_for(lambda e: e["type"] in ("standby_lost", "agent_lost") and e.get("node") == spare_node,
-                        what="the controller to see the spare's standby lost")
+    lost = run.wait_for(
+        lambda e: e["type"] in ("standby_lost", "agent_lost") and e.get("node") == spare_node,
+        what="the controller to see the spare's standby lost",
+    )
     assert lost["t"] > 0
     deadline = time.monotonic() + 60
     while not set(run.status().get("spare_job_ids", [])) - first and time.monotonic() < deadline:
@@ -193,8 +231,18 @@ def test_power_off_of_the_batch_host_requeues_automatically_and_resumes_exactly(
     claims controller-lost.json and requeues the job; the next incarnation resumes from the latest
     complete checkpoint, records the loss with the steps it redoes, and ends bit-identical."""
     ref = reference_hash(tmp_path_factory, *LAYOUT)
-    run = SlurmRun(slurm, tmp_path / "run", [*LAYOUT, "standby.count=1", *SLOW, "train.checkpoint_every=10",
-                                             "runtime.controller_lost_s=5", "faults=[{step:25,kind:power_off,rank:0}]"])
+    run = SlurmRun(
+        slurm,
+        tmp_path / "run",
+        [
+            *LAYOUT,
+            "standby.count=1",
+            *SLOW,
+            "train.checkpoint_every=10",
+            "runtime.controller_lost_s=5",
+            "faults=[{step:25,kind:power_off,rank:0}]",
+        ],
+    )
     st = run.wait_step(8)
     batch = next(r["node"] for r in st["ranks"] if r["rank"] == 0)
     assert job_field(run.job(), "BatchHost") == batch

@@ -13,11 +13,10 @@ import time
 
 import pytest
 
-from tmslurm.slurm.runtag import RunTag, parse_run_tag
-from tmslurm.wire.protocol import request
-
 from tests.slurm.test_lab_faults import LAYOUT, SLOW, _requeues
 from tests.slurm.test_slurm_run import SlurmRun, exact, job_field, reference_hash
+from tmslurm.slurm.runtag import RunTag, parse_run_tag
+from tmslurm.wire.protocol import request
 
 pytestmark = pytest.mark.slurm
 
@@ -36,14 +35,26 @@ def test_a_time_limit_then_a_batch_host_drain_three_jobs_no_step_lost(slurm, tmp
     and the main job's partition."""
     steps = 200  # more than one 2-minute job can do at 0.4 s a step
     ref = reference_hash(tmp_path_factory, *LAYOUT, steps=steps)
-    run = SlurmRun(slurm, tmp_path / "run", [*LAYOUT, "standby.count=1", *_steps(steps), "slurm.time=00:02:00",
-                                             "slurm.signal_lead_s=30", "slurm.on_limit=resubmit"])
+    run = SlurmRun(
+        slurm,
+        tmp_path / "run",
+        [
+            *LAYOUT,
+            "standby.count=1",
+            *_steps(steps),
+            "slurm.time=00:02:00",
+            "slurm.signal_lead_s=30",
+            "slurm.on_limit=resubmit",
+        ],
+    )
     first = run.job_id
     st = run.wait_step(3)
     jobs = slurm.run("squeue", "-h", "-o", "%i|%j|%P|%k").stdout.splitlines()
     ours = [j.split("|", 3) for j in jobs if parse_run_tag(j.split("|", 3)[3]) == RunTag(run.run_dir.name, run.run_dir)]
     names = sorted(j[1] for j in ours)
-    assert names[0] == "tmslurm-main" and names[1].startswith("tmslurm-spare") and {j[2] for j in ours} == {"debug"}, jobs
+    assert names[0] == "tmslurm-main" and names[1].startswith("tmslurm-spare") and {j[2] for j in ours} == {"debug"}, (
+        jobs
+    )
     ending = run.wait_for(lambda e: e["type"] == "job_ending", timeout=150, what="Slurm's SIGUSR1 before the limit")
     assert ending["end"] == "time_limit" and ending["then"] == "resubmit", ending
     resumed = run.wait_for(lambda e: e["type"] == "resumed_after_requeue", timeout=150, what="job 2 to resume")
@@ -54,9 +65,13 @@ def test_a_time_limit_then_a_batch_host_drain_three_jobs_no_step_lost(slurm, tmp
     batch = next(r["node"] for r in st["ranks"] if r["rank"] == 0)
     assert job_field(run.job(), "BatchHost") == batch and st["incarnation"] == 1, st
     slurm.run("scontrol", "update", f"nodename={batch}", "state=drain", "reason=maint-batch")
-    rq = run.wait_for(lambda e: e["type"] == "requeue" and e.get("kind") == "batch_host_requeue", what="job 2's requeue")
+    rq = run.wait_for(
+        lambda e: e["type"] == "requeue" and e.get("kind") == "batch_host_requeue", what="job 2's requeue"
+    )
     assert rq["exclude"] == [batch], rq
-    run.wait_for(lambda e: e["type"] == "resumed_after_requeue" and e["t"] > rq["t"], timeout=240, what="job 3 to resume")
+    run.wait_for(
+        lambda e: e["type"] == "resumed_after_requeue" and e["t"] > rq["t"], timeout=240, what="job 3 to resume"
+    )
     # read while job 3 runs: the lab's MinJobAge=10 drops an ended job's record, and under load job 3
     # may end by its own limit too (then a 4th job ends the run)
     assert _requeues(slurm, run.job_id) >= 1
@@ -72,7 +87,9 @@ def test_a_time_limit_then_a_batch_host_drain_three_jobs_no_step_lost(slurm, tmp
 
 
 @pytest.mark.timeout(600)  # a restart, Slurm's kill 30+ s after the SIGTERM, the requeue and ~190 steps
-def test_a_preempted_job_is_requeued_by_slurm_and_ends_exact_with_its_losses_reported(slurm, tmp_path, tmp_path_factory):
+def test_a_preempted_job_is_requeued_by_slurm_and_ends_exact_with_its_losses_reported(
+    slurm, tmp_path, tmp_path_factory
+):
     """A job of the ``urgent`` partition needs rank 1's node: Slurm sends every process of the main
     job SIGTERM, gives it GraceTime (30 s), then kills and requeues it. The ranks ignore the SIGTERM,
     but the srun that launched each rank step answers it by SIGKILLing its step ("forcing job
@@ -90,8 +107,19 @@ def test_a_preempted_job_is_requeued_by_slurm_and_ends_exact_with_its_losses_rep
     run = SlurmRun(slurm, tmp_path / "run", [*LAYOUT, "standby.count=1", *_steps(steps), "train.checkpoint_every=5"])
     st = run.wait_step(8)
     node = next(r["node"] for r in st["ranks"] if r["rank"] == 1)
-    slurm.run("sbatch", "--parsable", "-p", "urgent", "-N1", f"-w{node}", "-t", "1", f"--output={tmp_path}/urgent-%j.out",
-              "--wrap", "sleep 2")
+    slurm.run(
+        "sbatch",
+        "--parsable",
+        "-p",
+        "urgent",
+        "-N1",
+        f"-w{node}",
+        "-t",
+        "1",
+        f"--output={tmp_path}/urgent-%j.out",
+        "--wrap",
+        "sleep 2",
+    )
     ending = run.wait_for(lambda e: e["type"] == "job_ending", what="the preemption's SIGTERM")
     assert ending["end"] == "sigterm", ending
     s = run.summary(timeout=300)
@@ -118,8 +146,11 @@ def test_a_spare_is_renewed_before_its_limit_and_a_cancelled_spare_is_replaced(s
     warmed, and only then is the old one cancelled, so the run never lacks a warm standby (journal). A
     drain right after switches warm, to the fresh standby. Then ``scancel`` of the spare that replaced
     the one consumed: it is replaced too. The run, stopped after all that, ends exact."""
-    run = SlurmRun(slurm, tmp_path / "run", [*LAYOUT, "standby.count=1", *_steps(100000), "slurm.spare_time=00:02:00",
-                                             "slurm.spare_renew_s=60"])
+    run = SlurmRun(
+        slurm,
+        tmp_path / "run",
+        [*LAYOUT, "standby.count=1", *_steps(100000), "slurm.spare_time=00:02:00", "slurm.spare_renew_s=60"],
+    )
     st = run.wait_step(3)
     first_spare = st["spare_job_ids"][0]
     renewing = run.wait_for(lambda e: e["type"] == "standby_renewing", timeout=150, what="the spare's renewal")
@@ -127,8 +158,14 @@ def test_a_spare_is_renewed_before_its_limit_and_a_cancelled_spare_is_replaced(s
     assert retired["agent"] == renewing["agent"] and retired["warm"] >= 1, retired
     journal = run.journal()
     assert not [e for e in journal if e["type"] == "standby_lost"], "a standby was lost during the renewal"
-    slurm.wait_for(lambda: job_field(slurm.run("scontrol", "show", "job", first_spare, check=False).stdout,
-                                     "JobState") in ("CANCELLED", ""), 60, what=f"spare {first_spare} cancelled")
+    slurm.wait_for(
+        lambda: (
+            job_field(slurm.run("scontrol", "show", "job", first_spare, check=False).stdout, "JobState")
+            in ("CANCELLED", "")
+        ),
+        60,
+        what=f"spare {first_spare} cancelled",
+    )
     # a drain right after: the fresh standby takes the rank, warm
     spare_ids = lambda: {int(j) for j in run.status().get("spare_job_ids", [])}  # noqa: E731 (Slurm's ids only grow)
     before = spare_ids()

@@ -41,8 +41,12 @@ def controller_pid(run: SlurmRun, incarnation: int, timeout: float = 60) -> int:
             cmdline = Path(f"/proc/{int(info['pid'])}/cmdline").read_bytes().split(b"\0")
         except (OSError, ValueError, KeyError):
             cmdline = []
-        if cmdline and info.get("incarnation") == incarnation and b"tmslurm.slurm.proc.ctlmain" in cmdline \
-                and str(run.run_dir).encode() in cmdline:
+        if (
+            cmdline
+            and info.get("incarnation") == incarnation
+            and b"tmslurm.slurm.proc.ctlmain" in cmdline
+            and str(run.run_dir).encode() in cmdline
+        ):
             return int(info["pid"])
         time.sleep(0.05)
     raise AssertionError(f"no controller of incarnation {incarnation} advertised\n{run.logs()}")
@@ -60,8 +64,11 @@ def test_kill_9_of_the_slurm_controller_three_times_is_survived_in_the_same_job(
             assert time.monotonic() < deadline, f"step {step} not reached (at {committed(run)})\n{run.logs()}"
             time.sleep(0.02)
         os.kill(controller_pid(run, i), signal.SIGKILL)
-        run.wait_for(lambda e, i=i: e["type"] == "adopted" and e["incarnation"] == i + 1, timeout=60,
-                     what=f"adoption by incarnation {i + 1}")
+        run.wait_for(
+            lambda e, i=i: e["type"] == "adopted" and e["incarnation"] == i + 1,
+            timeout=60,
+            what=f"adoption by incarnation {i + 1}",
+        )
     s = run.summary()
     journal = run.journal()
     assert [e["returncode"] for e in journal if e["type"] == "controller_died"] == [-9, -9, -9], kills
@@ -79,6 +86,14 @@ def test_kill_9_of_the_slurm_controller_three_times_is_survived_in_the_same_job(
     # the same Slurm job all along: no requeue, and no monitor took the controller for lost
     assert job_field(run.job(), "Restarts") == "0"
     assert not (run.run_dir / "controller-lost.json").exists()
-    print(json.dumps({"kills": kills, "downtime_s": [e["downtime_s"] for e in restarts],
-                      "parts": [{k: e[k] for k in ("before_death_s", "restart_s", "adopt_s", "first_step_s")}
-                                for e in restarts]}))
+    print(
+        json.dumps(
+            {
+                "kills": kills,
+                "downtime_s": [e["downtime_s"] for e in restarts],
+                "parts": [
+                    {k: e[k] for k in ("before_death_s", "restart_s", "adopt_s", "first_step_s")} for e in restarts
+                ],
+            }
+        )
+    )

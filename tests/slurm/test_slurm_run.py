@@ -9,7 +9,6 @@ same layout, run here with cluster=local: the numerics do not depend on where ra
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -20,10 +19,16 @@ import pytest
 
 pytestmark = pytest.mark.slurm
 STEPS = 60
-COMMON = [f"train.steps={STEPS}", "train.step_delay_s=0.15", "slurm.partition=debug", "slurm.time=00:15:00",
-          "runtime.heartbeat_timeout_s=3.0", "slurm.poll_interval_s=0.5",
-          # the first step waits for warm standbys: a test's event never races their warm-up
-          "standby.start_when_warm=true"]
+COMMON = [
+    f"train.steps={STEPS}",
+    "train.step_delay_s=0.15",
+    "slurm.partition=debug",
+    "slurm.time=00:15:00",
+    "runtime.heartbeat_timeout_s=3.0",
+    "slurm.poll_interval_s=0.5",
+    # the first step waits for warm standbys: a test's event never races their warm-up
+    "standby.start_when_warm=true",
+]
 _REFS: dict[tuple, dict] = {}
 
 
@@ -31,8 +36,20 @@ def reference_hash(tmp_path_factory, *layout: str, steps: int = STEPS) -> dict:
     key = (*layout, steps)
     if key not in _REFS:
         d = tmp_path_factory.mktemp("ref") / "run"
-        r = subprocess.run([sys.executable, "-m", "tmslurm.launch", "cluster=local", f"run_dir={d}", f"train.steps={steps}", *layout],
-                           capture_output=True, text=True, timeout=300)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tmslurm.cli.launch",
+                "cluster=local",
+                f"run_dir={d}",
+                f"train.steps={steps}",
+                *layout,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert r.returncode == 0, r.stderr[-3000:]
         s = json.loads((d / "summary.json").read_text())
         _REFS[key] = {k: s[k] for k in ("final_params_sha256", "final_state_sha256")}
@@ -41,8 +58,11 @@ def reference_hash(tmp_path_factory, *layout: str, steps: int = STEPS) -> dict:
 
 def exact(summary: dict, ref: dict) -> bool:
     """Parameters and optimizer state equal the uninterrupted run's, and every replica agreed."""
-    return (summary["replicas_equal"] is True and summary["final_params_sha256"] == ref["final_params_sha256"]
-            and summary["final_state_sha256"] == ref["final_state_sha256"])
+    return (
+        summary["replicas_equal"] is True
+        and summary["final_params_sha256"] == ref["final_params_sha256"]
+        and summary["final_state_sha256"] == ref["final_state_sha256"]
+    )
 
 
 class SlurmRun:
@@ -50,14 +70,35 @@ class SlurmRun:
         self.slurm = slurm
         self.run_dir = run_dir
         if via == "launch":
-            r = slurm.run(sys.executable, "-m", "tmslurm.launch", "cluster=slurm", f"run_dir={run_dir}", *overrides, timeout=120)
+            r = slurm.run(
+                sys.executable,
+                "-m",
+                "tmslurm.cli.launch",
+                "cluster=slurm",
+                f"run_dir={run_dir}",
+                *overrides,
+                timeout=120,
+            )
             self.job_id = re.search(r"main job (\d+)", r.stdout).group(1)
             self.launch_output = r.stdout
         else:
             script = Path(__file__).resolve().parents[2] / "scripts" / "tmslurm.sbatch"
-            r = slurm.run("sbatch", "--parsable", "-N", str(via), "-p", "debug", "-t", "00:15:00",
-                          f"--output={run_dir.parent}/sbatch-%j.out", f"--chdir={run_dir.parent}",
-                          str(script), f"run_dir={run_dir}", *overrides, timeout=60)
+            r = slurm.run(
+                "sbatch",
+                "--parsable",
+                "-N",
+                str(via),
+                "-p",
+                "debug",
+                "-t",
+                "00:15:00",
+                f"--output={run_dir.parent}/sbatch-%j.out",
+                f"--chdir={run_dir.parent}",
+                str(script),
+                f"run_dir={run_dir}",
+                *overrides,
+                timeout=60,
+            )
             self.job_id = r.stdout.strip().split(";")[0]
 
     def journal(self) -> list[dict]:
@@ -114,7 +155,9 @@ def job_field(text: str, key: str) -> str:
 
 
 def node_state(slurm, node: str) -> str:
-    return slurm.run("sinfo", "-h", "-n", node, "-o", "%T").stdout.strip().lower().split("\n")[0]  # a line per partition
+    return (
+        slurm.run("sinfo", "-h", "-n", node, "-o", "%T").stdout.strip().lower().split("\n")[0]
+    )  # a line per partition
 
 
 def _read(p: Path) -> str:
@@ -141,8 +184,16 @@ def test_drain_and_reboot_asap_move_off_give_the_nodes_back_and_refill_the_pool(
     same job runs on throughout, and the result is exact."""
     steps = 400  # >= 60 s: the reboot and a spare warming on the rebooted node took 6 s on the lab
     ref = reference_hash(tmp_path_factory, "parallel.dp=2", "parallel.pp=2", steps=steps)
-    run = SlurmRun(slurm, tmp_path / "run", ["parallel.dp=2", "parallel.pp=2", "standby.count=2",
-                                             *[o if not o.startswith("train.steps=") else f"train.steps={steps}" for o in COMMON]])
+    run = SlurmRun(
+        slurm,
+        tmp_path / "run",
+        [
+            "parallel.dp=2",
+            "parallel.pp=2",
+            "standby.count=2",
+            *[o if not o.startswith("train.steps=") else f"train.steps={steps}" for o in COMMON],
+        ],
+    )
     st = run.wait_step(8)
     node = next(r["node"] for r in st["ranks"] if r["rank"] == 1)
     slurm.run("scontrol", "update", f"nodename={node}", "state=drain", "reason=maint")
@@ -163,17 +214,27 @@ def test_drain_and_reboot_asap_move_off_give_the_nodes_back_and_refill_the_pool(
     slurm.run("scontrol", "reboot", "ASAP", "nextstate=RESUME", "reason=kernel-update", other)
     run.wait_for(lambda e: e["type"] == "node_released" and e["node"] == other, what="release of the node to reboot")
     _check_same_job_kept_running(run, other)
-    slurm.wait_for(lambda: _read(pidfile) not in ("", slurmd_before) and "drain" not in node_state(slurm, other)
-                   and "reboot" not in node_state(slurm, other), 90, what=f"{other} rebooted and back in service")
+    slurm.wait_for(
+        lambda: (
+            _read(pidfile) not in ("", slurmd_before)
+            and "drain" not in node_state(slurm, other)
+            and "reboot" not in node_state(slurm, other)
+        ),
+        90,
+        what=f"{other} rebooted and back in service",
+    )
     deadline = time.monotonic() + 180  # a replacement spare starts on the rebooted node and warms there
     while not any(sb["node"] == other and len(sb["roles"]) >= 2 for sb in run.status().get("standbys", [])):
-        assert time.monotonic() < deadline and not (run.run_dir / "summary.json").exists(), \
+        assert time.monotonic() < deadline and not (run.run_dir / "summary.json").exists(), (
             f"no warm standby on the rebooted {other}: {run.status().get('standbys')}"
+        )
         time.sleep(0.5)
     s = run.summary()
     ev = [e for e in s["events"] if e["kind"] == "planned"]
     assert [(e["ranks"], e["node"]) for e in ev] == [([1], node), ([2], other)], ev
-    assert ev[0]["shadowed"] is True and ev[0]["shadow_matched"] is True and ev[0]["transfer_s"] == 0.0, ev  # a live shadow
+    assert ev[0]["shadowed"] is True and ev[0]["shadow_matched"] is True and ev[0]["transfer_s"] == 0.0, (
+        ev
+    )  # a live shadow
     assert s["main_job_id"] == run.job_id and len(s["spare_job_ids"]) >= 4
     assert exact(s, ref), s
     sacct = slurm.run("sacct", "-j", run.job_id, "-X", "-n", "-P", "-o", "JobID,State").stdout
@@ -187,11 +248,21 @@ def test_kill_node_standby_takes_over(slurm, tmp_path, tmp_path_factory):
     # an operator who knows only a job id, in another directory: the spare's id finds the same run
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    one = subprocess.run(["tmslurm", "status", "--job", st["spare_job_ids"][0], "--json"], cwd=elsewhere,
-                         capture_output=True, text=True, timeout=60)
+    one = subprocess.run(
+        ["tmslurm", "status", "--job", st["spare_job_ids"][0], "--json"],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert one.returncode == 0 and json.loads(one.stdout)["main_job_id"] == run.job_id, one.stderr
-    watch = subprocess.Popen(["tmslurm", "status", "--watch", "--interval", "1", "--job", run.job_id], cwd=elsewhere,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    watch = subprocess.Popen(
+        ["tmslurm", "status", "--watch", "--interval", "1", "--job", run.job_id],
+        cwd=elsewhere,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     node = next(r["node"] for r in st["ranks"] if r["rank"] == 2)
     slurm.local_slurm("kill-node", node)
     run.wait_for(lambda e: e["type"] == "joined" and e["rank"] == 2, what="standby took rank 2")
@@ -213,10 +284,21 @@ def test_maintenance_reservation_migrates_before_it_starts(slurm, tmp_path, tmp_
     st = run.wait_step(8)
     node = next(r["node"] for r in st["ranks"] if r["rank"] == 0 + 3)
     start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + 70))
-    slurm.run("scontrol", "create", "reservation", "reservationname=tmslurm-maint", f"starttime={start}", "duration=10",
-              f"nodes={node}", "flags=maint,ignore_jobs", "users=root")
+    slurm.run(
+        "scontrol",
+        "create",
+        "reservation",
+        "reservationname=tmslurm-maint",
+        f"starttime={start}",
+        "duration=10",
+        f"nodes={node}",
+        "flags=maint,ignore_jobs",
+        "users=root",
+    )
     try:
-        joined = run.wait_for(lambda e: e["type"] == "joined" and e["rank"] == 3, what="migration off the reserved node")
+        joined = run.wait_for(
+            lambda e: e["type"] == "joined" and e["rank"] == 3, what="migration off the reserved node"
+        )
         assert joined["t"] < time.mktime(time.strptime(start, "%Y-%m-%dT%H:%M:%S"))
         s = run.summary()
         assert [e["ranks"] for e in s["events"] if e["kind"] == "planned"] == [[3]]
@@ -231,21 +313,73 @@ def test_notify_wrong_key_refused_right_key_migrates(slurm, tmp_path, tmp_path_f
     slurm.run("tmslurm", "keygen", "--private", str(key), "--public", str(pub))
     wrong, wrong_pub = tmp_path / "wrong.key", tmp_path / "wrong.pub"
     slurm.run("tmslurm", "keygen", "--private", str(wrong), "--public", str(wrong_pub))
-    run = SlurmRun(slurm, tmp_path / "run", ["parallel.dp=2", "parallel.pp=2", "standby.count=1", *COMMON,
-                                             f"runtime.admin_public_key_file={pub}"])
+    run = SlurmRun(
+        slurm,
+        tmp_path / "run",
+        ["parallel.dp=2", "parallel.pp=2", "standby.count=1", *COMMON, f"runtime.admin_public_key_file={pub}"],
+    )
     st = run.wait_step(8)
     node = next(r["node"] for r in st["ranks"] if r["rank"] == 1)
-    bad = slurm.run("tmslurm", "notify", "--node", node, "--event", "maintenance", "--run-dir", str(run.run_dir),
-                    "--private-key-file", str(wrong), check=False)
+    bad = slurm.run(
+        "tmslurm",
+        "notify",
+        "--node",
+        node,
+        "--event",
+        "maintenance",
+        "--run-dir",
+        str(run.run_dir),
+        "--private-key-file",
+        str(wrong),
+        check=False,
+    )
     assert bad.returncode == 2 and "refused" in bad.stderr
-    unknown = slurm.run("tmslurm", "notify", "--node", "node99", "--event", "maintenance", "--run-dir", str(run.run_dir),
-                        "--private-key-file", str(key), check=False)
+    unknown = slurm.run(
+        "tmslurm",
+        "notify",
+        "--node",
+        "node99",
+        "--event",
+        "maintenance",
+        "--run-dir",
+        str(run.run_dir),
+        "--private-key-file",
+        str(key),
+        check=False,
+    )
     assert unknown.returncode == 2 and "unknown node" in unknown.stderr
-    baddl = slurm.run("tmslurm", "notify", "--node", node, "--event", "maintenance", "--deadline", "tomorrow-ish",
-                      "--run-dir", str(run.run_dir), "--private-key-file", str(key), check=False)
+    baddl = slurm.run(
+        "tmslurm",
+        "notify",
+        "--node",
+        node,
+        "--event",
+        "maintenance",
+        "--deadline",
+        "tomorrow-ish",
+        "--run-dir",
+        str(run.run_dir),
+        "--private-key-file",
+        str(key),
+        check=False,
+    )
     assert baddl.returncode == 2 and "deadline" in baddl.stderr
-    ok = slurm.run("tmslurm", "notify", "--node", node, "--event", "maintenance", "--deadline", "+5m", "--reason", "bios",
-                   "--run-dir", str(run.run_dir), "--private-key-file", str(key))
+    ok = slurm.run(
+        "tmslurm",
+        "notify",
+        "--node",
+        node,
+        "--event",
+        "maintenance",
+        "--deadline",
+        "+5m",
+        "--reason",
+        "bios",
+        "--run-dir",
+        str(run.run_dir),
+        "--private-key-file",
+        str(key),
+    )
     assert "accepted" in ok.stdout
     run.wait_for(lambda e: e["type"] == "joined" and e["rank"] == 1, what="migration after notify")
     s = run.summary()
@@ -256,8 +390,19 @@ def test_notify_wrong_key_refused_right_key_migrates(slurm, tmp_path, tmp_path_f
 
 def test_sbatch_wrapper_path_with_overrides(slurm, tmp_path, tmp_path_factory):
     ref = reference_hash(tmp_path_factory, "parallel.dp=1", "parallel.pp=2")
-    run = SlurmRun(slurm, tmp_path / "run", ["parallel.dp=1", "parallel.pp=2", "standby.count=0", f"train.steps={STEPS}",
-                                             "train.step_delay_s=0", "slurm.partition=debug"], via=2)
+    run = SlurmRun(
+        slurm,
+        tmp_path / "run",
+        [
+            "parallel.dp=1",
+            "parallel.pp=2",
+            "standby.count=0",
+            f"train.steps={STEPS}",
+            "train.step_delay_s=0",
+            "slurm.partition=debug",
+        ],
+        via=2,
+    )
     s = run.summary()
     assert s["main_job_id"] == run.job_id and s["steps"] == STEPS
     assert exact(s, ref), s
@@ -268,8 +413,18 @@ def test_two_ranks_per_node_move_together_through_node_relays(slurm, tmp_path, t
     their node monitor's relay, on Slurm's nodes: one relay connection per node, same exact result.
     (Relays at one rank per node: test_lab_faults.)"""
     ref = reference_hash(tmp_path_factory, "parallel.dp=2", "parallel.pp=2")
-    run = SlurmRun(slurm, tmp_path / "run", ["parallel.dp=2", "parallel.pp=2", "parallel.ranks_per_node=2",
-                                             "standby.count=1", "runtime.relay=true", *COMMON])
+    run = SlurmRun(
+        slurm,
+        tmp_path / "run",
+        [
+            "parallel.dp=2",
+            "parallel.pp=2",
+            "parallel.ranks_per_node=2",
+            "standby.count=1",
+            "runtime.relay=true",
+            *COMMON,
+        ],
+    )
     st = run.wait_step(8)
     node = next(r["node"] for r in st["ranks"] if r["rank"] == 2)
     assert sorted(r["rank"] for r in st["ranks"] if r["node"] == node) == [2, 3]

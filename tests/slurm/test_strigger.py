@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from test_slurm_run import COMMON, SlurmRun, node_state
 
 pytestmark = pytest.mark.slurm
@@ -29,8 +28,12 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "tmslurm-strigger"
 
 def _conf(tmp_path: Path, root: Path, key: Path | None, slurm_conf: str) -> tuple[Path, Path]:
     log = tmp_path / "strigger.log"
-    lines = [f"TMSLURM_PYTHON={sys.executable}", f"TMSLURM_RUNS_ROOT={root}", f"TMSLURM_STRIGGER_LOG={log}",
-             f"SLURM_CONF={slurm_conf}"]
+    lines = [
+        f"TMSLURM_PYTHON={sys.executable}",
+        f"TMSLURM_RUNS_ROOT={root}",
+        f"TMSLURM_STRIGGER_LOG={log}",
+        f"SLURM_CONF={slurm_conf}",
+    ]
     if key is not None:
         lines.append(f"TMSLURM_ADMIN_PRIVATE_KEY={key}")
     conf = tmp_path / "strigger.conf"
@@ -60,9 +63,19 @@ def test_reconfig_scan_delivers_the_drain_as_an_admin_notice(slurm, tmp_path):
     conf, log = _conf(tmp_path, root, key, slurm.conf)
     # long enough to outlast two trigger intervals (15 s each); the run is cancelled at the end
     common = [o for o in COMMON if not o.startswith(("slurm.poll_interval_s=", "train.steps="))]
-    run = SlurmRun(slurm, root / "run", ["parallel.dp=2", "parallel.pp=2", "standby.count=1", *common,
-                                         f"train.steps={LONG_STEPS}", "slurm.poll_interval_s=600",
-                                         f"runtime.admin_public_key_file={pub}"])
+    run = SlurmRun(
+        slurm,
+        root / "run",
+        [
+            "parallel.dp=2",
+            "parallel.pp=2",
+            "standby.count=1",
+            *common,
+            f"train.steps={LONG_STEPS}",
+            "slurm.poll_interval_s=600",
+            f"runtime.admin_public_key_file={pub}",
+        ],
+    )
     st = run.wait_step(8)
     node = next(r["node"] for r in st["ranks"] if r["rank"] == 1)
     program = f"{SCRIPT} --conf {conf}"
@@ -71,8 +84,11 @@ def test_reconfig_scan_delivers_the_drain_as_an_admin_notice(slurm, tmp_path):
     try:
         t_drain = time.time()
         slurm.run("scontrol", "update", f"nodename={node}", "state=drain", "reason=tmslurm-strigger-test")
-        notice = run.wait_for(lambda e: e["type"] == "notice" and e.get("node") == node, timeout=60,
-                              what="the notice delivered by strigger")
+        notice = run.wait_for(
+            lambda e: e["type"] == "notice" and e.get("node") == node,
+            timeout=60,
+            what="the notice delivered by strigger",
+        )
         print(f"strigger latency (drain -> notice in the journal): {notice['t'] - t_drain:.1f}s")
         assert notice["source"] == "admin" and notice["kind"] == "maintenance" and notice["ranks"] == [1], notice
         assert "strigger scan" in notice["reason"] and "tmslurm-strigger-test" in notice["reason"], notice
@@ -102,19 +118,37 @@ def test_called_like_slurmctld_unknown_nodes_and_bad_setup(slurm, tmp_path):
     conf, log = _conf(tmp_path, root, None, slurm.conf)
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
     cwd = tmp_path
-    r = subprocess.run([str(SCRIPT), "--conf", str(conf), "failure", "node[1-2],gpu07"], env=env, cwd=cwd,
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [str(SCRIPT), "--conf", str(conf), "failure", "node[1-2],gpu07"],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     text = _log(log)
     for n in ("node1", "node2", "gpu07"):
         assert f"{n}: not used by any tmslurm run under {root}" in text, text
     # the configuration can also come from the environment; a bad event or no runs root is an error
-    r = subprocess.run([str(SCRIPT), "maintenance_typo", "node1"], capture_output=True, text=True, timeout=60,
-                       env={**env, "TMSLURM_STRIGGER_CONF": str(conf)}, cwd=cwd)
+    r = subprocess.run(
+        [str(SCRIPT), "maintenance_typo", "node1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, "TMSLURM_STRIGGER_CONF": str(conf)},
+        cwd=cwd,
+    )
     assert r.returncode == 1 and "first argument must be" in _log(log)
     bad = tmp_path / "bad.conf"
     bad.write_text(f"TMSLURM_PYTHON={sys.executable}\nTMSLURM_STRIGGER_LOG={log}\n")
-    r = subprocess.run([str(SCRIPT), "--conf", str(bad), "failure", "node1"], env=env, cwd=cwd,
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [str(SCRIPT), "--conf", str(bad), "failure", "node1"],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 1 and "TMSLURM_RUNS_ROOT is not set" in _log(log)
     assert os.access(SCRIPT, os.X_OK)

@@ -5,20 +5,21 @@ from __future__ import annotations
 import copy
 import functools
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from tmslurm.config import compose_config
 from tmslurm.controller import Controller, LocalHooks
 from tmslurm.controller.items import Disconnected, HelloIn, MessageIn
+from tmslurm.controller.journal import read_journal
 from tmslurm.controller.state import Mode
+from tmslurm.core.config import compose_config
 from tmslurm.wire.messages import Hello, decode_agent
 from tmslurm.wire.protocol import GateSide
-from tmslurm.controller.journal import read_journal
 
 ADDRESS = {"host": "127.0.0.1", "port": 1, "store_port": 2}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _config(overrides: tuple[str, ...]) -> Any:
     return compose_config(list(overrides))
 
@@ -97,12 +98,30 @@ class FakeCluster(LocalHooks):
 class Harness:
     """dp x pp workers on nodes n<rank>, ``standbys`` warm standbys on nodes s<i>, all connected."""
 
-    def __init__(self, tmp_path, dp: int = 2, pp: int = 2, standbys: int = 1, *overrides: str,
-                 cluster: Callable[[Any], tuple[Any, Any]] | None = None, shadow: bool = False) -> None:
+    def __init__(
+        self,
+        tmp_path,
+        dp: int = 2,
+        pp: int = 2,
+        standbys: int = 1,
+        *overrides: str,
+        cluster: Callable[[Any], tuple[Any, Any]] | None = None,
+        shadow: bool = False,
+    ) -> None:
         """``cluster(cfg)`` builds another (spawner, hooks) pair than the fakes. ``shadow``: planned
         switches use live shadows (off by default here: most tests drive the switch itself)."""
-        cfg = copy.deepcopy(_config((f"parallel.dp={dp}", f"parallel.pp={pp}", f"standby.count={standbys}",
-                                     "train.steps=50", f"runtime.shadow={str(shadow).lower()}", *overrides)))
+        cfg = copy.deepcopy(
+            _config(
+                (
+                    f"parallel.dp={dp}",
+                    f"parallel.pp={pp}",
+                    f"standby.count={standbys}",
+                    "train.steps=50",
+                    f"runtime.shadow={str(shadow).lower()}",
+                    *overrides,
+                )
+            )
+        )
         self.spawner, self.cluster = cluster(cfg) if cluster is not None else (FakeSpawner(), FakeCluster())
         self.ctl = Controller(cfg, tmp_path, self.spawner, self.cluster, ADDRESS)
         self.state = self.ctl.state
@@ -119,8 +138,17 @@ class Harness:
         for i in range(standbys):
             self.hello(f"s{i}", "standby", i, f"s{i}")
             for role in self.ctl.ctx.layout.roles:
-                self.send(f"s{i}", {"type": "ready", "role": role, "warmup_s": 0.1, "rss_mb": 1.0, "role_rss_mb": 1.0,
-                                    "sandbox_sends_skipped": 0})
+                self.send(
+                    f"s{i}",
+                    {
+                        "type": "ready",
+                        "role": role,
+                        "warmup_s": 0.1,
+                        "rss_mb": 1.0,
+                        "role_rss_mb": 1.0,
+                        "sandbox_sends_skipped": 0,
+                    },
+                )
 
     def hello(self, who: Any, kind: str, ident: int, node: str, pid: int = 4242) -> FakeChannel:
         conn = len(self.conns) + 1
@@ -136,9 +164,18 @@ class Harness:
         self.ctl.handle(MessageIn(self.conns[who], decode_agent(msg)))
 
     def vote(self, who: Any, rank: int | None = None, epoch: int | None = None, step: int | None = None) -> None:
-        self.send(who, {"type": "vote", "step": self.state.step if step is None else step,
-                        "epoch": self.state.epoch if epoch is None else epoch, "rank": who if rank is None else rank,
-                        "loss": 1.0, "dt": 0.01, "peak_rss_mb": 1.0})
+        self.send(
+            who,
+            {
+                "type": "vote",
+                "step": self.state.step if step is None else step,
+                "epoch": self.state.epoch if epoch is None else epoch,
+                "rank": who if rank is None else rank,
+                "loss": 1.0,
+                "dt": 0.01,
+                "peak_rss_mb": 1.0,
+            },
+        )
 
     def commit_all(self, who: dict[int, Any] | None = None) -> dict[str, Any]:
         """Every rank votes for the current step (``who`` maps a rank to another connection); the decision."""
@@ -157,7 +194,9 @@ class Harness:
 
     def abort_all(self, alive: list[int]) -> None:
         for r in alive:
-            self.send(r, {"type": "aborted", "epoch": self.state.epoch, "rank": r, "step": self.state.step, "status": {}})
+            self.send(
+                r, {"type": "aborted", "epoch": self.state.epoch, "rank": r, "step": self.state.step, "status": {}}
+            )
 
     def prepare_all(self) -> None:
         """Every participant of the current planned switch reports phase 1 done."""

@@ -10,14 +10,22 @@ from torch._dynamo.utils import counters
 
 from tmslurm.agent.build import build_runner
 from tmslurm.comm.stage_comm import SoloStageComm
-from tmslurm.config import compose_config
-from tmslurm.errors import CommAborted
+from tmslurm.core.config import compose_config
+from tmslurm.core.errors import CommAborted
 from tmslurm.train.abortpoints import AbortPoints, layers_of
 
 
 def _cfg(compile_: bool = False):
-    return compose_config(["parallel.dp=1", "parallel.pp=1", "model=tiny", "model.n_layer=4",
-                           f"model.compile={str(compile_).lower()}", "train.micro_batches=2"])
+    return compose_config(
+        [
+            "parallel.dp=1",
+            "parallel.pp=1",
+            "model=tiny",
+            "model.n_layer=4",
+            f"model.compile={str(compile_).lower()}",
+            "train.micro_batches=2",
+        ]
+    )
 
 
 class Counting(nn.Module):
@@ -43,11 +51,14 @@ class StopAfter:
             raise CommAborted("test abort")
 
 
-@pytest.mark.parametrize("module,names", [
-    (nn.Sequential(nn.Linear(2, 2), nn.ModuleList([nn.ReLU(), nn.Tanh()])), ["ReLU", "Tanh"]),
-    (nn.Sequential(nn.Linear(2, 2), nn.ReLU()), ["Linear", "ReLU"]),
-    (nn.Linear(2, 2), []),
-])
+@pytest.mark.parametrize(
+    "module,names",
+    [
+        (nn.Sequential(nn.Linear(2, 2), nn.ModuleList([nn.ReLU(), nn.Tanh()])), ["ReLU", "Tanh"]),
+        (nn.Sequential(nn.Linear(2, 2), nn.ReLU()), ["Linear", "ReLU"]),
+        (nn.Linear(2, 2), []),
+    ],
+)
 def test_layers_are_the_children_of_module_lists_or_else_the_children(module, names):
     assert [type(m).__name__ for m in layers_of(module)] == names
 
@@ -110,7 +121,7 @@ def test_a_compiled_stage_keeps_its_graphs_and_stops_only_outside_them():
     counters.clear()
     armed, plain = build_runner(_cfg(compile_=True), 0), build_runner(_cfg(compile_=True), 0)
     comm = SoloStageComm()
-    calls = StopAfter(10 ** 9)
+    calls = StopAfter(10**9)
     for step in range(3):
         assert armed.compute(step, comm, stop=calls) == plain.compute(step, comm)
         armed.apply()

@@ -17,10 +17,10 @@ from tests.unit.controller_harness import ADDRESS, FakeChannel, FakeCluster, Fak
 from tmslurm.controller import Controller
 from tmslurm.controller.adoption import AdoptOrder
 from tmslurm.controller.items import Disconnected, HelloIn, MessageIn
+from tmslurm.controller.journal import read_journal
 from tmslurm.controller.snapshot import read_steps
 from tmslurm.controller.state import Mode
 from tmslurm.wire.messages import Hello, Rejoin, decode_agent
-from tmslurm.controller.journal import read_journal
 
 COMMITTED = 3  # steps 0..2 decided and logged by the first incarnation
 
@@ -39,18 +39,33 @@ def vote(rank: int, step: int, epoch: int = 0) -> dict[str, Any]:
     return {"type": "vote", "step": step, "epoch": epoch, "rank": rank, "loss": 1.0, "dt": 0.01, "peak_rss_mb": 1.0}
 
 
-def rejoin(rank: int | None, decided: int | None, voted: int | None = None, epoch: int = 0, in_plan: bool = False,
-           **decision: Any) -> Rejoin:
+def rejoin(
+    rank: int | None,
+    decided: int | None,
+    voted: int | None = None,
+    epoch: int = 0,
+    in_plan: bool = False,
+    **decision: Any,
+) -> Rejoin:
     d = None if decided is None else {"type": "decision", "step": decided, "epoch": epoch, **decision}
-    return Rejoin.model_validate({"rank": rank, "epoch": epoch, "in_plan": in_plan, "decision": d,
-                                  "vote": None if voted is None else vote(rank, voted, epoch)})
+    return Rejoin.model_validate(
+        {
+            "rank": rank,
+            "epoch": epoch,
+            "in_plan": in_plan,
+            "decision": d,
+            "vote": None if voted is None else vote(rank, voted, epoch),
+        }
+    )
 
 
 class Restarted:
     def __init__(self, tmp_path, alive: list[tuple[str, int]]) -> None:
         cfg = copy.deepcopy(_config(("parallel.dp=2", "parallel.pp=2", "standby.count=1", "train.steps=50")))
         self.spawner = FakeSpawner()
-        self.ctl = Controller(cfg, tmp_path, self.spawner, FakeCluster(), ADDRESS, adopt=AdoptOrder(1, time.time(), alive))
+        self.ctl = Controller(
+            cfg, tmp_path, self.spawner, FakeCluster(), ADDRESS, adopt=AdoptOrder(1, time.time(), alive)
+        )
         self.channels: dict[Any, FakeChannel] = {}
         self.conns: dict[Any, int] = {}
 
@@ -58,14 +73,16 @@ class Restarted:
         ch = FakeChannel()
         self.conns[who] = conn = 100 + len(self.conns)
         self.channels[who] = ch
-        self.ctl.handle(HelloIn(Hello(type="hello", token="t", kind=kind, id=ident, node=f"n{ident}", rejoin=rj), conn, ch))
+        self.ctl.handle(
+            HelloIn(Hello(type="hello", token="t", kind=kind, id=ident, node=f"n{ident}", rejoin=rj), conn, ch)
+        )
         return ch
 
     def journal(self, etype: str) -> list[dict[str, Any]]:
         return [e for e in read_journal(self.ctl.ctx.rundir.events) if e["type"] == etype]
 
 
-def restarted_after_refusal(r: "Restarted", why: str | None = None) -> bool:
+def restarted_after_refusal(r: Restarted, why: str | None = None) -> bool:
     """Refused, and instead of ending, every rank restarts from the latest complete checkpoint (none
     here: step 0) in the same job: the workers that came back are fenced, four new ones are spawned,
     the journal says why, and the restart is one job-wide event that redoes the committed steps."""
@@ -74,11 +91,20 @@ def restarted_after_refusal(r: "Restarted", why: str | None = None) -> bool:
     (restart,) = r.journal("restart")
     came_back = {("worker", int(k)) for k in r.channels if isinstance(k, int)}
     ev = r.ctl.ctx.events.items[-1]
-    return (refused["fallback"] == "checkpoint_restart" and (why is None or why in refused["why"])
-            and st.mode is Mode.RUNNING and st.failed_reason is None and st.step == 0
-            and restart["from_step"] == 0 and restart["lost_steps"] == COMMITTED
-            and came_back <= set(r.spawner.fenced) and sorted(r.spawner.workers)[-4:] == [(k, st.incarnation) for k in range(4)]
-            and ev["ranks"] == [] and ev["from_checkpoint_step"] == 0 and "could not adopt" in ev["cause"])
+    return (
+        refused["fallback"] == "checkpoint_restart"
+        and (why is None or why in refused["why"])
+        and st.mode is Mode.RUNNING
+        and st.failed_reason is None
+        and st.step == 0
+        and restart["from_step"] == 0
+        and restart["lost_steps"] == COMMITTED
+        and came_back <= set(r.spawner.fenced)
+        and sorted(r.spawner.workers)[-4:] == [(k, st.incarnation) for k in range(4)]
+        and ev["ranks"] == []
+        and ev["from_checkpoint_step"] == 0
+        and "could not adopt" in ev["cause"]
+    )
 
 
 ALL = [("standby", 0), ("worker", 0), ("worker", 1), ("worker", 2), ("worker", 3)]
@@ -161,9 +187,16 @@ def test_restored_events_are_the_completed_and_the_still_open_of_this_job(case):
 # (what each rank reports: last decision received, vote waiting) -> outcome
 CASES = {
     "all at the same decision, two votes waiting": ({0: (2, 3), 1: (2, 3), 2: (2, None), 3: (2, None)}, "adopted", []),
-    "the dead controller's last decision reached only ranks 0 and 1": ({0: (3, 4), 1: (3, None), 2: (2, 3), 3: (2, 3)},
-                                                                      "adopted", [2, 3]),
-    "a rank missed a decision it never voted for": ({0: (3, None), 1: (3, None), 2: (2, None), 3: (3, None)}, "refused", []),
+    "the dead controller's last decision reached only ranks 0 and 1": (
+        {0: (3, 4), 1: (3, None), 2: (2, 3), 3: (2, 3)},
+        "adopted",
+        [2, 3],
+    ),
+    "a rank missed a decision it never voted for": (
+        {0: (3, None), 1: (3, None), 2: (2, None), 3: (3, None)},
+        "refused",
+        [],
+    ),
     "decisions two steps apart": ({0: (4, None), 1: (2, 3), 2: (3, None), 3: (3, None)}, "refused", []),
 }
 
@@ -209,7 +242,9 @@ def test_votes_sent_while_adopting_count_and_the_step_commits(tmp_path):
     assert [m["step"] for m in r.channels[0].sent if m["type"] == "decision"] == [3]
     ev = [e for e in r.ctl.ctx.events.items if e["kind"] == "controller_restart"][0]
     assert ev["status"] == "done"
-    assert ev["gap_s"] == pytest.approx(ev["before_death_s"] + ev["restart_s"] + ev["adopt_s"] + ev["first_step_s"], abs=1e-6)
+    assert ev["gap_s"] == pytest.approx(
+        ev["before_death_s"] + ev["restart_s"] + ev["adopt_s"] + ev["first_step_s"], abs=1e-6
+    )
 
 
 @pytest.mark.parametrize("bad", ["in_plan", "epochs", "switch", "fresh_worker"])
@@ -272,9 +307,13 @@ def test_a_controller_that_did_not_restart_refuses_every_rejoin(tmp_path):
     assert ch.closed and "did not restart" in ch.sent[-1]["error"]
     assert ("worker", 3) in h.state.expected  # still waiting for the new process
     mon = FakeChannel()
-    h.ctl.handle(HelloIn(Hello(type="hello", token="t", kind="monitor", id=0, node="n9", rejoin=rejoin(None, None)),
-                         98, mon))
-    assert mon.closed and [e["why"] for e in h.journal("hello_refused")] == ["a rejoin, but this controller did not restart"] * 2
+    h.ctl.handle(
+        HelloIn(Hello(type="hello", token="t", kind="monitor", id=0, node="n9", rejoin=rejoin(None, None)), 98, mon)
+    )
+    assert (
+        mon.closed
+        and [e["why"] for e in h.journal("hello_refused")] == ["a rejoin, but this controller did not restart"] * 2
+    )
 
 
 def _begin_planned(tmp_path, epoch: int, ranks: list[int]) -> None:
@@ -289,11 +328,20 @@ def test_a_planned_switch_caught_in_phase_1_is_rolled_back_and_planned_again(tmp
     first_incarnation(tmp_path)
     _begin_planned(tmp_path, 1, [1])
     r = Restarted(tmp_path, ALL)
-    r.hello("s0", "standby", 0, Rejoin.model_validate({"rank": None, "epoch": 0, "in_plan": True, "prepared": [1],
-                                                       "decision": None, "vote": None}))
+    r.hello(
+        "s0",
+        "standby",
+        0,
+        Rejoin.model_validate(
+            {"rank": None, "epoch": 0, "in_plan": True, "prepared": [1], "decision": None, "vote": None}
+        ),
+    )
     for rank in range(4):
-        rj = rejoin(rank, 2).model_copy(update={"in_plan": True, "prepared": [1]}) \
-            if who == "ranks and joiner prepared" and rank in (1, 3) else rejoin(rank, 2)
+        rj = (
+            rejoin(rank, 2).model_copy(update={"in_plan": True, "prepared": [1]})
+            if who == "ranks and joiner prepared" and rank in (1, 3)
+            else rejoin(rank, 2)
+        )
         r.hello(rank, "worker", rank, rj)
     r.ctl.adoption.tick()
     st = r.ctl.state
@@ -321,21 +369,49 @@ def rank_report(rank: int, how: str, **decision: Any) -> Rejoin:
     if how == "missed" or how == "bare":
         return rejoin(rank, 2, 3).model_copy(update={"in_plan": bool(prep), "prepared": prep, "step": 3})
     epoch, step = (1, 4) if how == "applied" else (0, 4 if how == "leaving" else 3)
-    return Rejoin.model_validate({"rank": rank, "epoch": epoch, "decision": got, "vote": None, "in_plan": bool(prep),
-                                  "prepared": prep, "step": step})
+    return Rejoin.model_validate(
+        {
+            "rank": rank,
+            "epoch": epoch,
+            "decision": got,
+            "vote": None,
+            "in_plan": bool(prep),
+            "prepared": prep,
+            "step": step,
+        }
+    )
 
 
 def joiner_report(how: str, epoch: int = 1) -> Rejoin:
     """``prepared`` (phase 1 done, never activated), ``activated`` (receiving the state), ``joined`` (rank 1)."""
     if how == "joined":
-        return Rejoin.model_validate({"rank": 1, "epoch": epoch, "decision": None, "vote": None, "in_plan": False, "step": 4})
-    return Rejoin.model_validate({"rank": None, "epoch": epoch, "decision": None, "vote": None, "in_plan": True,
-                                  "prepared": [epoch] if how == "prepared" else []})
+        return Rejoin.model_validate(
+            {"rank": 1, "epoch": epoch, "decision": None, "vote": None, "in_plan": False, "step": 4}
+        )
+    return Rejoin.model_validate(
+        {
+            "rank": None,
+            "epoch": epoch,
+            "decision": None,
+            "vote": None,
+            "in_plan": True,
+            "prepared": [epoch] if how == "prepared" else [],
+        }
+    )
 
 
 def joined_msg() -> dict[str, Any]:
-    return {"type": "joined", "epoch": 1, "rank": 1, "joiner": 0, "step": 4, "transfer_s": 0.1, "phase1_s": 0.2,
-            "bytes": 10, "rss_mb": 1.0}
+    return {
+        "type": "joined",
+        "epoch": 1,
+        "rank": 1,
+        "joiner": 0,
+        "step": 4,
+        "transfer_s": 0.1,
+        "phase1_s": 0.2,
+        "bytes": 10,
+        "rss_mb": 1.0,
+    }
 
 
 def switch_caught(tmp_path, ranks: dict[int, str], joiner: str | None, **decision: Any) -> Restarted:
@@ -356,15 +432,27 @@ def switch_caught(tmp_path, ranks: dict[int, str], joiner: str | None, **decisio
 
 # (each rank's report, the joiner's) -> (ranks sent the decision again, joiner sent its activate)
 COMPLETED = {
-    "every rank got it, the joiner awaits its activate": ({0: "applied", 1: "leaving", 2: "applied", 3: "applied"},
-                                                          "prepared", [], True),
-    "ranks 0 and 1 got it, the joiner was activated": ({0: "applied", 1: "leaving", 2: "missed", 3: "missed"},
-                                                       "activated", [2, 3], False),
+    "every rank got it, the joiner awaits its activate": (
+        {0: "applied", 1: "leaving", 2: "applied", 3: "applied"},
+        "prepared",
+        [],
+        True,
+    ),
+    "ranks 0 and 1 got it, the joiner was activated": (
+        {0: "applied", 1: "leaving", 2: "missed", 3: "missed"},
+        "activated",
+        [2, 3],
+        False,
+    ),
     "only the leaver got it": ({0: "missed", 1: "leaving", 2: "missed", 3: "missed"}, "prepared", [0, 2, 3], True),
     "the leaver missed it": ({0: "applied", 1: "missed", 2: "applied", 3: "pending"}, "prepared", [1], True),
     "the joiner had joined, the leaver exited": ({0: "applied", 2: "applied", 3: "applied"}, "joined", [], False),
-    "the joiner joined while the controller adopted": ({0: "applied", 1: "leaving", 2: "applied", 3: "pending"},
-                                                       "joins while adopting", [], False),
+    "the joiner joined while the controller adopted": (
+        {0: "applied", 1: "leaving", 2: "applied", 3: "pending"},
+        "joins while adopting",
+        [],
+        False,
+    ),
 }
 
 
@@ -380,8 +468,21 @@ def test_a_planned_switch_whose_decision_went_out_is_completed(tmp_path, case):
     assert adopted["activated"] == ([1] if activated else [])
     for rank in ranks:
         decisions = [m for m in r.channels[rank].sent if m["type"] == "decision"]
-        assert decisions == ([{"type": "decision", "step": 3, "decision": "commit", "epoch": 1, "switch": SWITCH,
-                               "checkpoint": False, "final": False}] if rank in resent else [])
+        assert decisions == (
+            [
+                {
+                    "type": "decision",
+                    "step": 3,
+                    "decision": "commit",
+                    "epoch": 1,
+                    "switch": SWITCH,
+                    "checkpoint": False,
+                    "final": False,
+                }
+            ]
+            if rank in resent
+            else []
+        )
     assert ({"type": "activate", "epoch": 1} in r.channels["s0"].sent) is activated
     assert st.mode is Mode.RUNNING and st.step == 4 and st.epoch == 1
     # the rest goes as after any phase 2: the leaver leaves, the joiner joins, step 4 commits with it
@@ -409,12 +510,18 @@ def test_a_planned_switch_whose_decision_went_out_is_completed(tmp_path, case):
 
 # what makes a switch past phase 1 impossible to complete -> the reason journalled
 REFUSED = {
-    "the joiner did not come back": (dict(ranks={0: "applied", 1: "leaving", 2: "applied", 3: "applied"}, joiner=None),
-                                     "did not come back"),
-    "a rank that missed it prepared nothing": (dict(ranks={0: "applied", 1: "leaving", 2: "applied", 3: "bare"},
-                                                    joiner="prepared"), "holds no groups prepared for epoch 1"),
-    "the decision also carried a checkpoint": (dict(ranks={0: "applied", 1: "leaving", 2: "applied", 3: "applied"},
-                                                    joiner="prepared", checkpoint=True), "also carried a checkpoint"),
+    "the joiner did not come back": (
+        dict(ranks={0: "applied", 1: "leaving", 2: "applied", 3: "applied"}, joiner=None),
+        "did not come back",
+    ),
+    "a rank that missed it prepared nothing": (
+        dict(ranks={0: "applied", 1: "leaving", 2: "applied", 3: "bare"}, joiner="prepared"),
+        "holds no groups prepared for epoch 1",
+    ),
+    "the decision also carried a checkpoint": (
+        dict(ranks={0: "applied", 1: "leaving", 2: "applied", 3: "applied"}, joiner="prepared", checkpoint=True),
+        "also carried a checkpoint",
+    ),
 }
 
 
@@ -451,15 +558,23 @@ def test_an_activated_joiner_with_no_decision_anywhere_is_still_refused(tmp_path
     assert restarted_after_refusal(r, "a switch or recovery was in flight")
 
 
-def _restarted_in_recovery(tmp_path, aborting: tuple[int, ...]) -> "Restarted":
+def _restarted_in_recovery(tmp_path, aborting: tuple[int, ...]) -> Restarted:
     """Rank 2 died; the dead controller had aborted step 3 (epoch 1) and standby s0 was receiving rank
     2's state. The ranks in ``aborting`` saw that abort."""
     first_incarnation(tmp_path)
     r = Restarted(tmp_path, [k for k in ALL if k != ("worker", 2)])
-    r.hello("s0", "standby", 0, Rejoin.model_validate({"rank": None, "epoch": 1, "in_plan": True, "prepared": [],
-                                                       "decision": None, "vote": None}))
+    r.hello(
+        "s0",
+        "standby",
+        0,
+        Rejoin.model_validate(
+            {"rank": None, "epoch": 1, "in_plan": True, "prepared": [], "decision": None, "vote": None}
+        ),
+    )
     for rank in (0, 1, 3):
-        r.hello(rank, "worker", rank, rejoin(rank, 2).model_copy(update={"in_plan": True, "aborting": rank in aborting}))
+        r.hello(
+            rank, "worker", rank, rejoin(rank, 2).model_copy(update={"in_plan": True, "aborting": rank in aborting})
+        )
     return r
 
 
@@ -486,8 +601,12 @@ def test_a_recovery_of_ranks_that_got_no_decision_yet_is_redone_at_the_step_they
     r = Restarted(tmp_path, [k for k in ALL if k != ("worker", 2)])
     r.hello("s0", "standby", 0, rejoin(None, None))
     for rank in (0, 1, 3):
-        r.hello(rank, "worker", rank, rejoin(rank, None, epoch=1).model_copy(
-            update={"step": 3, "in_plan": True, "aborting": True}))
+        r.hello(
+            rank,
+            "worker",
+            rank,
+            rejoin(rank, None, epoch=1).model_copy(update={"step": 3, "in_plan": True, "aborting": True}),
+        )
     r.ctl.adoption.tick()
     (abort,) = r.journal("abort")
     assert r.journal("adopted")[0]["resumed_recovery"] is True and abort["step"] == 3 and abort["dead"] == [2]
@@ -512,7 +631,9 @@ def test_a_recovery_is_not_redone_over_decisions_that_differ(tmp_path):
     r = Restarted(tmp_path, ALL)
     r.hello("s0", "standby", 0, rejoin(None, None))
     for rank in range(4):
-        r.hello(rank, "worker", rank, rejoin(rank, 2 if rank else 1).model_copy(update={"in_plan": True, "aborting": True}))
+        r.hello(
+            rank, "worker", rank, rejoin(rank, 2 if rank else 1).model_copy(update={"in_plan": True, "aborting": True})
+        )
     r.ctl.adoption.tick()
     assert restarted_after_refusal(r, "decisions differ")
 
@@ -538,7 +659,9 @@ def test_a_standby_that_joined_and_got_no_decision_yet_is_placed_by_its_step(tmp
         rj = rejoin(rank, None if rank == 2 else 2, epoch=1).model_copy(update={"step": 3})
         r.hello(rank, "worker", rank, rj)
     r.ctl.adoption.tick()
-    assert r.ctl.state.mode is Mode.RUNNING and r.ctl.state.step == 3 and r.journal("adopted")[0]["resent_decision"] == []
+    assert (
+        r.ctl.state.mode is Mode.RUNNING and r.ctl.state.step == 3 and r.journal("adopted")[0]["resent_decision"] == []
+    )
 
 
 def test_a_listed_process_the_dead_controller_found_lost_is_not_waited_for(tmp_path):

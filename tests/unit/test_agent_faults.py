@@ -23,8 +23,14 @@ class Effects:
         self.log: list[tuple] = []
 
     def plan(self, specs: list[FaultSpec]) -> FaultPlan:
-        return FaultPlan(specs, RANK, lambda m: self.log.append(("sent", m)), kill=lambda s: self.log.append(("kill", s)),
-                         pause=lambda s: self.log.append(("pause", s)), hang=lambda: self.log.append(("hang",)))
+        return FaultPlan(
+            specs,
+            RANK,
+            lambda m: self.log.append(("sent", m)),
+            kill=lambda s: self.log.append(("kill", s)),
+            pause=lambda s: self.log.append(("pause", s)),
+            hang=lambda: self.log.append(("hang",)),
+        )
 
 
 def fired(index: int, step: int, kind: str) -> tuple:
@@ -49,37 +55,89 @@ def run(plan: FaultPlan, calls: list[tuple[str, int]]) -> None:
 ALL_POINTS = [(p, s) for s in range(6) for p in ("midstep", "before_vote", "before_recovery")]
 
 
-@pytest.mark.parametrize("specs,calls,effects", [
-    pytest.param([], ALL_POINTS, [], id="no faults: nothing anywhere"),
-    pytest.param([spec(0, 3, "kill")], ALL_POINTS, killed(0, 3, "kill", signal.SIGKILL), id="kill mid-step 3"),
-    pytest.param([spec(1, 2, "stop")], ALL_POINTS, killed(1, 2, "stop", signal.SIGSTOP), id="stop mid-step 2"),
-    pytest.param([spec(0, 2, "kill")], [("midstep", 1), ("before_vote", 2), ("before_recovery", 2)], [],
-                 id="a mid-step fault fires mid-step only"),
-    pytest.param([spec(0, 2, "kill", "recover")], [("midstep", 2), ("before_vote", 2), ("before_recovery", 1),
-                                                  ("before_recovery", 4), ("before_recovery", 5)],
-                 killed(0, 4, "kill", signal.SIGKILL), id="recover: first recovery at a step >= its step"),
-    pytest.param([spec(0, 1, "stop", "recover")], [("before_recovery", 1)], killed(0, 1, "stop", signal.SIGSTOP),
-                 id="recover: stop at its very step"),
-    pytest.param([spec(4, 3, "hang")], ALL_POINTS, [fired(4, 3, "hang"), ("hang",)], id="hang before the vote of 3"),
-    pytest.param([spec(0, 1, "drain"), spec(1, 2, "power_off")], ALL_POINTS, [],
-                 id="kinds the controller injects never fire here"),
-    pytest.param([spec(0, 2, "stop"), spec(1, 2, "kill")], [("midstep", 2), ("midstep", 2), ("midstep", 2)],
-                 killed(0, 2, "stop", signal.SIGSTOP) + killed(1, 2, "kill", signal.SIGKILL),
-                 id="two faults of one step: in order, one per step attempt"),
-    pytest.param([spec(0, 3, "kill", "transfer")], [("during_transfer", 2), ("midstep", 3), ("before_recovery", 3),
-                                                   ("during_transfer", 4), ("during_transfer", 5)],
-                 killed(0, 4, "kill", signal.SIGKILL), id="transfer: the first state sent at a step >= its step"),
-    pytest.param([spec(0, 1, "stop", "join")], [("during_transfer", 5), ("midstep", 1), ("before_recovery", 1)], [],
-                 id="a join fault never fires in a worker's transfer"),
-    pytest.param([spec(0, 2, "hiccup", amount="2")], ALL_POINTS, [fired(0, 2, "hiccup"), ("pause", 2.0)],
-                 id="hiccup: stalls once mid-step 2, no signal"),
-    pytest.param([spec(0, 3, "slow", amount="0.25")], ALL_POINTS, [fired(0, 3, "slow"), ("pause", 0.25), ("pause", 0.25),
-                                                                 ("pause", 0.25)],
-                 id="slow: reported once, stalls every step from 3 on"),
-    pytest.param([spec(0, 1, "slow", amount="0.5"), spec(1, 2, "kill")], [("midstep", 1), ("midstep", 2)],
-                 [fired(0, 1, "slow"), ("pause", 0.5), ("pause", 0.5)] + killed(1, 2, "kill", signal.SIGKILL),
-                 id="a slow rank still dies of its kill"),
-])
+@pytest.mark.parametrize(
+    "specs,calls,effects",
+    [
+        pytest.param([], ALL_POINTS, [], id="no faults: nothing anywhere"),
+        pytest.param([spec(0, 3, "kill")], ALL_POINTS, killed(0, 3, "kill", signal.SIGKILL), id="kill mid-step 3"),
+        pytest.param([spec(1, 2, "stop")], ALL_POINTS, killed(1, 2, "stop", signal.SIGSTOP), id="stop mid-step 2"),
+        pytest.param(
+            [spec(0, 2, "kill")],
+            [("midstep", 1), ("before_vote", 2), ("before_recovery", 2)],
+            [],
+            id="a mid-step fault fires mid-step only",
+        ),
+        pytest.param(
+            [spec(0, 2, "kill", "recover")],
+            [
+                ("midstep", 2),
+                ("before_vote", 2),
+                ("before_recovery", 1),
+                ("before_recovery", 4),
+                ("before_recovery", 5),
+            ],
+            killed(0, 4, "kill", signal.SIGKILL),
+            id="recover: first recovery at a step >= its step",
+        ),
+        pytest.param(
+            [spec(0, 1, "stop", "recover")],
+            [("before_recovery", 1)],
+            killed(0, 1, "stop", signal.SIGSTOP),
+            id="recover: stop at its very step",
+        ),
+        pytest.param(
+            [spec(4, 3, "hang")], ALL_POINTS, [fired(4, 3, "hang"), ("hang",)], id="hang before the vote of 3"
+        ),
+        pytest.param(
+            [spec(0, 1, "drain"), spec(1, 2, "power_off")],
+            ALL_POINTS,
+            [],
+            id="kinds the controller injects never fire here",
+        ),
+        pytest.param(
+            [spec(0, 2, "stop"), spec(1, 2, "kill")],
+            [("midstep", 2), ("midstep", 2), ("midstep", 2)],
+            killed(0, 2, "stop", signal.SIGSTOP) + killed(1, 2, "kill", signal.SIGKILL),
+            id="two faults of one step: in order, one per step attempt",
+        ),
+        pytest.param(
+            [spec(0, 3, "kill", "transfer")],
+            [
+                ("during_transfer", 2),
+                ("midstep", 3),
+                ("before_recovery", 3),
+                ("during_transfer", 4),
+                ("during_transfer", 5),
+            ],
+            killed(0, 4, "kill", signal.SIGKILL),
+            id="transfer: the first state sent at a step >= its step",
+        ),
+        pytest.param(
+            [spec(0, 1, "stop", "join")],
+            [("during_transfer", 5), ("midstep", 1), ("before_recovery", 1)],
+            [],
+            id="a join fault never fires in a worker's transfer",
+        ),
+        pytest.param(
+            [spec(0, 2, "hiccup", amount="2")],
+            ALL_POINTS,
+            [fired(0, 2, "hiccup"), ("pause", 2.0)],
+            id="hiccup: stalls once mid-step 2, no signal",
+        ),
+        pytest.param(
+            [spec(0, 3, "slow", amount="0.25")],
+            ALL_POINTS,
+            [fired(0, 3, "slow"), ("pause", 0.25), ("pause", 0.25), ("pause", 0.25)],
+            id="slow: reported once, stalls every step from 3 on",
+        ),
+        pytest.param(
+            [spec(0, 1, "slow", amount="0.5"), spec(1, 2, "kill")],
+            [("midstep", 1), ("midstep", 2)],
+            [fired(0, 1, "slow"), ("pause", 0.5), ("pause", 0.5)] + killed(1, 2, "kill", signal.SIGKILL),
+            id="a slow rank still dies of its kill",
+        ),
+    ],
+)
 def test_each_fault_fires_once_at_its_point(specs, calls, effects):
     fx = Effects()
     run(fx.plan(specs), calls)

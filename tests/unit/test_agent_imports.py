@@ -13,7 +13,7 @@ import pytest
 PROBE = """
 import json, sys
 import tmslurm.agent.main as m
-from tmslurm.errors import TmslurmError
+from tmslurm.core.errors import TmslurmError
 
 def hello(*args, **kwargs):
     print(json.dumps({"torch": "torch" in sys.modules, "worker": "tmslurm.agent.worker" in sys.modules,
@@ -25,14 +25,18 @@ sys.exit(m.main(sys.argv[1:]))
 """
 
 
-@pytest.mark.parametrize("who,loaded", [
-    (["--rank", "1"], {"torch": True, "worker": True}),
-    (["--standby", "0"], {"torch": True, "standby": True}),  # (a standby's code uses the worker's too)
-    (["--monitor"], {"torch": False, "worker": False, "standby": False}),
-])
+@pytest.mark.parametrize(
+    "who,loaded",
+    [
+        (["--rank", "1"], {"torch": True, "worker": True}),
+        (["--standby", "0"], {"torch": True, "standby": True}),  # (a standby's code uses the worker's too)
+        (["--monitor"], {"torch": False, "worker": False, "standby": False}),
+    ],
+)
 def test_what_is_imported_before_the_hello(tmp_path, who, loaded):
-    out = subprocess.run([sys.executable, "-c", PROBE, "--run-dir", str(tmp_path), *who],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, "--run-dir", str(tmp_path), *who], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 2, out.stderr  # the hello's error ends the agent with status 2
     seen = json.loads(out.stdout.splitlines()[0])
     assert {k: seen[k] for k in loaded} == loaded, out.stderr

@@ -10,13 +10,21 @@ import torch
 from torch._dynamo.utils import counters
 
 from tmslurm.agent.build import build_runner, layout_of
-from tmslurm.config import compose_config
+from tmslurm.core.config import compose_config
 from tmslurm.train.arena import Arena, _layout_bytes, _slots, release_free_memory
 
 
 def _cfg(compile_: bool):
-    return compose_config(["parallel.dp=1", "parallel.pp=4", "model=tiny", "model.n_layer=6", f"model.compile={str(compile_).lower()}",
-                           "train.micro_batches=2"])
+    return compose_config(
+        [
+            "parallel.dp=1",
+            "parallel.pp=4",
+            "model=tiny",
+            "model.n_layer=6",
+            f"model.compile={str(compile_).lower()}",
+            "train.micro_batches=2",
+        ]
+    )
 
 
 def _step(runner, step: int) -> None:
@@ -202,4 +210,6 @@ def test_binding_holds_the_arena_plus_a_few_tensors_not_the_class_twice():
     arena.bind(runner)
     grew = peak_rss_mb() - before
     assert all(_inside(p, arena) and torch.equal(p, torch.ones_like(p)) for p in runner.params)
-    assert grew < 0.5 * size_mb, f"bind's peak grew {grew:.0f} MiB for a {size_mb} MiB class (trim every {TRIM_BYTES >> 20} MiB)"
+    assert grew < 0.5 * size_mb, (
+        f"bind's peak grew {grew:.0f} MiB for a {size_mb} MiB class (trim every {TRIM_BYTES >> 20} MiB)"
+    )

@@ -12,14 +12,22 @@ import pytest
 from benchmarks.__main__ import parser
 from benchmarks.chaos import Chaos, overrides, settled
 from benchmarks.chaosfaults import KINDS, NODE_FAULTS, Injected, rank_pid, repair_due
-from tmslurm.errors import TmslurmError
+from tmslurm.core.errors import TmslurmError
 
-RANKS = [{"rank": r, "node": f"node{r + 1}", "role": f"stage{r // 2}", "agent": f"rank{r}.{1000 + r}#1", "alive": True}
-         for r in range(4)]
+RANKS = [
+    {"rank": r, "node": f"node{r + 1}", "role": f"stage{r // 2}", "agent": f"rank{r}.{1000 + r}#1", "alive": True}
+    for r in range(4)
+]
 
 
 def status(ranks=RANKS, events=(), standbys=(), mode="running") -> dict:
-    return {"mode": mode, "step": 10, "ranks": [dict(r) for r in ranks], "events": list(events), "standbys": list(standbys)}
+    return {
+        "mode": mode,
+        "step": 10,
+        "ranks": [dict(r) for r in ranks],
+        "events": list(events),
+        "standbys": list(standbys),
+    }
 
 
 def chaos(tmp_path: Path, kinds: str = ",".join(KINDS), alive: bool = True, seed: int = 0) -> Chaos:
@@ -28,8 +36,15 @@ def chaos(tmp_path: Path, kinds: str = ",".join(KINDS), alive: bool = True, seed
 
 
 def fault(kind: str, nodes: list[str], repaired: bool = False, undo_in: float | None = None) -> Injected:
-    return Injected(t=time.time(), kind=kind, ranks=[], nodes=nodes, step=1, repaired=repaired,
-                    undo_at=None if undo_in is None else time.monotonic() + undo_in)
+    return Injected(
+        t=time.time(),
+        kind=kind,
+        ranks=[],
+        nodes=nodes,
+        step=1,
+        repaired=repaired,
+        undo_at=None if undo_in is None else time.monotonic() + undo_in,
+    )
 
 
 @pytest.mark.parametrize("kind", NODE_FAULTS)
@@ -57,16 +72,29 @@ def test_two_node_power_off_takes_two_stages(tmp_path):
     assert c.victims("power_off2", status(one_stage)) is None
 
 
-REFUSED = {"kind": "restart", "status": "done", "cause": "the controller restarted and could not adopt the live agents: a rank "
-           "started by the dead controller had not joined yet (a restart was in flight)"}
+REFUSED = {
+    "kind": "restart",
+    "status": "done",
+    "cause": "the controller restarted and could not adopt the live agents: a rank "
+    "started by the dead controller had not joined yet (a restart was in flight)",
+}
 
 
-@pytest.mark.parametrize("kills,adopted,alive,ok,extra", [
-    (0, 0, True, True, []), (1, 0, True, False, []), (1, 1, True, True, []), (0, 0, False, False, []), (2, 2, True, False, []),
-    # a refused adoption restarts from a checkpoint: that kill is dealt with too (the recorded hour drew
-    # no kill for its last 43 minutes without this)
-    (1, 0, True, True, [REFUSED]), (1, 0, True, False, [{**REFUSED, "status": "running"}]),
-    (1, 0, True, False, [{"kind": "restart", "status": "done", "cause": "node node2 lost"}])])
+@pytest.mark.parametrize(
+    "kills,adopted,alive,ok,extra",
+    [
+        (0, 0, True, True, []),
+        (1, 0, True, False, []),
+        (1, 1, True, True, []),
+        (0, 0, False, False, []),
+        (2, 2, True, False, []),
+        # a refused adoption restarts from a checkpoint: that kill is dealt with too (the recorded hour drew
+        # no kill for its last 43 minutes without this)
+        (1, 0, True, True, [REFUSED]),
+        (1, 0, True, False, [{**REFUSED, "status": "running"}]),
+        (1, 0, True, False, [{"kind": "restart", "status": "done", "cause": "node node2 lost"}]),
+    ],
+)
 def test_a_controller_kill_waits_for_the_last_one_to_be_dealt_with(tmp_path, kills, adopted, alive, ok, extra):
     c = chaos(tmp_path, alive=alive)
     c.faults += [fault("controller_kill", ["controller"], repaired=True) for _ in range(kills)]
@@ -89,7 +117,7 @@ def test_the_bag_draws_every_kind_once_before_any_twice(tmp_path):
     c = chaos(tmp_path, seed=3)
     drawn = [c.draw(status())[0] for _ in range(2 * len(KINDS))]
     c.faults.clear()
-    assert sorted(drawn[:len(KINDS)]) == sorted(KINDS) and sorted(drawn[len(KINDS):]) == sorted(KINDS)
+    assert sorted(drawn[: len(KINDS)]) == sorted(KINDS) and sorted(drawn[len(KINDS) :]) == sorted(KINDS)
 
 
 def test_a_kind_that_cannot_strike_stays_in_the_bag(tmp_path):
@@ -151,23 +179,45 @@ def test_settled_needs_no_event_in_flight_and_the_whole_pool_warm():
 
 
 def test_the_run_has_two_replenished_standbys_and_a_restart_budget():
-    args = argparse.Namespace(model="small", max_controller_kills=50, checkpoint_every=50, step_delay=0.5, slurm_time="04:00:00")
+    args = argparse.Namespace(
+        model="small", max_controller_kills=50, checkpoint_every=50, step_delay=0.5, slurm_time="04:00:00"
+    )
     o = overrides(args)
     assert "standby.count=2" in o and "standby.replenish=true" in o and "runtime.controller_restarts=51" in o
     assert "runtime.gray_evict=true" in o
 
 
 def _result(passed: bool, alarms: int) -> dict:
-    return {"setup": {"layout": "DP2 x PP2", "model": "tiny", "standbys": "2, replenished", "gap_s": [20.0, 60.0], "seed": 1},
-            "soak_minutes": 60.02, "steps": 5000, "faults": 3, "faults_by_kind": {"sigkill": 2, "drain": 1},
-            "events_by_kind": {"unexpected": 2, "planned": 1}, "switches": 3, "checkpoint_fallbacks": 0,
-            "downtime_s": {"n": 3, "p50": 1.5, "p90": 2.25, "max": 2.5}, "downtime_total_s": 5.25,
-            "false_alarms": [{"kind": "unexpected"}] * alarms, "leftover_processes": [], "pids_checked": 40,
-            "checks": {"commits": {"status": "PASS"}, "faults": {"status": "PASS" if passed else "FAIL"}},
-            "passed": passed, "commit": "abc1234", "date": "2026-12-05"}
+    return {
+        "setup": {
+            "layout": "DP2 x PP2",
+            "model": "tiny",
+            "standbys": "2, replenished",
+            "gap_s": [20.0, 60.0],
+            "seed": 1,
+        },
+        "soak_minutes": 60.02,
+        "steps": 5000,
+        "faults": 3,
+        "faults_by_kind": {"sigkill": 2, "drain": 1},
+        "events_by_kind": {"unexpected": 2, "planned": 1},
+        "switches": 3,
+        "checkpoint_fallbacks": 0,
+        "downtime_s": {"n": 3, "p50": 1.5, "p90": 2.25, "max": 2.5},
+        "downtime_total_s": 5.25,
+        "false_alarms": [{"kind": "unexpected"}] * alarms,
+        "leftover_processes": [],
+        "pids_checked": 40,
+        "checks": {"commits": {"status": "PASS"}, "faults": {"status": "PASS" if passed else "FAIL"}},
+        "passed": passed,
+        "commit": "abc1234",
+        "date": "2026-12-05",
+    }
 
 
-@pytest.mark.parametrize("passed, alarms, verdict", [(True, 0, "| passed | **yes** |"), (False, 2, "| passed | **no** |")])
+@pytest.mark.parametrize(
+    "passed, alarms, verdict", [(True, 0, "| passed | **yes** |"), (False, 2, "| passed | **no** |")]
+)
 def test_the_chaos_table_shows_the_recorded_figures(passed, alarms, verdict):
     from benchmarks.tables import chaos as table
 

@@ -9,14 +9,37 @@ from benchmarks.control import table
 from benchmarks.loadrec import Recorder, key_of
 from benchmarks.procstat import parse_stat, percentile, summarize, top_frames
 from benchmarks.simagent import Phase, SimAgent
-from tmslurm.wire.messages import (Abort, Activate, Address, Aborted, Cancel, Decision, Done, Finish, Groups, Join, Joined,
-                              Left, MoveSpec, Prepare, Prepared, Ready, Recover, Recovered, Started, SwitchSpec,
-                              Switched, Vote, Welcome)
-from tmslurm.topology import Layout
+from tmslurm.core.topology import Layout
+from tmslurm.wire.messages import (
+    Abort,
+    Aborted,
+    Activate,
+    Address,
+    Cancel,
+    Decision,
+    Done,
+    Finish,
+    Groups,
+    Join,
+    Joined,
+    Left,
+    MoveSpec,
+    Prepare,
+    Prepared,
+    Ready,
+    Recover,
+    Recovered,
+    Started,
+    Switched,
+    SwitchSpec,
+    Vote,
+    Welcome,
+)
 
 LAYOUT = Layout(dp=2, pp=2, n_layer=4)
-WELCOME = Welcome(config={}, epoch=0, generation=0, resume_step=0, faults=[],
-                  address=Address(host="127.0.0.1", port=1, store_port=2))
+WELCOME = Welcome(
+    config={}, epoch=0, generation=0, resume_step=0, faults=[], address=Address(host="127.0.0.1", port=1, store_port=2)
+)
 
 
 def worker(rank: int) -> SimAgent:
@@ -149,7 +172,7 @@ def test_percentiles():
 
 def test_parse_stat_fields():
     line = "1234 (python x) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0 20 0 17 0 100 999 2560 18446744073709551615"
-    fields = line[line.rindex(")") + 2:].split()
+    fields = line[line.rindex(")") + 2 :].split()
     cpu, threads, rss = parse_stat(fields)
     assert threads == 17 and cpu == pytest.approx(300 / __import__("os").sysconf("SC_CLK_TCK"))
     assert rss == pytest.approx(2560 * __import__("os").sysconf("SC_PAGE_SIZE") / 2**20)
@@ -157,29 +180,46 @@ def test_parse_stat_fields():
 
 def test_top_frames_from_collapsed_stacks(tmp_path):
     raw = tmp_path / "raw.txt"
-    raw.write_text("run (a/loop.py:10);tick (a/deadlines.py:40);_heartbeats (a/deadlines.py:55) 30\n"
-                   "run (a/loop.py:10);tick (a/deadlines.py:41) 10\n"
-                   "_read_agent (a/gate.py:170);recv (a/protocol.py:70) 60\n")
+    raw.write_text(
+        "run (a/loop.py:10);tick (a/deadlines.py:40);_heartbeats (a/deadlines.py:55) 30\n"
+        "run (a/loop.py:10);tick (a/deadlines.py:41) 10\n"
+        "_read_agent (a/gate.py:170);recv (a/protocol.py:70) 60\n"
+    )
     top = top_frames(raw, n=2)
     assert top["samples"] == 100
     assert top["self"][0] == {"frame": "recv (protocol.py)", "samples": 60, "share": 0.6}
-    assert {f["frame"]: f["samples"] for f in top["inclusive"]} == {"_read_agent (gate.py)": 60, "recv (protocol.py)": 60}
+    assert {f["frame"]: f["samples"] for f in top["inclusive"]} == {
+        "_read_agent (gate.py)": 60,
+        "recv (protocol.py)": 60,
+    }
     incl = top_frames(raw, n=10)["inclusive"]
     assert {f["frame"]: f["samples"] for f in incl}["tick (deadlines.py)"] == 40
 
 
 def test_table_marks_missing_figures_and_failures():
-    text = table([{"ranks": 64, "commit_p50_ms": 1.5, "reached": "stopped"},
-                  {"ranks": 4096, "reached": "admitted", "failed": "timed out"}])
+    text = table(
+        [
+            {"ranks": 64, "commit_p50_ms": 1.5, "reached": "stopped"},
+            {"ranks": 4096, "reached": "admitted", "failed": "timed out"},
+        ]
+    )
     assert "| 64 |" in text and "| 1.5 |" in text and "- |" in text
     assert "N=4096: failed after 'admitted': timed out" in text
 
 
-@pytest.mark.parametrize("argv,recorded", [
-    (["--sizes", "64", "256"], "python -m benchmarks control --sizes 64 256"),
-    (["--out", "/scratch/x", "--json", "/scratch/y.json", "--label", "a b"],
-     "python -m benchmarks control --out <scratch dir> --json <scratch file> --label a b"),
-    (["--json", "docs/bench/control_scale.json"], "python -m benchmarks control --json docs/bench/control_scale.json"),
-])
+@pytest.mark.parametrize(
+    "argv,recorded",
+    [
+        (["--sizes", "64", "256"], "python -m benchmarks control --sizes 64 256"),
+        (
+            ["--out", "/scratch/x", "--json", "/scratch/y.json", "--label", "a b"],
+            "python -m benchmarks control --out <scratch dir> --json <scratch file> --label a b",
+        ),
+        (
+            ["--json", "docs/bench/control_scale.json"],
+            "python -m benchmarks control --json docs/bench/control_scale.json",
+        ),
+    ],
+)
 def test_recorded_commands_name_no_machine_path(argv, recorded):
     assert recorded_command("control", argv) == recorded

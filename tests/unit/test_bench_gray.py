@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from benchmarks.gray import _row, table
-from tmslurm.rundir import RunDir
+from tmslurm.core.rundir import RunDir
 
 
 def _write(rd: RunDir, steps: list[tuple[int, float]], journal: list[dict]) -> None:
@@ -22,8 +22,11 @@ def test_a_throttled_run_found_after_five_steps(tmp_path):
         t += 0.1 if s <= 10 or s > 16 else 0.3
         steps.append((s, round(t, 3)))
     _write(rd, steps, [{"type": "gray_evict", "t": 100.8, "step": 15, "rank": 1, "ratio": 3.1, "cause": "compute"}])
-    summary = {"events": [{"kind": "planned", "status": "done", "target_step": 16, "ranks": [1]}], "gray": {"peak_ratio": {"3": 1.1}},
-               "replicas_equal": True}
+    summary = {
+        "events": [{"kind": "planned", "status": "done", "target_step": 16, "ranks": [1]}],
+        "gray": {"peak_ratio": {"3": 1.1}},
+        "replicas_equal": True,
+    }
     r = _row("throttle", "30", "node2", 10, 100.0, rd, summary)
     assert (r["evicted"], r["detect_steps"], r["detect_s"], r["moved_at_step"]) == (True, 5, 0.8, 16)
     assert r["median_step_before_s"] == 0.1 and r["median_step_slowed_s"] == 0.3
@@ -34,11 +37,28 @@ def test_a_throttled_run_found_after_five_steps(tmp_path):
 
 def test_a_slow_link_found_by_the_link_probes(tmp_path):
     rd = RunDir(tmp_path / "run")
-    _write(rd, [(s, 0.1 * s) for s in range(30)],
-           [{"type": "gray_evict", "t": 64.5, "step": 14, "node": "node2", "cause": "link", "best_mbps": 2.9, "median_mbps": 410.0}])
+    _write(
+        rd,
+        [(s, 0.1 * s) for s in range(30)],
+        [
+            {
+                "type": "gray_evict",
+                "t": 64.5,
+                "step": 14,
+                "node": "node2",
+                "cause": "link",
+                "best_mbps": 2.9,
+                "median_mbps": 410.0,
+            }
+        ],
+    )
     # the slow rank was found hung first (its vote the only one missing): an unexpected event moved it
-    summary = {"events": [{"kind": "unexpected", "status": "done", "target_step": 15, "ranks": [1]}], "gray": None,
-               "links": {"best_mbps": {"node2": 2.9}}, "replicas_equal": True}
+    summary = {
+        "events": [{"kind": "unexpected", "status": "done", "target_step": 15, "ranks": [1]}],
+        "gray": None,
+        "links": {"best_mbps": {"node2": 2.9}},
+        "replicas_equal": True,
+    }
     r = _row("slowlink", "20mbit", "node2", 10, 60.0, rd, summary)
     assert (r["evicted"], r["found_by"], r["ratio"], r["best_mbps"], r["detect_s"]) == (True, "link", None, 2.9, 4.5)
     assert (r["moved_at_step"], r["moved_by"]) == (15, "unexpected")
@@ -48,7 +68,9 @@ def test_a_slow_link_found_by_the_link_probes(tmp_path):
 
 def test_a_slow_link_not_found_and_an_eviction_before_the_fault_is_a_false_alarm(tmp_path):
     rd = RunDir(tmp_path / "run")
-    _write(rd, [(s, 0.1 * s) for s in range(30)], [{"type": "gray_evict", "t": 50.0, "step": 4, "rank": 2, "ratio": 1.6}])
+    _write(
+        rd, [(s, 0.1 * s) for s in range(30)], [{"type": "gray_evict", "t": 50.0, "step": 4, "rank": 2, "ratio": 1.6}]
+    )
     r = _row("slowlink", "20mbit", "node2", 10, 60.0, rd, {"events": [], "replicas_equal": True})
     assert (r["evicted"], r["detect_steps"], r["moved_at_step"], r["false_alarms"]) == (False, None, None, 1)
     assert r["steps_lost"] == 0.0

@@ -7,8 +7,17 @@ import pytest
 from benchmarks.timelimit import _row, table
 
 # a job_end_resubmit event as a lab run recorded it (times shifted to 1000 s)
-EVENT = {"kind": "job_end_resubmit", "notice_t": 1000.0, "requeue_t": 1000.09, "reschedule_s": 3.55, "startup_s": 13.43,
-         "all_started_t": 1017.07, "first_step_t": 1017.12, "lost_steps": 0, "target_step": 111}
+EVENT = {
+    "kind": "job_end_resubmit",
+    "notice_t": 1000.0,
+    "requeue_t": 1000.09,
+    "reschedule_s": 3.55,
+    "startup_s": 13.43,
+    "all_started_t": 1017.07,
+    "first_step_t": 1017.12,
+    "lost_steps": 0,
+    "target_step": 111,
+}
 
 
 def test_a_boundary_splits_into_checkpoint_reschedule_startup_and_first_step():
@@ -18,9 +27,15 @@ def test_a_boundary_splits_into_checkpoint_reschedule_startup_and_first_step():
 
 
 def test_the_table_takes_slurms_fixed_delay_out_of_a_requeues_pause_and_sums_lost_steps():
-    rq = [_row("requeue", i, {**EVENT, "first_step_t": 1000.0 + p, "all_started_t": 999.95 + p,
-                                         "reschedule_s": p - 13.6}, 120.5 + i)
-          for i, p in enumerate((140.0, 142.0, 150.0))]
+    rq = [
+        _row(
+            "requeue",
+            i,
+            {**EVENT, "first_step_t": 1000.0 + p, "all_started_t": 999.95 + p, "reschedule_s": p - 13.6},
+            120.5 + i,
+        )
+        for i, p in enumerate((140.0, 142.0, 150.0))
+    ]
     rs = [_row("resubmit", i, {**EVENT, "lost_steps": i}, None) for i in range(2)]
     text = table(rq + rs)
     line = next(x for x in text.splitlines() if x.startswith("| requeue |"))

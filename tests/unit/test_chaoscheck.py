@@ -1,4 +1,4 @@
-"""tmslurm.chaoscheck on synthetic run directories (one passing and failing cases per invariant),
+"""tmslurm.tools.chaoscheck on synthetic run directories (one passing and failing cases per invariant),
 bad input, the CLI, and one real short local run with a kill and a drain against its reference."""
 
 from __future__ import annotations
@@ -8,41 +8,57 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
-from tmslurm.chaoscheck import ChaosInputError, InjectedFault, check_run, main
+from tmslurm.tools.chaoscheck import ChaosInputError, InjectedFault, check_run, main
 
 T0 = 1_700_000_000.0
 H = {"final_state_sha256": "aa" * 32, "final_params_sha256": "bb" * 32}
 
 
 def _event(kind: str, epoch: int, ranks: list[int], t: float, **more: Any) -> dict[str, Any]:
-    return {"kind": kind, "cause": f"{kind} of {ranks}", "epoch": epoch, "ranks": ranks, "node": "n1",
-            "notice_t": t, "status": "done", "downtime_s": 0.5 + epoch, **more}
+    return {
+        "kind": kind,
+        "cause": f"{kind} of {ranks}",
+        "epoch": epoch,
+        "ranks": ranks,
+        "node": "n1",
+        "notice_t": t,
+        "status": "done",
+        "downtime_s": 0.5 + epoch,
+        **more,
+    }
 
 
 def switch_run() -> dict[str, Any]:
     """20 steps; a kill of rank 1 at step 10 (unexpected switch, epoch 1), a drain of rank 2 at step 15
     (planned switch, epoch 2); a worker that rejoined a restarted controller (same pid, new connection)."""
     j = [{"t": T0, "type": "agent_up", "agent": f"worker{r}.{100 + r}#{r}", "pid": 100 + r} for r in range(4)]
-    j += [{"t": T0, "type": "agent_up", "agent": "standby0.500#5", "pid": 500},
-          {"t": T0 + 3, "type": "agent_up", "agent": "worker3.103#9", "pid": 103},
-          {"t": T0 + 10.2, "type": "fault", "index": 0, "rank": 1, "step": 10, "kind": "kill"},
-          {"t": T0 + 10.3, "type": "event_begin", **_event("unexpected", 1, [1], T0 + 10.2)},
-          {"t": T0 + 10.3, "type": "abort", "epoch": 1, "step": 10, "dead": [1]},
-          {"t": T0 + 10.4, "type": "recover", "epoch": 1, "moves": [{"rank": 1, "joiner": "standby0.500#5"}]},
-          {"t": T0 + 10.6, "type": "joined", "agent": "standby0.500#5", "rank": 1, "epoch": 1},
-          {"t": T0 + 10.9, "type": "event", **_event("unexpected", 1, [1], T0 + 10.2)},
-          {"t": T0 + 15.0, "type": "fault_firing", "index": 1, "kind": "drain", "rank": 2, "ranks": [2]},
-          {"t": T0 + 15.1, "type": "event_begin", **_event("planned", 2, [2], T0 + 15.0)},
-          {"t": T0 + 15.6, "type": "joined", "agent": "standby1.501#6", "rank": 2, "epoch": 2},
-          {"t": T0 + 15.9, "type": "event", **_event("planned", 2, [2], T0 + 15.0)}]
+    j += [
+        {"t": T0, "type": "agent_up", "agent": "standby0.500#5", "pid": 500},
+        {"t": T0 + 3, "type": "agent_up", "agent": "worker3.103#9", "pid": 103},
+        {"t": T0 + 10.2, "type": "fault", "index": 0, "rank": 1, "step": 10, "kind": "kill"},
+        {"t": T0 + 10.3, "type": "event_begin", **_event("unexpected", 1, [1], T0 + 10.2)},
+        {"t": T0 + 10.3, "type": "abort", "epoch": 1, "step": 10, "dead": [1]},
+        {"t": T0 + 10.4, "type": "recover", "epoch": 1, "moves": [{"rank": 1, "joiner": "standby0.500#5"}]},
+        {"t": T0 + 10.6, "type": "joined", "agent": "standby0.500#5", "rank": 1, "epoch": 1},
+        {"t": T0 + 10.9, "type": "event", **_event("unexpected", 1, [1], T0 + 10.2)},
+        {"t": T0 + 15.0, "type": "fault_firing", "index": 1, "kind": "drain", "rank": 2, "ranks": [2]},
+        {"t": T0 + 15.1, "type": "event_begin", **_event("planned", 2, [2], T0 + 15.0)},
+        {"t": T0 + 15.6, "type": "joined", "agent": "standby1.501#6", "rank": 2, "epoch": 2},
+        {"t": T0 + 15.9, "type": "event", **_event("planned", 2, [2], T0 + 15.0)},
+    ]
     steps = [{"step": s, "t_end": T0 + s + 0.9, "epoch": 0 if s < 11 else 1 if s < 16 else 2} for s in range(20)]
-    summary = {"steps": 20, "resumed_from_step": 0, **H, "events": [_event("unexpected", 1, [1], T0 + 10.2),
-                                                                     _event("planned", 2, [2], T0 + 15.0)]}
+    summary = {
+        "steps": 20,
+        "resumed_from_step": 0,
+        **H,
+        "events": [_event("unexpected", 1, [1], T0 + 10.2), _event("planned", 2, [2], T0 + 15.0)],
+    }
     return {"journal": j, "steps": steps, "summary": summary}
 
 
@@ -51,9 +67,13 @@ def restart_run() -> dict[str, Any]:
     and redoes steps 8..12, then goes on to 19; new worker processes serve the ranks in epoch 1."""
     run = switch_run()
     j = [e for e in run["journal"][:4]]
-    j += [{"t": T0 + 13.1, "type": "fault", "index": 0, "rank": 0, "step": 13, "kind": "kill"},
-          {"t": T0 + 13.5, "type": "restart", "epoch": 1, "cause": "process exit", "from_step": 8, "lost_steps": 5}]
-    j += [{"t": T0 + 14, "type": "agent_up", "agent": f"worker{r}.{200 + r}#{10 + r}", "pid": 200 + r} for r in range(4)]
+    j += [
+        {"t": T0 + 13.1, "type": "fault", "index": 0, "rank": 0, "step": 13, "kind": "kill"},
+        {"t": T0 + 13.5, "type": "restart", "epoch": 1, "cause": "process exit", "from_step": 8, "lost_steps": 5},
+    ]
+    j += [
+        {"t": T0 + 14, "type": "agent_up", "agent": f"worker{r}.{200 + r}#{10 + r}", "pid": 200 + r} for r in range(4)
+    ]
     ev = _event("restart", 1, [0], T0 + 13.1, from_checkpoint_step=8, lost_steps=5, target_step=13)
     j.append({"t": T0 + 20, "type": "event", **ev})
     steps = [{"step": s, "t_end": T0 + s + 0.9, "epoch": 0} for s in range(13)]
@@ -71,13 +91,15 @@ def requeue_run() -> dict[str, Any]:
     planned = _event("planned", 1, [3], T0 + 5.0)
     requeue = _event("requeue_restart", 0, [0], T0 + 13.1, from_checkpoint_step=8, lost_steps=5, target_step=13)
     j = run["journal"][:4]
-    j += [{"t": T0 + 5.0, "type": "fault_firing", "index": 0, "kind": "drain", "rank": 3, "ranks": [3]},
-          {"t": T0 + 5.1, "type": "event_begin", **planned},
-          {"t": T0 + 5.5, "type": "joined", "agent": "standby0.500#5", "rank": 3, "epoch": 1},
-          {"t": T0 + 5.9, "type": "event", **planned},
-          {"t": T0 + 13.1, "type": "fault", "index": 1, "rank": 0, "step": 13, "kind": "kill"},
-          {"t": T0 + 13.5, "type": "requeue", "cause": "process exit", "target_step": 13, "kind": "requeue_restart"},
-          {"t": T0 + 30.0, "type": "resumed_after_requeue", "from_step": 8, "reschedule_s": 16.5}]
+    j += [
+        {"t": T0 + 5.0, "type": "fault_firing", "index": 0, "kind": "drain", "rank": 3, "ranks": [3]},
+        {"t": T0 + 5.1, "type": "event_begin", **planned},
+        {"t": T0 + 5.5, "type": "joined", "agent": "standby0.500#5", "rank": 3, "epoch": 1},
+        {"t": T0 + 5.9, "type": "event", **planned},
+        {"t": T0 + 13.1, "type": "fault", "index": 1, "rank": 0, "step": 13, "kind": "kill"},
+        {"t": T0 + 13.5, "type": "requeue", "cause": "process exit", "target_step": 13, "kind": "requeue_restart"},
+        {"t": T0 + 30.0, "type": "resumed_after_requeue", "from_step": 8, "reschedule_s": 16.5},
+    ]
     j += [{"t": T0 + 31, "type": "agent_up", "agent": f"worker{r}.{300 + r}#{r}", "pid": 300 + r} for r in range(4)]
     j.append({"t": T0 + 40, "type": "event", **requeue})
     steps = [{"step": s, "t_end": T0 + s + 0.9, "epoch": 0 if s < 6 else 1} for s in range(13)]
@@ -92,8 +114,16 @@ def _lost_controller(r, logged_beyond: int):
     commits short of the step log (0: counted right, from the step log)."""
     _no_journal_boundary(r)
     j = [e for e in r["journal"] if e.get("kind") != "requeue_restart"]
-    j.insert(-5, {"t": T0 + 30.0, "type": "resumed_after_lost_controller", "from_step": 8,
-                  "redo_steps": 5 - logged_beyond, "last_committed": 13 - logged_beyond})
+    j.insert(
+        -5,
+        {
+            "t": T0 + 30.0,
+            "type": "resumed_after_lost_controller",
+            "from_step": 8,
+            "redo_steps": 5 - logged_beyond,
+            "last_committed": 13 - logged_beyond,
+        },
+    )
     r["journal"] = j
     ev = r["summary"]["events"][1]
     ev.update(kind="controller_lost_requeue", lost_steps=5 - logged_beyond, target_step=13 - logged_beyond)
@@ -141,8 +171,10 @@ def _restart_twice(r):
     r["steps"][i:i] = [{"step": s, "t_end": T0 + 10 + s, "epoch": 1} for s in range(8, 13)]
     for k, entry in enumerate(r["steps"][i:], i):
         r["steps"][k] = dict(entry, epoch=2, t_end=T0 + 15 + entry["step"])
-    r["journal"] += [{"t": T0 + 22.1, "type": "fault", "index": 1, "rank": 0, "step": 13, "kind": "kill"},
-                     {"t": T0 + 22.5, "type": "restart", "epoch": 2, "from_step": 8, "lost_steps": 5}]
+    r["journal"] += [
+        {"t": T0 + 22.1, "type": "fault", "index": 1, "rank": 0, "step": 13, "kind": "kill"},
+        {"t": T0 + 22.5, "type": "restart", "epoch": 2, "from_step": 8, "lost_steps": 5},
+    ]
     r["summary"]["events"].append(_event("restart", 2, [0], T0 + 22.1, from_checkpoint_step=8, lost_steps=5))
 
 
@@ -159,14 +191,18 @@ def _epoch_down_steps(r):
 
 
 def _groups_epoch_down(r):
-    r["journal"] += [{"t": T0 + 16, "type": "groups", "rank": 3, "step": 16, "epoch": 2},
-                     {"t": T0 + 17, "type": "groups", "rank": 0, "step": 16, "epoch": 2},
-                     {"t": T0 + 17, "type": "groups", "rank": 3, "step": 17, "epoch": 1}]
+    r["journal"] += [
+        {"t": T0 + 16, "type": "groups", "rank": 3, "step": 16, "epoch": 2},
+        {"t": T0 + 17, "type": "groups", "rank": 0, "step": 16, "epoch": 2},
+        {"t": T0 + 17, "type": "groups", "rank": 3, "step": 17, "epoch": 1},
+    ]
 
 
 def _groups_interleaved(r):
-    r["journal"] += [{"t": T0 + 16, "type": "groups", "rank": 3, "step": 16, "epoch": 2},
-                     {"t": T0 + 17, "type": "groups", "rank": 0, "step": 16, "epoch": 1}]
+    r["journal"] += [
+        {"t": T0 + 16, "type": "groups", "rank": 3, "step": 16, "epoch": 2},
+        {"t": T0 + 17, "type": "groups", "rank": 0, "step": 16, "epoch": 1},
+    ]
 
 
 def _epoch_twice(r):
@@ -207,7 +243,13 @@ CASES: list[tuple[str, Callable[[], dict], Callable | None, str, str]] = [
     ("redo twice", restart_run, _redo_twice, "commits", "FAIL"),
     ("two restarts from one checkpoint", restart_run, _restart_twice, "commits", "PASS"),
     ("requeue redo passes", requeue_run, None, "commits", "PASS"),
-    ("lost controller: redo counted from the step log", requeue_run, lambda r: _lost_controller(r, 0), "commits", "PASS"),
+    (
+        "lost controller: redo counted from the step log",
+        requeue_run,
+        lambda r: _lost_controller(r, 0),
+        "commits",
+        "PASS",
+    ),
     ("lost controller: redo one commit short", requeue_run, lambda r: _lost_controller(r, 1), "commits", "FAIL"),
     ("epochs pass", switch_run, None, "epochs", "PASS"),
     ("requeue starts at epoch 0 again", requeue_run, None, "epochs", "PASS"),
@@ -251,7 +293,9 @@ def test_a_duplicate_lists_what_the_journal_says_between_its_two_commits(tmp_pat
     to the second, which says why (here the restart's record counts 4 of the 5 steps it redoes)."""
     run = restart_run()
     run["journal"] = [{**e, "lost_steps": 4} if e["type"] == "restart" else e for e in run["journal"]]
-    run["summary"]["events"] = [{**e, "lost_steps": 4} if e.get("kind") == "restart" else e for e in run["summary"]["events"]]
+    run["summary"]["events"] = [
+        {**e, "lost_steps": 4} if e.get("kind") == "restart" else e for e in run["summary"]["events"]
+    ]
     report = check_run(write_run(tmp_path / "run", run))
     (bad,) = [o for c in report.checks if c.name == "commits" for o in c.offending]
     assert (bad["problem"], bad["step"], bad["logged_up_to"]) == ("duplicate", 8, 12), bad
@@ -358,7 +402,6 @@ def test_cli(tmp_path, capsys):
     assert data["passed"] is False and data["checks"][0]["offending"][0]["problem"] == "gap"
 
 
-
 def test_cli_driver_faults_and_pids(tmp_path, capsys):
     run = switch_run()
     _event_without_fault(run)
@@ -373,7 +416,6 @@ def test_cli_driver_faults_and_pids(tmp_path, capsys):
     assert "faults.json" in capsys.readouterr().err
 
 
-
 RECORDED = Path(__file__).parent.parent / "fixtures" / "chaos" / "controller-restart"
 """Files of a real local run (dp=2, 60 steps, a drain at step 40) whose controller a driver killed
 with SIGKILL after step 14 (faults.json): the supervisor restarted it, it adopted the live processes."""
@@ -386,7 +428,9 @@ def test_recorded_controller_restart(tmp_path):
     assert report.passed and [c.status for c in report.checks] == ["PASS"] * 4 + ["SKIP"] * 2, report.to_json()
     assert report.events_by_kind == {"controller_restart": 1, "planned": 1}
     alarm = check_run(RECORDED)  # the run cannot see its controller killed: without the driver's fault, a false alarm
-    assert [(a["kind"], a["cause"]) for a in alarm.false_alarms] == [("controller_restart", "the controller process died")]
+    assert [(a["kind"], a["cause"]) for a in alarm.false_alarms] == [
+        ("controller_restart", "the controller process died")
+    ]
     copy_ = tmp_path / "run"
     copy_.mkdir()
     for name in ("events.jsonl", "summary.json"):
@@ -395,7 +439,6 @@ def test_recorded_controller_restart(tmp_path):
     (copy_ / "steps.jsonl").write_text("".join(lines[:15] + lines[14:]))  # step 14 logged twice across the restart
     (bad,) = [c for c in check_run(copy_, faults=[fault]).checks if c.name == "commits"]
     assert bad.status == "FAIL" and bad.offending[0]["step"] == 14
-
 
 
 def test_recorded_restart_and_drain(tmp_path):
@@ -408,15 +451,17 @@ def test_recorded_restart_and_drain(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "steps.jsonl").write_text((recorded / "steps.jsonl").read_text())
-    journal = [line for line in (recorded / "events.jsonl").read_text().splitlines(keepends=True)
-               if '"type": "restart"' not in line]
+    journal = [
+        line
+        for line in (recorded / "events.jsonl").read_text().splitlines(keepends=True)
+        if '"type": "restart"' not in line
+    ]
     (run / "events.jsonl").write_text("".join(journal))
     summary = json.loads((recorded / "summary.json").read_text())
     summary["events"][0]["lost_steps"] = 9  # the redo is 10 steps: nothing else allows the tenth
     (run / "summary.json").write_text(json.dumps(summary))
     (bad,) = [c for c in check_run(run).checks if c.name == "commits"]
     assert bad.status == "FAIL" and bad.offending[0]["problem"] == "duplicate", bad.offending
-
 
 
 def test_recorded_kill_during_recovery():
@@ -431,12 +476,17 @@ def test_recorded_kill_during_recovery():
 LOCAL = ["cluster=local", "parallel.dp=2", "parallel.pp=1", "model=tiny", "train.steps=24"]
 # A lenient heartbeat timeout: on a loaded 2-CPU host processes importing torch went silent for 2 s and
 # the checker rightly reported the restart that followed as a false alarm; a kill is seen by its exit.
-FAULTS = ("standby.count=2", "standby.start_when_warm=true", "train.step_delay_s=0.05",
-          "runtime.heartbeat_timeout_s=10.0", "faults=[{step:8,kind:kill,rank:1},{step:16,kind:drain,rank:0}]")
+FAULTS = (
+    "standby.count=2",
+    "standby.start_when_warm=true",
+    "train.step_delay_s=0.05",
+    "runtime.heartbeat_timeout_s=10.0",
+    "faults=[{step:8,kind:kill,rank:1},{step:16,kind:drain,rank:0}]",
+)
 
 
 def _launch(run_dir: Path, *overrides: str) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "tmslurm.launch", f"run_dir={run_dir}", *LOCAL, *overrides]
+    cmd = [sys.executable, "-m", "tmslurm.cli.launch", f"run_dir={run_dir}", *LOCAL, *overrides]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-4000:]
     return json.loads((run_dir / "summary.json").read_text())
@@ -466,8 +516,9 @@ def test_a_drain_the_run_was_still_waiting_on_is_explained_by_its_pending_notice
     fault has none."""
     run = switch_run()
     if pending:
-        run["summary"]["pending_notices"] = [{"kind": "maintenance", "node": "n3", "rank": None, "reason": "DRAIN",
-                                              "time": T0 + 18.4}]
+        run["summary"]["pending_notices"] = [
+            {"kind": "maintenance", "node": "n3", "rank": None, "reason": "DRAIN", "time": T0 + 18.4}
+        ]
     drain = InjectedFault(t=T0 + 18.0, kind="drain", ranks=(3,), nodes=("n3",))
     report = check_run(write_run(tmp_path / "run", run), faults=[drain])
     (faults,) = [c for c in report.checks if c.name == "faults"]

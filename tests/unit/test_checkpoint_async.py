@@ -12,8 +12,8 @@ import torch
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
 from tmslurm.comm.stage_comm import SoloStageComm
-from tmslurm.config import MODEL_PRESETS, TrainConfig
-from tmslurm.errors import CheckpointError
+from tmslurm.core.config import MODEL_PRESETS, TrainConfig
+from tmslurm.core.errors import CheckpointError
 from tmslurm.train import checkpoint
 from tmslurm.train.async_checkpoint import AsyncCheckpointer
 from tmslurm.train.model import ReferenceTask
@@ -93,7 +93,9 @@ def test_a_failing_writer_surfaces_at_the_next_wait_and_leaves_no_marker(tmp_pat
 
 
 def test_the_next_save_raises_the_previous_failure(tmp_path, monkeypatch):
-    monkeypatch.setattr(FileSystemWriter, "write_data", lambda self, plan, planner: (_ for _ in ()).throw(OSError("EIO")))
+    monkeypatch.setattr(
+        FileSystemWriter, "write_data", lambda self, plan, planner: (_ for _ in ()).throw(OSError("EIO"))
+    )
     saver = AsyncCheckpointer(tmp_path)
     live = runner(1)
     saver.save(5, 0, live)
@@ -128,4 +130,7 @@ def test_a_save_due_while_one_is_in_flight_waits_for_it_and_says_so(tmp_path, ga
         second.join(60)
         saver.wait()
     assert [r for r in caplog.records if "checkpoint step=10 waited" in r.getMessage() and "(step 5)" in r.getMessage()]
-    assert checkpoint.latest_complete(tmp_path, 1) == 10 and (checkpoint.checkpoint_dir(tmp_path, 5) / "stage0" / "meta.json").is_file()
+    assert (
+        checkpoint.latest_complete(tmp_path, 1) == 10
+        and (checkpoint.checkpoint_dir(tmp_path, 5) / "stage0" / "meta.json").is_file()
+    )

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tmslurm.errors import ConfigError, SlurmError, SlurmParseError
+from tmslurm.core.errors import ConfigError, SlurmError, SlurmParseError
 from tmslurm.slurm import pyslurm_backend
 from tmslurm.slurm.client import HINT, CliSlurmClient, make_client
 from tmslurm.slurm.pyslurm_backend import PyslurmClient, available
@@ -114,16 +114,23 @@ def test_nodes_passes_a_compressed_hostlist_and_parses(tmp_path):
 
 def test_nodes_skips_unknown_names(tmp_path):
     bin_dir = tmp_path / "bin"
-    fake(bin_dir, "scontrol", f"{cat_sample('22.05', 'scontrol-show-node-draining.txt')}\n"
-                              "echo 'Node tmn9 not found'; exit 1")
+    fake(
+        bin_dir,
+        "scontrol",
+        f"{cat_sample('22.05', 'scontrol-show-node-draining.txt')}\necho 'Node tmn9 not found'; exit 1",
+    )
     (node,) = client_with(bin_dir).nodes(["tmn2", "tmn9"])
     assert (node.name, node.state) == ("tmn2", "MIXED+DRAIN")
 
 
 def test_job_found_and_unknown(tmp_path):
     bin_dir = tmp_path / "bin"
-    fake(bin_dir, "scontrol", f'if [ "$4" = 10 ]; then {cat_sample("22.05", "scontrol-o-show-job-running.txt")};'
-                              " else echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1; fi")
+    fake(
+        bin_dir,
+        "scontrol",
+        f'if [ "$4" = 10 ]; then {cat_sample("22.05", "scontrol-o-show-job-running.txt")};'
+        " else echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1; fi",
+    )
     client = client_with(bin_dir)
     job = client.job(10)
     assert (job.job_id, job.nodes, job.batch_host) == ("10", ["tmn1", "tmn2", "tmn3"], "tmn1")
@@ -157,9 +164,12 @@ def test_actions_build_the_right_command_lines(tmp_path, monkeypatch):
     client.update_node("tmn2", "DRAIN", "firmware upgrade")
     client.update_node("tmn2", "RESUME")
     assert calls(bin_dir) == [
-        "--parsable --nodes=2 --no-kill job.sh --epochs 3", "42",
-        "update jobid=10 nodelist=tmn[1,3]", "update nodename=tmn2 state=DRAIN reason=firmware upgrade",
-        "update nodename=tmn2 state=RESUME"]
+        "--parsable --nodes=2 --no-kill job.sh --epochs 3",
+        "42",
+        "update jobid=10 nodelist=tmn[1,3]",
+        "update nodename=tmn2 state=DRAIN reason=firmware upgrade",
+        "update nodename=tmn2 state=RESUME",
+    ]
     assert list(work.iterdir()) == []  # scontrol's resize scripts went to a scratch directory
     with pytest.raises(SlurmError, match="no nodes"):
         client.update_job_nodelist(10, [])
@@ -168,8 +178,7 @@ def test_actions_build_the_right_command_lines(tmp_path, monkeypatch):
 def test_time_format_is_forced_for_commands(tmp_path):
     bin_dir = tmp_path / "bin"
     fake(bin_dir, "sinfo", 'echo "slurm $SLURM_TIME_FORMAT"')
-    client = CliSlurmClient(env={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-                                 "SLURM_TIME_FORMAT": "relative"})
+    client = CliSlurmClient(env={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SLURM_TIME_FORMAT": "relative"})
     with pytest.raises(SlurmParseError, match="slurm standard"):
         client.version()  # the fake printed the variable it got: "standard", whatever we asked
 
@@ -233,8 +242,15 @@ def test_pyslurm_client_maps_fake_objects():
     module = fake_pyslurm("25.11.0")
     node = types.SimpleNamespace(name="n2", state="MIXED+DRAIN", reason="firmware upgrade")
     module.Nodes = types.SimpleNamespace(load=lambda: {"n2": node})
-    job = types.SimpleNamespace(id=7, state="RUNNING", allocated_nodes="n[1-2]", batch_host="n1",
-                                requeue_count=0, is_requeueable=True, state_reason="None")
+    job = types.SimpleNamespace(
+        id=7,
+        state="RUNNING",
+        allocated_nodes="n[1-2]",
+        batch_host="n1",
+        requeue_count=0,
+        is_requeueable=True,
+        state_reason="None",
+    )
     module.Job = types.SimpleNamespace(load=lambda job_id: job)
     client = PyslurmClient(FixedVersion("25.11.1"), module=module)
     (info,) = client.nodes(["n2"])

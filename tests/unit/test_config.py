@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from tmslurm.config import (MODEL_PRESETS, SLURM_CHECKPOINT_EVERY, FaultConfig, ModelConfig, RunConfig, compose_config, fault_amount,
-                            fault_ranks, from_dict, to_dict)
-from tmslurm.errors import ConfigError
+from tmslurm.core.config import (
+    MODEL_PRESETS,
+    SLURM_CHECKPOINT_EVERY,
+    FaultConfig,
+    ModelConfig,
+    RunConfig,
+    compose_config,
+    fault_amount,
+    fault_ranks,
+    from_dict,
+    to_dict,
+)
+from tmslurm.core.errors import ConfigError
 
 # (overrides, substrings the message must contain: the override or the key to change, and valid values)
 BAD = [
@@ -26,59 +36,114 @@ BAD = [
     pytest.param(["standby.warmup_iters=0"], ["standby.warmup_iters=0"], id="zero-warmup-iters"),
     pytest.param(["parallel.nodes=3"], ["parallel.nodes", "4"], id="nodes-do-not-match-world"),
     pytest.param(["parallel.nodes=0"], ["parallel.nodes=0"], id="zero-nodes"),
-    pytest.param(["parallel.ranks_per_node=3"], ["parallel.ranks_per_node=3", "divide"], id="ranks-per-node-does-not-divide"),
+    pytest.param(
+        ["parallel.ranks_per_node=3"], ["parallel.ranks_per_node=3", "divide"], id="ranks-per-node-does-not-divide"
+    ),
     pytest.param(["parallel.tp=3"], ["model.n_head=2", "parallel.tp=3"], id="tp-does-not-divide-heads"),
-    pytest.param(["parallel.tp=2", "train.task=examples.mlp_task:MlpTask"], ["parallel.tp=2", "supports_tp"],
-                 id="task-without-tp"),
+    pytest.param(
+        ["parallel.tp=2", "train.task=examples.mlp_task:MlpTask"],
+        ["parallel.tp=2", "supports_tp"],
+        id="task-without-tp",
+    ),
     pytest.param(["standby.max_classes=0"], ["standby.max_classes=0"], id="zero-max-classes"),
     pytest.param(["parallel.pp=5"], ["parallel.pp=5", "model.n_layer=4"], id="pp-beyond-layers"),
     pytest.param(["model.n_head=3"], ["model.n_head=3", "model.d_model"], id="heads-do-not-divide-width"),
     pytest.param(["train.lr=0"], ["train.lr"], id="zero-lr"),
     pytest.param(["train.optimizer=lamb"], ["train.optimizer='lamb'", "adamw, sgd"], id="unknown-optimizer"),
-    pytest.param(["faults=[{step:1,kind:explode,rank:0}]"], ["faults[0].kind='explode'", "drain, kill, stop, hang, hiccup, slow, node_down"],
-                 id="unknown-fault-kind"),
+    pytest.param(
+        ["faults=[{step:1,kind:explode,rank:0}]"],
+        ["faults[0].kind='explode'", "drain, kill, stop, hang, hiccup, slow, node_down"],
+        id="unknown-fault-kind",
+    ),
     pytest.param(["faults=[{step:1,kind:kill,rank:4}]"], ["faults[0].rank=4", "0..3"], id="fault-rank-out-of-range"),
     pytest.param(["faults=[{step:1,kind:kill,rank:-1}]"], ["faults[0].rank=-1"], id="fault-rank-negative"),
-    pytest.param(["faults=[{step:1,kind:kill,ranks:[1,5]}]"], ["faults[0].ranks=[1, 5] names 5", "0..3"], id="fault-ranks-out-of-range"),
-    pytest.param(["faults=[{step:1,kind:kill,ranks:[1,1]}]"], ["faults[0].ranks=[1, 1]", "twice"], id="fault-ranks-twice"),
-    pytest.param(["faults=[{step:1,kind:corrupt_shadow,ranks:[1,2]}]"], ["corrupt_shadow", "faults[0].rank"], id="corrupt-shadow-ranks"),
-    pytest.param(["cluster=slurm", "faults=[{step:1,kind:throttle,rank:1,amount:'0'}]"], ["faults[0].amount='0'", "1..1000"],
-                 id="throttle-amount-zero"),
-    pytest.param(["cluster=slurm", "faults=[{step:1,kind:slowlink,rank:1,amount:fast}]"], ["faults[0].amount='fast'", "20mbit"],
-                 id="slowlink-amount-bad"),
-    pytest.param(["faults=[{step:1,kind:kill,rank:1,amount:'30'}]"], ["faults[0].amount='30'", "only throttle, slowlink, hiccup, slow"],
-                 id="amount-on-kill"),
-    pytest.param(["faults=[{step:1,kind:throttle,rank:1}]"], ["faults[0].kind=throttle", "cluster=slurm"], id="throttle-needs-slurm"),
-    pytest.param(["train.steps=20", "faults=[{step:20,kind:kill,rank:0}]"], ["faults[0].step=20", "0..19"],
-                 id="fault-step-out-of-range"),
+    pytest.param(
+        ["faults=[{step:1,kind:kill,ranks:[1,5]}]"],
+        ["faults[0].ranks=[1, 5] names 5", "0..3"],
+        id="fault-ranks-out-of-range",
+    ),
+    pytest.param(
+        ["faults=[{step:1,kind:kill,ranks:[1,1]}]"], ["faults[0].ranks=[1, 1]", "twice"], id="fault-ranks-twice"
+    ),
+    pytest.param(
+        ["faults=[{step:1,kind:corrupt_shadow,ranks:[1,2]}]"],
+        ["corrupt_shadow", "faults[0].rank"],
+        id="corrupt-shadow-ranks",
+    ),
+    pytest.param(
+        ["cluster=slurm", "faults=[{step:1,kind:throttle,rank:1,amount:'0'}]"],
+        ["faults[0].amount='0'", "1..1000"],
+        id="throttle-amount-zero",
+    ),
+    pytest.param(
+        ["cluster=slurm", "faults=[{step:1,kind:slowlink,rank:1,amount:fast}]"],
+        ["faults[0].amount='fast'", "20mbit"],
+        id="slowlink-amount-bad",
+    ),
+    pytest.param(
+        ["faults=[{step:1,kind:kill,rank:1,amount:'30'}]"],
+        ["faults[0].amount='30'", "only throttle, slowlink, hiccup, slow"],
+        id="amount-on-kill",
+    ),
+    pytest.param(
+        ["faults=[{step:1,kind:throttle,rank:1}]"],
+        ["faults[0].kind=throttle", "cluster=slurm"],
+        id="throttle-needs-slurm",
+    ),
+    pytest.param(
+        ["train.steps=20", "faults=[{step:20,kind:kill,rank:0}]"],
+        ["faults[0].step=20", "0..19"],
+        id="fault-step-out-of-range",
+    ),
     pytest.param(["faults=[{step:-1,kind:kill,rank:0}]"], ["faults[0].step=-1"], id="fault-step-negative"),
-    pytest.param(["faults=[{step:1,kind:drain,rank:0},{step:2,kind:kill,rank:9}]"], ["faults[1].rank=9"],
-                 id="second-fault-is-named"),
-    pytest.param(["faults=[{step:1,kind:node_down,rank:0}]"], ["faults[0].kind=node_down", "cluster=slurm"],
-                 id="node-down-needs-slurm"),
-    pytest.param(["faults=[{step:1,kind:kill,rank:0,when:later}]"], ["faults[0].when='later'", "midstep, recover, transfer, join"],
-                 id="bad-fault-when"),
+    pytest.param(
+        ["faults=[{step:1,kind:drain,rank:0},{step:2,kind:kill,rank:9}]"],
+        ["faults[1].rank=9"],
+        id="second-fault-is-named",
+    ),
+    pytest.param(
+        ["faults=[{step:1,kind:node_down,rank:0}]"],
+        ["faults[0].kind=node_down", "cluster=slurm"],
+        id="node-down-needs-slurm",
+    ),
+    pytest.param(
+        ["faults=[{step:1,kind:kill,rank:0,when:later}]"],
+        ["faults[0].when='later'", "midstep, recover, transfer, join"],
+        id="bad-fault-when",
+    ),
     pytest.param(["faults=[{step:1,kind:kill,foo:1}]"], ["faults=", "foo"], id="unknown-fault-field"),
     pytest.param(["faults={step:1}"], ["faults={step:1}"], id="faults-not-a-list"),
     pytest.param(["runtime.backend=mpi"], ["runtime.backend='mpi'", "gloo, nccl"], id="bad-backend"),
     pytest.param(["runtime.device=tpu"], ["runtime.device='tpu'", "cpu, cuda"], id="bad-device"),
     pytest.param(["cluster=k8s"], ["cluster='k8s'", "local, slurm"], id="bad-cluster"),
-    pytest.param(["runtime.restart_mode=pray"], ["runtime.restart_mode='pray'", "tmslurm, injob_restart, requeue_restart"],
-                 id="bad-restart-mode"),
+    pytest.param(
+        ["runtime.restart_mode=pray"],
+        ["runtime.restart_mode='pray'", "tmslurm, injob_restart, requeue_restart"],
+        id="bad-restart-mode",
+    ),
     pytest.param(["runtime.switch_mode=half"], ["runtime.switch_mode='half'", "delta, full"], id="bad-switch-mode"),
     pytest.param(["slurm.backend=rest"], ["slurm.backend='rest'", "auto, cli, pyslurm"], id="bad-slurm-backend"),
     pytest.param(["slurm.on_limit=pray"], ["slurm.on_limit='pray'", "requeue, resubmit, stop"], id="bad-on-limit"),
     pytest.param(["slurm.signal_lead_s=5"], ["slurm.signal_lead_s=5", "10..65535"], id="signal-lead-too-short"),
     pytest.param(["slurm.signal_lead_s=70000"], ["slurm.signal_lead_s=70000"], id="signal-lead-too-long"),
     pytest.param(["runtime.backend=nccl"], ["runtime.backend=nccl", "runtime.device=cuda"], id="nccl-with-cpu"),
-    pytest.param(["runtime.heartbeat_timeout_s=0.3"], ["runtime.heartbeat_timeout_s"], id="heartbeat-timeout-too-short"),
+    pytest.param(
+        ["runtime.heartbeat_timeout_s=0.3"], ["runtime.heartbeat_timeout_s"], id="heartbeat-timeout-too-short"
+    ),
     pytest.param(["runtime.wait_slice_s=0"], ["runtime.wait_slice_s"], id="zero-wait-slice"),
     pytest.param(["model=huge"], ["model=huge", "small", "tiny"], id="unknown-model-preset"),
-    pytest.param(["train.task=no_such_module_xyz:Task"], ["train.task='no_such_module_xyz:Task'", "No module named"],
-                 id="task-module-missing"),
+    pytest.param(
+        ["train.task=no_such_module_xyz:Task"],
+        ["train.task='no_such_module_xyz:Task'", "No module named"],
+        id="task-module-missing",
+    ),
     pytest.param(["train.task=tmslurm.train.model:NoSuchTask"], ["train.task=", "NoSuchTask"], id="task-class-missing"),
     pytest.param(["train.task=tmslurm.train.model"], ["train.task='tmslurm.train.model'"], id="task-without-class"),
-    pytest.param(["train.resume_from=no/such/run"], ["train.resume_from='no/such/run'", "checkpoints"], id="resume-without-checkpoints"),
+    pytest.param(
+        ["train.resume_from=no/such/run"],
+        ["train.resume_from='no/such/run'", "checkpoints"],
+        id="resume-without-checkpoints",
+    ),
     pytest.param(["train.data_path=no/such/file.txt"], ["train.data_path='no/such/file.txt'"], id="missing-data-file"),
     pytest.param(["parallel.dp"], ["parallel.dp"], id="override-without-value"),
 ]
@@ -93,12 +158,15 @@ def test_bad_override_is_a_config_error_naming_it(overrides, named):
         assert text in message, f"{text!r} not in {message!r}"
 
 
-@pytest.mark.parametrize("overrides", [
-    pytest.param(["faults=[{kind:kill}]"], id="fault-without-step"),
-    pytest.param(["train.task=:Task"], id="task-with-empty-module"),
-    pytest.param(["train.task=os:path"], id="task-not-a-class"),
-    pytest.param(["runtime.commit_vote=false", "standby.count=1"], id="no-vote-with-standbys"),
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        pytest.param(["faults=[{kind:kill}]"], id="fault-without-step"),
+        pytest.param(["train.task=:Task"], id="task-with-empty-module"),
+        pytest.param(["train.task=os:path"], id="task-not-a-class"),
+        pytest.param(["runtime.commit_vote=false", "standby.count=1"], id="no-vote-with-standbys"),
+    ],
+)
 def test_malformed_values_are_config_errors_too(overrides):
     with pytest.raises(ConfigError):
         compose_config(overrides)
@@ -138,20 +206,26 @@ def test_checkpoints_are_asynchronous_by_default():
     assert compose_config(["train.checkpoint_async=false"]).train.checkpoint_async is False
 
 
-@pytest.mark.parametrize(("overrides", "every"), [
-    (["cluster=slurm"], SLURM_CHECKPOINT_EVERY),
-    (["cluster=slurm", "train.checkpoint_every=0"], 0),
-    (["cluster=slurm", "train.checkpoint_every=7"], 7),
-    (["cluster=slurm", "+experiment=demo"], 20),
-    (["cluster=local"], 0),
-    ([], 0),
-], ids=["slurm-default", "slurm-explicit-0", "slurm-explicit-7", "slurm-preset", "local", "default-local"])
+@pytest.mark.parametrize(
+    ("overrides", "every"),
+    [
+        (["cluster=slurm"], SLURM_CHECKPOINT_EVERY),
+        (["cluster=slurm", "train.checkpoint_every=0"], 0),
+        (["cluster=slurm", "train.checkpoint_every=7"], 7),
+        (["cluster=slurm", "+experiment=demo"], 20),
+        (["cluster=local"], 0),
+        ([], 0),
+    ],
+    ids=["slurm-default", "slurm-explicit-0", "slurm-explicit-7", "slurm-preset", "local", "default-local"],
+)
 def test_slurm_runs_checkpoint_periodically_unless_told_otherwise(overrides, every):
     assert compose_config(overrides).train.checkpoint_every == every
 
 
 def test_faults_parse_into_fault_configs():
-    cfg = compose_config(["faults=[{step:10,kind:drain,rank:1},{step:20,kind:kill,rank:2,when:recover},{step:5,kind:stop}]"])
+    cfg = compose_config(
+        ["faults=[{step:10,kind:drain,rank:1},{step:20,kind:kill,rank:2,when:recover},{step:5,kind:stop}]"]
+    )
     assert cfg.faults == [
         FaultConfig(step=10, kind="drain", rank=1),
         FaultConfig(step=20, kind="kill", rank=2, when="recover"),
@@ -161,8 +235,13 @@ def test_faults_parse_into_fault_configs():
 
 
 def test_one_fault_may_hit_several_ranks_and_carry_an_amount():
-    cfg = compose_config(["cluster=slurm", "faults=[{step:4,kind:power_off,ranks:[0,3]},{step:6,kind:throttle,rank:1},"
-                          "{step:7,kind:slowlink,ranks:[2],amount:500kbit},{step:8,kind:kill,rank:2}]"])
+    cfg = compose_config(
+        [
+            "cluster=slurm",
+            "faults=[{step:4,kind:power_off,ranks:[0,3]},{step:6,kind:throttle,rank:1},"
+            "{step:7,kind:slowlink,ranks:[2],amount:500kbit},{step:8,kind:kill,rank:2}]",
+        ]
+    )
     assert [fault_ranks(f) for f in cfg.faults] == [[0, 3], [1], [2], [2]]
     assert [fault_amount(f) for f in cfg.faults] == ["", "30", "500kbit", ""]
 

@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 from tests.unit.controller_harness import FakeChannel, FakeCluster, FakeSpawner, Harness
 from tmslurm.controller.deadlines import SPARES_CHECK_S
 from tmslurm.controller.items import Batch, MessageIn, RequestIn
-from tmslurm.controller.plans import PlannedSwitch, Recovery
+from tmslurm.controller.plan_types import PlannedSwitch, Recovery
 from tmslurm.controller.state import Mode
+from tmslurm.core.notices import Notice
 from tmslurm.wire.messages import NoticeRequest, decode_agent
-from tmslurm.notices import Notice
 
 
 def notice(kind: str = "maintenance", source: str = "admin", **fields) -> Notice:
@@ -69,7 +69,15 @@ SCENARIOS = {
     "vote before failure": (vote_before_failure, 1, Mode.RECOVERING, Recovery, 1, [], [0]),
     "failure before vote": (failure_before_vote, 0, Mode.RECOVERING, Recovery, 1, [], []),
     "second failure during a switch": (second_failure_during_switch, 0, Mode.RECOVERING, Recovery, 2, [], []),
-    "late vote of a fenced process": (late_vote_of_fenced_process, 0, Mode.RECOVERING, Recovery, 1, [("worker", 1)], []),
+    "late vote of a fenced process": (
+        late_vote_of_fenced_process,
+        0,
+        Mode.RECOVERING,
+        Recovery,
+        1,
+        [("worker", 1)],
+        [],
+    ),
     "notice for an unknown node": (notice_for_unknown_node, 1, Mode.RUNNING, type(None), 0, [], [0]),
     "standby lost while joining": (standby_lost_while_joining, 0, Mode.RUNNING, type(None), 0, [], []),
 }
@@ -98,14 +106,33 @@ def test_failure_before_vote_aborts_and_recovers_through_the_standby(tmp_path):
     assert h.got("s0", "join")[-1]["activate"] is True and h.got(0, "recover")[-1]["pairs"] == {"xfer/r2": [1, 0]}
     for r in (0, 1, 3):
         h.send(r, {"type": "recovered", "epoch": 1, "rank": r, "build_s": 0.01})
-    h.send("s0", {"type": "joined", "epoch": 1, "rank": 2, "joiner": 0, "step": 0, "transfer_s": 0.01, "phase1_s": 0.01,
-                  "bytes": 10, "rss_mb": 1.0})
+    h.send(
+        "s0",
+        {
+            "type": "joined",
+            "epoch": 1,
+            "rank": 2,
+            "joiner": 0,
+            "step": 0,
+            "transfer_s": 0.01,
+            "phase1_s": 0.01,
+            "bytes": 10,
+            "rss_mb": 1.0,
+        },
+    )
     assert h.state.plan is None and h.state.mode is Mode.RUNNING and h.state.slots[2] == h.aid("s0")
     for r in (0, 1, 3):
         h.vote(r)
     h.vote("s0", rank=2)
-    assert h.got(0, "decision")[-1] == {"type": "decision", "step": 0, "decision": "commit", "epoch": 1, "switch": None,
-                                        "checkpoint": False, "final": False}
+    assert h.got(0, "decision")[-1] == {
+        "type": "decision",
+        "step": 0,
+        "decision": "commit",
+        "epoch": 1,
+        "switch": None,
+        "checkpoint": False,
+        "final": False,
+    }
 
 
 @pytest.mark.parametrize("fault_at", [None, 5.0], ids=["instant unknown", "injected fault"])
@@ -124,8 +151,20 @@ def test_only_a_failure_whose_instant_is_known_has_a_step_in_flight_before_it(tm
     h.abort_all([0, 1, 3])
     for r in (0, 1, 3):
         h.send(r, {"type": "recovered", "epoch": 1, "rank": r, "build_s": 0.01})
-    h.send("s0", {"type": "joined", "epoch": 1, "rank": 2, "joiner": 0, "step": 0, "transfer_s": 0.01, "phase1_s": 0.01,
-                  "bytes": 10, "rss_mb": 1.0})
+    h.send(
+        "s0",
+        {
+            "type": "joined",
+            "epoch": 1,
+            "rank": 2,
+            "joiner": 0,
+            "step": 0,
+            "transfer_s": 0.01,
+            "phase1_s": 0.01,
+            "bytes": 10,
+            "rss_mb": 1.0,
+        },
+    )
     assert rec["status"] == "switched" and rec["detect_s"] >= (fault_at or 0.0)
     assert ("before_fault_s" in rec) is (fault_at is not None)
 
@@ -142,8 +181,20 @@ def test_ranks_that_send_no_state_redo_the_step_only_after_the_transfers(tmp_pat
     for r in (0, 1, 3):
         h.send(r, {"type": "recovered", "epoch": 1, "rank": r, "build_s": 0.01})
     assert not any(h.got(r, "resume") for r in (0, 1, 3))  # the joiner still receives the state
-    h.send("s0", {"type": "joined", "epoch": 1, "rank": 2, "joiner": 0, "step": 0, "transfer_s": 0.01, "phase1_s": 0.01,
-                  "bytes": 10, "rss_mb": 1.0})
+    h.send(
+        "s0",
+        {
+            "type": "joined",
+            "epoch": 1,
+            "rank": 2,
+            "joiner": 0,
+            "step": 0,
+            "transfer_s": 0.01,
+            "phase1_s": 0.01,
+            "bytes": 10,
+            "rss_mb": 1.0,
+        },
+    )
     assert h.state.mode is Mode.RUNNING
     assert [r for r in (0, 1, 3) if h.got(r, "resume")] == held
     assert all(h.got(r, "resume") == [{"type": "resume", "epoch": 1}] for r in held)
@@ -158,8 +209,20 @@ def test_votes_of_the_redone_step_before_the_recovery_is_done_are_kept_not_dropp
     h.abort_all([0, 1, 3])
     for r in (0, 1):
         h.send(r, {"type": "recovered", "epoch": 1, "rank": r, "build_s": 0.01})
-    h.send("s0", {"type": "joined", "epoch": 1, "rank": 2, "joiner": 0, "step": 0, "transfer_s": 0.01, "phase1_s": 0.01,
-                  "bytes": 10, "rss_mb": 1.0})
+    h.send(
+        "s0",
+        {
+            "type": "joined",
+            "epoch": 1,
+            "rank": 2,
+            "joiner": 0,
+            "step": 0,
+            "transfer_s": 0.01,
+            "phase1_s": 0.01,
+            "bytes": 10,
+            "rss_mb": 1.0,
+        },
+    )
     for r in (0, 1):
         h.vote(r)
     h.vote("s0", rank=2)
@@ -185,8 +248,20 @@ def test_planned_switch_rides_on_the_next_commit(tmp_path):
     assert decision["switch"] == {"epoch": 1, "moves": [{"rank": 1, "joiner": h.aid("s0")}]} and h.state.epoch == 1
     assert h.got("s0", "activate") == [{"type": "activate", "epoch": 1}]
     h.send(1, {"type": "left", "rank": 1, "step": 1, "transfer_s": 0.01, "phase2_s": 0.01, "bytes": 10})
-    h.send("s0", {"type": "joined", "epoch": 1, "rank": 1, "joiner": 0, "step": 1, "transfer_s": 0.01, "phase1_s": 0.01,
-                  "bytes": 10, "rss_mb": 1.0})
+    h.send(
+        "s0",
+        {
+            "type": "joined",
+            "epoch": 1,
+            "rank": 1,
+            "joiner": 0,
+            "step": 1,
+            "transfer_s": 0.01,
+            "phase1_s": 0.01,
+            "bytes": 10,
+            "rss_mb": 1.0,
+        },
+    )
     assert h.state.plan is None and h.state.slots[1] == h.aid("s0") and h.cluster.released == [["n1"]]
 
 
@@ -220,8 +295,10 @@ def test_hostile_hello_is_refused_and_nothing_is_fenced(tmp_path):
 
 def test_notice_request_for_unknown_node_or_rank_gets_an_error(tmp_path):
     h = Harness(tmp_path)
-    for msg, error in ((NoticeRequest(type="notice", token="t", event="maintenance", node="nowhere"), "unknown node"),
-                       (NoticeRequest(type="notice", token="t", event="failure", rank=7), "unknown rank")):
+    for msg, error in (
+        (NoticeRequest(type="notice", token="t", event="maintenance", node="nowhere"), "unknown node"),
+        (NoticeRequest(type="notice", token="t", event="failure", rank=7), "unknown rank"),
+    ):
         ch = FakeChannel()
         h.ctl.handle(RequestIn(msg, ch))
         assert ch.sent[0]["type"] == "error" and error in ch.sent[0]["error"] and ch.closed
@@ -235,7 +312,6 @@ def test_no_standby_falls_back_to_a_restart_from_the_checkpoint(tmp_path):
     assert h.spawner.workers[-4:] == [(0, 1), (1, 1), (2, 1), (3, 1)] and h.state.incarnation == 1
     assert h.state.expected == {("worker", r) for r in range(4)} and h.state.mode is Mode.RUNNING
     assert h.cluster.released == []  # every rank restarted on its own node: nothing to give back
-
 
 
 class WaitingCluster(FakeCluster):
@@ -264,30 +340,61 @@ def test_a_restart_waits_for_a_spare_allocation_but_never_hangs(tmp_path, waited
     else:
         assert not h.journal("run_failed") and h.state.mode is Mode.RUNNING
 
-AGENT_MESSAGES = st.sampled_from(["vote", "prepared", "switched", "left", "aborted", "recovered", "joined", "join_failed",
-                                  "comm_error", "done", "fault", "disconnect", "tick"])
+
+AGENT_MESSAGES = st.sampled_from(
+    [
+        "vote",
+        "prepared",
+        "switched",
+        "left",
+        "aborted",
+        "recovered",
+        "joined",
+        "join_failed",
+        "comm_error",
+        "done",
+        "fault",
+        "disconnect",
+        "tick",
+    ]
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(steps=st.lists(st.tuples(AGENT_MESSAGES, st.sampled_from([0, 1, 2, 3, "s0", "s1"]), st.integers(0, 3),
-                                st.integers(0, 3)), max_size=40))
+@given(
+    steps=st.lists(
+        st.tuples(AGENT_MESSAGES, st.sampled_from([0, 1, 2, 3, "s0", "s1"]), st.integers(0, 3), st.integers(0, 3)),
+        max_size=40,
+    )
+)
 def test_any_order_of_valid_messages_never_breaks_the_controller(tmp_path_factory, steps):
     h = Harness(tmp_path_factory.mktemp("c"), 2, 2, 2)
     epochs = [h.state.epoch]
     for kind, who, epoch, n in steps:
         rank = who if isinstance(who, int) else n
-        msg = {"vote": {"type": "vote", "step": h.state.step, "epoch": epoch, "rank": rank, "dt": 0.0, "peak_rss_mb": 0.0},
-               "prepared": {"type": "prepared", "epoch": epoch, "rank": rank},
-               "switched": {"type": "switched", "epoch": epoch, "rank": rank, "phase2_s": 0.0},
-               "left": {"type": "left", "rank": rank, "step": n, "transfer_s": 0.0, "phase2_s": 0.0, "bytes": 0},
-               "aborted": {"type": "aborted", "epoch": epoch, "rank": rank, "step": n, "status": {}},
-               "recovered": {"type": "recovered", "epoch": epoch, "rank": rank, "build_s": 0.0},
-               "joined": {"type": "joined", "epoch": epoch, "rank": n, "joiner": 0, "step": n, "transfer_s": 0.0,
-                          "phase1_s": 0.0, "bytes": 0, "rss_mb": 0.0},
-               "join_failed": {"type": "join_failed", "epoch": epoch, "rank": n, "error": "x"},
-               "comm_error": {"type": "comm_error", "rank": rank, "step": n, "epoch": epoch, "error": "x"},
-               "done": {"type": "done", "rank": rank, "stage": n % 2, "digest": "d", "state_digest": "s", "step": n},
-               "fault": {"type": "fault", "index": n, "rank": rank, "step": n, "kind": "kill"}}.get(kind)
+        msg = {
+            "vote": {"type": "vote", "step": h.state.step, "epoch": epoch, "rank": rank, "dt": 0.0, "peak_rss_mb": 0.0},
+            "prepared": {"type": "prepared", "epoch": epoch, "rank": rank},
+            "switched": {"type": "switched", "epoch": epoch, "rank": rank, "phase2_s": 0.0},
+            "left": {"type": "left", "rank": rank, "step": n, "transfer_s": 0.0, "phase2_s": 0.0, "bytes": 0},
+            "aborted": {"type": "aborted", "epoch": epoch, "rank": rank, "step": n, "status": {}},
+            "recovered": {"type": "recovered", "epoch": epoch, "rank": rank, "build_s": 0.0},
+            "joined": {
+                "type": "joined",
+                "epoch": epoch,
+                "rank": n,
+                "joiner": 0,
+                "step": n,
+                "transfer_s": 0.0,
+                "phase1_s": 0.0,
+                "bytes": 0,
+                "rss_mb": 0.0,
+            },
+            "join_failed": {"type": "join_failed", "epoch": epoch, "rank": n, "error": "x"},
+            "comm_error": {"type": "comm_error", "rank": rank, "step": n, "epoch": epoch, "error": "x"},
+            "done": {"type": "done", "rank": rank, "stage": n % 2, "digest": "d", "state_digest": "s", "step": n},
+            "fault": {"type": "fault", "index": n, "rank": rank, "step": n, "kind": "kill"},
+        }.get(kind)
         if kind == "disconnect":
             h.disconnect(who)
         elif kind == "tick":
@@ -317,8 +424,8 @@ def test_planned_event_without_standby_checkpoints_then_restarts_losing_nothing(
 
 
 def test_launch_warns_when_every_failure_would_restart_from_step_0(caplog):
-    from tmslurm.config import compose_config
-    from tmslurm.runprep import warn_unprotected
+    from tmslurm.core.config import compose_config
+    from tmslurm.run.prepare import warn_unprotected
 
     warn_unprotected(compose_config(["standby.count=0", "train.checkpoint_every=0"]))
     warn_unprotected(compose_config(["standby.count=1", "train.checkpoint_every=0"]))
@@ -337,8 +444,8 @@ def test_deadline_ticker_fires_once_per_period_however_many_items():
 
 
 def test_launch_warns_when_a_slurm_run_has_no_periodic_checkpoint(caplog):
-    from tmslurm.config import compose_config
-    from tmslurm.runprep import warn_unprotected
+    from tmslurm.core.config import compose_config
+    from tmslurm.run.prepare import warn_unprotected
 
     warn_unprotected(compose_config(["cluster=slurm", "standby.count=1"]))  # the Slurm default: periodic checkpoints
     assert caplog.records == []
@@ -370,8 +477,15 @@ def test_a_restart_that_moves_a_rank_off_a_bad_node_gives_that_node_back(tmp_pat
 def test_a_gate_batch_is_handled_item_by_item_in_order(tmp_path):
     h = Harness(tmp_path)
     step = h.state.step
-    votes = [MessageIn(h.conns[r], decode_agent({"type": "vote", "step": step, "epoch": 0, "rank": r, "loss": 1.0,
-                                                 "dt": 0.01, "peak_rss_mb": 1.0})) for r in range(4)]
+    votes = [
+        MessageIn(
+            h.conns[r],
+            decode_agent(
+                {"type": "vote", "step": step, "epoch": 0, "rank": r, "loss": 1.0, "dt": 0.01, "peak_rss_mb": 1.0}
+            ),
+        )
+        for r in range(4)
+    ]
     # a handler failing on one item (a bug) leaves the items after it handled
     broken = MessageIn(h.conns[1], decode_agent({"type": "hb"}))
 
@@ -384,8 +498,15 @@ def test_a_gate_batch_is_handled_item_by_item_in_order(tmp_path):
     assert [e["item"] for e in h.journal("handler_error")] == ["msg"]
 
 
-@pytest.mark.parametrize("msg", [{"type": "exited", "agent": "worker0.0#1", "pid": 1}, {"type": "probed", "seq": 1, "seconds": 0.1},
-                                 {"type": "sink", "host": "10.0.0.9", "port": 9}, {"type": "hb"}])
+@pytest.mark.parametrize(
+    "msg",
+    [
+        {"type": "exited", "agent": "worker0.0#1", "pid": 1},
+        {"type": "probed", "seq": 1, "seconds": 0.1},
+        {"type": "sink", "host": "10.0.0.9", "port": 9},
+        {"type": "hb"},
+    ],
+)
 def test_a_monitors_message_from_a_worker_is_refused_and_changes_nothing(tmp_path, msg):
     h = Harness(tmp_path)
     before = (h.state.step, h.state.epoch, {a: x.alive for a, x in h.state.agents.items()})
@@ -401,8 +522,18 @@ def test_the_step_log_keeps_a_ranks_peak_rss_only_when_it_changed(tmp_path):
     h.commit_all()
     h.commit_all()
     for r in range(4):  # rank 2's peak grew (a high-water mark), the others' did not
-        h.send(r, {"type": "vote", "step": h.state.step, "epoch": h.state.epoch, "rank": r, "loss": 1.0, "dt": 0.01,
-                   "peak_rss_mb": 5.0 if r == 2 else 1.0})
+        h.send(
+            r,
+            {
+                "type": "vote",
+                "step": h.state.step,
+                "epoch": h.state.epoch,
+                "rank": r,
+                "loss": 1.0,
+                "dt": 0.01,
+                "peak_rss_mb": 5.0 if r == 2 else 1.0,
+            },
+        )
     assert [e["peak_rss_mb"] for e in h.state.step_log] == [{0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}, {}, {2: 5.0}]
 
 
@@ -483,6 +614,7 @@ def test_a_restart_with_a_rank_that_has_nowhere_to_run_requeues_the_job_or_ends(
         (failed,) = h.journal("run_failed")
         assert failed["reason"] == "no node to restart ranks [2]" and not h.journal("requeue")
 
+
 def test_replenish_counts_the_standbys_still_starting_not_every_one_ever_started(tmp_path):
     """A restarted controller knows only the standbys that came back, while ``standbys_started``
     also counts those that died under its predecessor: those are not 'starting', and a consumed or
@@ -497,11 +629,15 @@ def test_replenish_counts_the_standbys_still_starting_not_every_one_ever_started
     assert len(h.spawner.standbys) == before + 2  # the first replacement is starting: one more, not two
 
 
-@pytest.mark.parametrize("connected,since_s,restarts_again", [
-    ([], 121.0, True),           # no rank came (every srun failed during a slurmctld outage)
-    ([0, 1, 3], 121.0, True),    # rank 2's srun failed: its node went before it started
-    ([0, 1, 3], 60.0, False),    # still within runtime.connect_timeout_s (120 s)
-    ([0, 1, 2, 3], 121.0, False)])
+@pytest.mark.parametrize(
+    "connected,since_s,restarts_again",
+    [
+        ([], 121.0, True),  # no rank came (every srun failed during a slurmctld outage)
+        ([0, 1, 3], 121.0, True),  # rank 2's srun failed: its node went before it started
+        ([0, 1, 3], 60.0, False),  # still within runtime.connect_timeout_s (120 s)
+        ([0, 1, 2, 3], 121.0, False),
+    ],
+)
 def test_restarted_ranks_that_never_connect_are_restarted_again(tmp_path, connected, since_s, restarts_again):
     """Found by the chaos soak: a restart whose rank steps failed to launch (slurmctld stopped) left the
     run with no process, no heartbeat and no vote, waiting forever."""
@@ -556,9 +692,17 @@ def test_a_first_commit_held_for_a_standby_whose_spare_job_died_looks_and_stops_
     a 2-minute job's whole life. While it is held, the spares are looked at every SPARES_CHECK_S, and
     a standby whose allocation is gone is no longer waited for."""
     cluster = SpareCheckCounter()
-    h = Harness(tmp_path, 2, 2, 0, "standby.count=1", "standby.start_when_warm=true", "standby.replenish=false",
-                "runtime.heartbeat_timeout_s=60",  # the ticks below run ahead of the clock
-                cluster=lambda cfg: (FakeSpawner(), cluster))
+    h = Harness(
+        tmp_path,
+        2,
+        2,
+        0,
+        "standby.count=1",
+        "standby.start_when_warm=true",
+        "standby.replenish=false",
+        "runtime.heartbeat_timeout_s=60",  # the ticks below run ahead of the clock
+        cluster=lambda cfg: (FakeSpawner(), cluster),
+    )
     h.ctl.members.spawn_standby()
     (index,) = [i for kind, i in h.state.expected if kind == "standby"]
     for r in range(h.world):

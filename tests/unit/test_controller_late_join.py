@@ -11,16 +11,27 @@ from __future__ import annotations
 
 import time
 
-from tmslurm.notices import Notice
-
 from tests.unit.controller_harness import Harness
-from tmslurm.controller.plans import Recovery
+from tmslurm.controller.plan_types import Recovery
 from tmslurm.controller.state import Mode
+from tmslurm.core.notices import Notice
 
 
 def _joined(h: Harness, who: str, rank: int, epoch: int) -> None:
-    h.send(who, {"type": "joined", "epoch": epoch, "rank": rank, "joiner": int(who[1:]), "step": 0, "transfer_s": 0.01,
-                 "phase1_s": 0.01, "bytes": 10, "rss_mb": 1.0})
+    h.send(
+        who,
+        {
+            "type": "joined",
+            "epoch": epoch,
+            "rank": rank,
+            "joiner": int(who[1:]),
+            "step": 0,
+            "transfer_s": 0.01,
+            "phase1_s": 0.01,
+            "bytes": 10,
+            "rss_mb": 1.0,
+        },
+    )
 
 
 def _aborted_with_s0_as_rank_2(h: Harness) -> None:

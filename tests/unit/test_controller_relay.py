@@ -14,15 +14,35 @@ from tmslurm.wire.mux import SubChannel, parse_down
 
 def node_votes(h: Harness, ranks: list[int], loss: float = 1.0) -> NodeVotes:
     n = len(ranks)
-    return NodeVotes(type="votes", step=h.state.step, epoch=h.state.epoch, rank=ranks, loss=[loss + r for r in ranks],
-                     dt=[0.01 * (r + 1) for r in ranks], peak_rss_mb=[1.0] * n, digest=[None] * n, busy=[0.005] * n, ckpt=[None] * n)
+    return NodeVotes(
+        type="votes",
+        step=h.state.step,
+        epoch=h.state.epoch,
+        rank=ranks,
+        loss=[loss + r for r in ranks],
+        dt=[0.01 * (r + 1) for r in ranks],
+        peak_rss_mb=[1.0] * n,
+        digest=[None] * n,
+        busy=[0.005] * n,
+        ckpt=[None] * n,
+    )
 
 
 def test_node_votes_commit_as_the_same_votes_one_by_one(tmp_path):
     one, many = Harness(tmp_path / "a"), Harness(tmp_path / "b")
     for r in range(one.world):
-        one.send(r, {"type": "vote", "step": 0, "epoch": 0, "rank": r, "loss": 1.0 + r, "dt": 0.01 * (r + 1),
-                     "peak_rss_mb": 1.0})
+        one.send(
+            r,
+            {
+                "type": "vote",
+                "step": 0,
+                "epoch": 0,
+                "rank": r,
+                "loss": 1.0 + r,
+                "dt": 0.01 * (r + 1),
+                "peak_rss_mb": 1.0,
+            },
+        )
     many.ctl.handle(VotesIn([many.conns[r] for r in (0, 1)], node_votes(many, [0, 1])))
     assert many.got(0, "decision") == []  # half the world voted
     many.ctl.handle(VotesIn([many.conns[r] for r in (2, 3)], node_votes(many, [2, 3])))

@@ -7,16 +7,22 @@ import time
 
 import pytest
 
-from tmslurm.controller.events import pause_parts
-from tmslurm.controller.plans import PlannedSwitch
-from tmslurm.notices import Notice
 from tests.unit.controller_harness import Harness
+from tmslurm.controller.events import pause_parts
+from tmslurm.controller.plan_types import PlannedSwitch
+from tmslurm.core.notices import Notice
 
 
 def _notice(deadline_in: float | None) -> Notice:
     now = time.time()
-    return Notice(kind="maintenance", source="admin", time=now, rank=1, reason="psu",
-                  deadline=None if deadline_in is None else now + deadline_in)
+    return Notice(
+        kind="maintenance",
+        source="admin",
+        time=now,
+        rank=1,
+        reason="psu",
+        deadline=None if deadline_in is None else now + deadline_in,
+    )
 
 
 def _commit(h: Harness) -> dict:
@@ -25,13 +31,16 @@ def _commit(h: Harness) -> dict:
     return h.got(0, "decision")[-1]
 
 
-@pytest.mark.parametrize("deadline_in,overrides,shadow", [
-    (None, (), True),                                          # "as soon as possible": shadowing moves nothing in the pause
-    (600.0, (), True),                                         # minutes of warning
-    (3.0, (), False),                                          # too short to catch up: the state travels in the pause
-    (600.0, ("runtime.shadow=false",), False),                 # switched off
-    (None, ("runtime.switch_mode=full",), False),              # everything in the pause, by request
-])
+@pytest.mark.parametrize(
+    "deadline_in,overrides,shadow",
+    [
+        (None, (), True),  # "as soon as possible": shadowing moves nothing in the pause
+        (600.0, (), True),  # minutes of warning
+        (3.0, (), False),  # too short to catch up: the state travels in the pause
+        (600.0, ("runtime.shadow=false",), False),  # switched off
+        (None, ("runtime.switch_mode=full",), False),  # everything in the pause, by request
+    ],
+)
 def test_who_is_told_to_shadow(tmp_path, deadline_in, overrides, shadow):
     h = Harness(tmp_path, 2, 2, 1, *overrides, shadow="runtime.shadow=false" not in overrides)
     h.ctl.intake.notice(_notice(deadline_in))
@@ -53,18 +62,54 @@ def _switched(h: Harness) -> PlannedSwitch:
     h.send("s0", {"type": "shadow_ready", "epoch": plan.epoch, "rank": 1, "step": 1, "catchup_s": 0.7})
     decision = _commit(h)
     assert decision["switch"] == {"epoch": plan.epoch, "moves": [{"rank": 1, "joiner": h.aid("s0")}]}
-    h.send(1, {"type": "left", "rank": 1, "step": 2, "transfer_s": 0.003, "phase2_s": 0.01, "bytes": 0, "shadowed": True,
-               "shadow_steps": 1, "shadow_wait_s": 0.02, "apply_s": 0.05})
-    h.send("s0", {"type": "joined", "epoch": plan.epoch, "rank": 1, "joiner": 0, "step": 2, "transfer_s": 0.004,
-                  "phase1_s": 0.01, "bytes": 0, "rss_mb": 1.0, "shadowed": True, "shadow_steps": 1,
-                  "shadow_catchup_s": 0.7, "apply_s": 0.06})
+    h.send(
+        1,
+        {
+            "type": "left",
+            "rank": 1,
+            "step": 2,
+            "transfer_s": 0.003,
+            "phase2_s": 0.01,
+            "bytes": 0,
+            "shadowed": True,
+            "shadow_steps": 1,
+            "shadow_wait_s": 0.02,
+            "apply_s": 0.05,
+        },
+    )
+    h.send(
+        "s0",
+        {
+            "type": "joined",
+            "epoch": plan.epoch,
+            "rank": 1,
+            "joiner": 0,
+            "step": 2,
+            "transfer_s": 0.004,
+            "phase1_s": 0.01,
+            "bytes": 0,
+            "rss_mb": 1.0,
+            "shadowed": True,
+            "shadow_steps": 1,
+            "shadow_catchup_s": 0.7,
+            "apply_s": 0.06,
+        },
+    )
     assert h.state.plan is None
     return plan
 
 
 def _checked(plan: PlannedSwitch, matched: bool, **extra) -> dict:
-    return {"type": "shadow_checked", "epoch": plan.epoch, "rank": 1, "step": 2, "matched": matched, "verify_s": 0.2,
-            "wait_s": 0.01, **extra}
+    return {
+        "type": "shadow_checked",
+        "epoch": plan.epoch,
+        "rank": 1,
+        "step": 2,
+        "matched": matched,
+        "verify_s": 0.2,
+        "wait_s": 0.01,
+        **extra,
+    }
 
 
 def test_the_switch_waits_for_the_shadow_then_records_its_check_behind_the_first_step(tmp_path):
@@ -104,8 +149,20 @@ def test_a_switch_without_a_shadow_gives_the_node_back_at_once(tmp_path):
     h.prepare_all()
     assert _commit(h)["switch"] is not None
     h.send(1, {"type": "left", "rank": 1, "step": 2, "transfer_s": 0.01, "phase2_s": 0.01, "bytes": 64})
-    h.send("s0", {"type": "joined", "epoch": plan.epoch, "rank": 1, "joiner": 0, "step": 2, "transfer_s": 0.01,
-                  "phase1_s": 0.01, "bytes": 64, "rss_mb": 1.0})
+    h.send(
+        "s0",
+        {
+            "type": "joined",
+            "epoch": plan.epoch,
+            "rank": 1,
+            "joiner": 0,
+            "step": 2,
+            "transfer_s": 0.01,
+            "phase1_s": 0.01,
+            "bytes": 64,
+            "rss_mb": 1.0,
+        },
+    )
     assert h.state.plan is None and h.cluster.released == [["n1"]]
 
 

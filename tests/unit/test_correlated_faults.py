@@ -61,7 +61,9 @@ def test_a_slow_node_stays_in_the_run_and_times_nothing(tmp_path):
     h.ctl.handle(FaultAt(_spec("throttle", [2], "30"), ("n2",), 20.0))
     h.ctl.handle(FaultAt(_spec("slowlink", [0, 1], "20mbit"), ("n0", "n1"), 21.0))
     assert [(e["kind"], e["ranks"], e["amount"]) for e in h.journal("fault")] == [
-        ("throttle", [2], "30"), ("slowlink", [0, 1], "20mbit")]
+        ("throttle", [2], "30"),
+        ("slowlink", [0, 1], "20mbit"),
+    ]
     assert h.state.fault_t == {} and h.state.plan is None
 
 

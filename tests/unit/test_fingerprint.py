@@ -11,11 +11,19 @@ from tmslurm.comm.shadow import CHUNKS, fingerprint
 
 def _state() -> dict:
     g = torch.Generator().manual_seed(0)
-    return {"model": {"w": torch.randn(37, 11, generator=g), "b": torch.randn(8, generator=g).to(torch.bfloat16),
-                      "scale": torch.tensor(1.5)},
-            "optim": {"state": {0: {"step": torch.tensor(7, dtype=torch.int64), "exp_avg": torch.randn(1001, generator=g)}},
-                      "param_groups": [{"lr": 0.1, "params": [0]}]},
-            "empty": torch.zeros(0), "odd": torch.arange(5, dtype=torch.uint8)}
+    return {
+        "model": {
+            "w": torch.randn(37, 11, generator=g),
+            "b": torch.randn(8, generator=g).to(torch.bfloat16),
+            "scale": torch.tensor(1.5),
+        },
+        "optim": {
+            "state": {0: {"step": torch.tensor(7, dtype=torch.int64), "exp_avg": torch.randn(1001, generator=g)}},
+            "param_groups": [{"lr": 0.1, "params": [0]}],
+        },
+        "empty": torch.zeros(0),
+        "odd": torch.arange(5, dtype=torch.uint8),
+    }
 
 
 def _flip(t: torch.Tensor, byte: int) -> None:
@@ -52,5 +60,8 @@ def test_values_moved_between_chunks_or_tensors_change_it():
     w[0], w[-1] = w[-1].clone(), w[0].clone()  # first and last chunk swap one value
     assert not torch.equal(fingerprint(state), fingerprint(_state()))
     state = _state()
-    state["model"]["w"], state["optim"]["state"][0]["exp_avg"] = state["optim"]["state"][0]["exp_avg"], state["model"]["w"]
+    state["model"]["w"], state["optim"]["state"][0]["exp_avg"] = (
+        state["optim"]["state"][0]["exp_avg"],
+        state["model"]["w"],
+    )
     assert not torch.equal(fingerprint(state), fingerprint(_state()))

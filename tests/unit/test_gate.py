@@ -23,11 +23,13 @@ ROUNDS: list[int] = []
 
 def unbatched(items: queue.Queue):
     """The gate's ``submit``: every item of a round's ``Batch`` queued on its own, in order."""
+
     def submit(item) -> None:
         many = item.items if isinstance(item, Batch) else [item]
         ROUNDS.append(len(many))
         for one in many:
             items.put(one)
+
     return submit
 
 
@@ -36,8 +38,15 @@ def gate(tmp_path):
     server = socket.create_server(("127.0.0.1", 0))
     items: queue.Queue = queue.Queue()
     journal = Journal(tmp_path / "events.jsonl")
-    g = Gate(server, TOKEN, None, journal, unbatched(items), lambda conn: None,
-             GateLimits(auth_timeout_s=0.5, max_unauthenticated=2))
+    g = Gate(
+        server,
+        TOKEN,
+        None,
+        journal,
+        unbatched(items),
+        lambda conn: None,
+        GateLimits(auth_timeout_s=0.5, max_unauthenticated=2),
+    )
     g.start()
     yield g, items, {"host": "127.0.0.1", "port": server.getsockname()[1]}, journal
     g.stop()
@@ -81,6 +90,7 @@ def test_a_slow_client_is_journalled_only_after_its_slot_is_free(gate):
 
 # ---- one reader thread for every connection --------------------------------------------------------
 
+
 def open_gate(tmp_path, **limits):
     server = socket.create_server(("127.0.0.1", 0), backlog=512)
     items: queue.Queue = queue.Queue()
@@ -92,11 +102,16 @@ def open_gate(tmp_path, **limits):
 
 
 def hello(ident: int) -> bytes:
-    return json.dumps({"type": "hello", "token": TOKEN, "kind": "worker", "id": ident, "node": f"n{ident}"}).encode() + b"\n"
+    return (
+        json.dumps({"type": "hello", "token": TOKEN, "kind": "worker", "id": ident, "node": f"n{ident}"}).encode()
+        + b"\n"
+    )
 
 
 def vote(step: int, rank: int = 0) -> bytes:
-    return json.dumps({"type": "vote", "step": step, "epoch": 0, "rank": rank, "dt": 0, "peak_rss_mb": 0}).encode() + b"\n"
+    return (
+        json.dumps({"type": "vote", "step": step, "epoch": 0, "rank": rank, "dt": 0, "peak_rss_mb": 0}).encode() + b"\n"
+    )
 
 
 def client(port: int) -> socket.socket:
@@ -140,7 +155,10 @@ def test_many_agents_share_one_reader_thread_and_each_keeps_its_order(tmp_path):
     per_conn: dict[int, list] = {}
     for item in got:
         per_conn.setdefault(item.conn, []).append(
-            ("hello", item.hello.id) if isinstance(item, HelloIn) else ("msg", (item.msg.type, item.msg.rank, item.msg.step)))
+            ("hello", item.hello.id)
+            if isinstance(item, HelloIn)
+            else ("msg", (item.msg.type, item.msg.rank, item.msg.step))
+        )
     assert len(per_conn) == n
     for seq in per_conn.values():
         (kind, ident), *rest = seq

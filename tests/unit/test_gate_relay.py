@@ -10,14 +10,13 @@ import socket
 
 import pytest
 
+from tests.unit.test_gate import unbatched
 from tmslurm.controller.gate import Gate, GateLimits
 from tmslurm.controller.items import Disconnected, HelloIn, MessageIn, VotesIn
 from tmslurm.controller.journal import Journal, read_journal
 from tmslurm.wire.messages import Beat
 from tmslurm.wire.mux import SubChannel, deliver, parse_down, up_alive, up_gone, up_line, up_votes
 from tmslurm.wire.protocol import encode_line
-
-from tests.unit.test_gate import unbatched
 
 TOKEN = "t" * 32
 
@@ -66,8 +65,14 @@ def test_agents_behind_a_relay_are_agents_and_hear_through_it(relay):
     assert c1 != c2 and isinstance(ch1, SubChannel) and (ch1.sub, ch2.sub) == (1, 2)
     ch2.try_send(Beat())
     assert parse_down(rfile.readline()) == parse_down(deliver([2], b'{"type":"beat"}\n'))
-    sock.sendall(up_line(1, encode_line({"type": "groups", "rank": 0, "step": 0, "epoch": 0, "ids": {}, "gens": {},
-                                         "peak_rss_mb": 1.0})))
+    sock.sendall(
+        up_line(
+            1,
+            encode_line(
+                {"type": "groups", "rank": 0, "step": 0, "epoch": 0, "ids": {}, "gens": {}, "peak_rss_mb": 1.0}
+            ),
+        )
+    )
     item = items.get(timeout=10)
     assert isinstance(item, MessageIn) and (item.conn, item.msg.type) == (c1, "groups")
     sock.sendall(up_alive([2]))
@@ -84,11 +89,14 @@ def test_agents_behind_a_relay_are_agents_and_hear_through_it(relay):
     assert items.get(timeout=10) == Disconnected(c2)
 
 
-@pytest.mark.parametrize("line,what", [
-    (b"x\n", "malformed relay frame"),
-    (up_votes([1], [vote(0)]).replace(b'"dt":[0.1]', b'"dt":[-1]'), "malformed relay frame"),
-    (up_votes([1, 2], [vote(0)]), "one sub per rank"),
-])
+@pytest.mark.parametrize(
+    "line,what",
+    [
+        (b"x\n", "malformed relay frame"),
+        (up_votes([1], [vote(0)]).replace(b'"dt":[0.1]', b'"dt":[-1]'), "malformed relay frame"),
+        (up_votes([1, 2], [vote(0)]), "one sub per rank"),
+    ],
+)
 def test_a_bad_frame_is_answered_and_changes_nothing(relay, line, what):
     sock, rfile, items, _, journal = relay
     sock.sendall(up_line(1, hello(0)) + up_line(2, hello(1)))
@@ -101,13 +109,30 @@ def test_a_bad_frame_is_answered_and_changes_nothing(relay, line, what):
     assert items.empty() and any(e["type"] == "bad_message" for e in read_journal(journal.path))
 
 
-@pytest.mark.parametrize("first,error", [
-    (hello(0, token="w" * 32), "wrong token"),
-    (encode_line({"type": "status", "token": TOKEN}), "only an agent's hello"),
-    (encode_line(vote(0)), "wrong token"),
-    (encode_line({"type": "signed_notice", "signature": "s", "payload": {  # its refusal goes to that agent too
-        "run": "r", "node": "n1", "event": "maintenance", "timestamp": 1.0, "nonce": "n" * 16}}), "no signed notices"),
-])
+@pytest.mark.parametrize(
+    "first,error",
+    [
+        (hello(0, token="w" * 32), "wrong token"),
+        (encode_line({"type": "status", "token": TOKEN}), "only an agent's hello"),
+        (encode_line(vote(0)), "wrong token"),
+        (
+            encode_line(
+                {
+                    "type": "signed_notice",
+                    "signature": "s",
+                    "payload": {  # its refusal goes to that agent too
+                        "run": "r",
+                        "node": "n1",
+                        "event": "maintenance",
+                        "timestamp": 1.0,
+                        "nonce": "n" * 16,
+                    },
+                }
+            ),
+            "no signed notices",
+        ),
+    ],
+)
 def test_an_agent_refused_behind_a_relay_is_closed_alone(relay, first, error):
     sock, rfile, items, _, _ = relay
     sock.sendall(up_line(1, first) + up_line(1, hello(1)) + up_line(2, hello(2)))

@@ -25,16 +25,21 @@ def _steady(n: int, slow: dict[int, float] | None = None) -> list[dict[int, floa
     return [{**base, **(slow or {})} for _ in range(n)]
 
 
-@pytest.mark.parametrize("steps, found_at", [
-    pytest.param(_steady(20), {}, id="healthy: nobody"),
-    pytest.param(_steady(3) + _steady(10, {1: 0.6}), {5: [1]}, id="rank 1 at 3x: found once 3 of its 5 steps were slow"),
-    pytest.param(_steady(10, {0: 0.6, 1: 0.6, 2: 0.9, 3: 0.9}), {}, id="every rank slow together: nobody"),
-    pytest.param(_steady(5) + _steady(1, {1: 2.2}) + _steady(10), {}, id="one 2 s hiccup: nobody"),
-    pytest.param(_steady(5) + _steady(2, {1: 2.2}) + _steady(10), {}, id="two slow steps of five: nobody"),
-    pytest.param(_steady(10, {2: 0.40}), {}, id="1.33x: under the factor"),
-    pytest.param([{0: 0.02, 1: 0.01, 2: 0.01, 3: 0.01}] * 10, {}, id="2x but 10 ms: under the excess floor"),
-    pytest.param(_steady(10, {3: 0.9, 1: None}), {4: [3]}, id="a missing busy time skips only that pair"),
-])
+@pytest.mark.parametrize(
+    "steps, found_at",
+    [
+        pytest.param(_steady(20), {}, id="healthy: nobody"),
+        pytest.param(
+            _steady(3) + _steady(10, {1: 0.6}), {5: [1]}, id="rank 1 at 3x: found once 3 of its 5 steps were slow"
+        ),
+        pytest.param(_steady(10, {0: 0.6, 1: 0.6, 2: 0.9, 3: 0.9}), {}, id="every rank slow together: nobody"),
+        pytest.param(_steady(5) + _steady(1, {1: 2.2}) + _steady(10), {}, id="one 2 s hiccup: nobody"),
+        pytest.param(_steady(5) + _steady(2, {1: 2.2}) + _steady(10), {}, id="two slow steps of five: nobody"),
+        pytest.param(_steady(10, {2: 0.40}), {}, id="1.33x: under the factor"),
+        pytest.param([{0: 0.02, 1: 0.01, 2: 0.01, 3: 0.01}] * 10, {}, id="2x but 10 ms: under the excess floor"),
+        pytest.param(_steady(10, {3: 0.9, 1: None}), {4: [3]}, id="a missing busy time skips only that pair"),
+    ],
+)
 def test_who_is_found_slow_and_when(steps, found_at):
     got = {i: found for i, found in enumerate(_run(steps)) if found}
     assert got == found_at
@@ -51,7 +56,14 @@ def test_a_suspect_is_reported_once_until_the_epoch_changes():
 
 def test_the_hourly_budget():
     watch = GrayWatch(S, PEERS)
-    assert [watch.allow_eviction(t) for t in (0.0, 10.0, 20.0, 3599.0, 3600.0, 3611.0)] == [True, True, False, False, True, True]
+    assert [watch.allow_eviction(t) for t in (0.0, 10.0, 20.0, 3599.0, 3600.0, 3611.0)] == [
+        True,
+        True,
+        False,
+        False,
+        True,
+        True,
+    ]
 
 
 def test_peers_are_the_other_ranks_of_a_shard():
@@ -62,8 +74,19 @@ def test_peers_are_the_other_ranks_of_a_shard():
 
 def _votes(h: Harness, busy: dict[int, float]) -> None:
     for r in range(h.world):
-        h.send(r, {"type": "vote", "step": h.state.step, "epoch": h.state.epoch, "rank": r, "loss": 1.0, "dt": 0.5,
-                   "peak_rss_mb": 1.0, "busy": busy[r]})
+        h.send(
+            r,
+            {
+                "type": "vote",
+                "step": h.state.step,
+                "epoch": h.state.epoch,
+                "rank": r,
+                "loss": 1.0,
+                "dt": 0.5,
+                "peak_rss_mb": 1.0,
+                "busy": busy[r],
+            },
+        )
 
 
 def _notices(h: Harness) -> list:
@@ -84,7 +107,9 @@ def test_a_slow_rank_has_its_node_noticed_for_maintenance(tmp_path):
     (ev,) = h.journal("gray_evict")
     assert ev["rank"] == 3 and ev["node"] == "n3" and ev["ratio"] == 4.0 and ev["step"] == 3
     (n,) = _notices(h)
-    assert (n.kind, n.rank, n.source) == ("maintenance", 3, "controller") and n.reason.startswith("gray: rank 3 busy 4.00x")
+    assert (n.kind, n.rank, n.source) == ("maintenance", 3, "controller") and n.reason.startswith(
+        "gray: rank 3 busy 4.00x"
+    )
     assert h.cluster.lost == ["n3"]  # no new spare or restarted rank lands on the slow node
 
 
@@ -98,8 +123,8 @@ def test_without_an_idle_standby_a_slow_rank_is_kept_and_said_once(tmp_path):
 
 
 def test_gray_evictions_need_data_parallel_peers():
-    from tmslurm.config import compose_config
-    from tmslurm.errors import ConfigError
+    from tmslurm.core.config import compose_config
+    from tmslurm.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="parallel.dp >= 2 or runtime.gray_evict=false"):
         compose_config(["parallel.dp=1", "parallel.pp=2", "runtime.gray_evict=true"])

@@ -7,21 +7,24 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.controller_harness import Harness
-from tmslurm.config import compose_config
-from tmslurm.controller.plans import Recovery
-from tmslurm.errors import ConfigError
+from tmslurm.controller.plan_types import Recovery
+from tmslurm.core.config import compose_config
+from tmslurm.core.errors import ConfigError
 
 
-@pytest.mark.parametrize("voters,lag_s,median_s,hung", [
-    ((0, 1, 3), 2.5, 0.0, False),    # no step time known yet: start-up may lag by seconds
-    ((0, 1, 3), 119.0, 0.0, False),  # ... up to runtime.connect_timeout_s (120 s)
-    ((0, 1, 3), 121.0, 0.0, True),   # past it
-    ((0, 1, 3), 1.5, 0.2, False),    # within the 2 s floor (10 x a 0.2 s median is less)
-    ((0, 1, 3), 2.5, 0.2, True),     # past the floor
-    ((0, 1, 3), 5.0, 1.0, False),    # 10 x a 1 s median step is 10 s: still waiting
-    ((0, 1, 3), 10.5, 1.0, True),    # past 10 x the median step
-    ((0, 1), 30.0, 0.0, False),      # two ranks missing: a slow step, not one hung rank
-])
+@pytest.mark.parametrize(
+    "voters,lag_s,median_s,hung",
+    [
+        ((0, 1, 3), 2.5, 0.0, False),  # no step time known yet: start-up may lag by seconds
+        ((0, 1, 3), 119.0, 0.0, False),  # ... up to runtime.connect_timeout_s (120 s)
+        ((0, 1, 3), 121.0, 0.0, True),  # past it
+        ((0, 1, 3), 1.5, 0.2, False),  # within the 2 s floor (10 x a 0.2 s median is less)
+        ((0, 1, 3), 2.5, 0.2, True),  # past the floor
+        ((0, 1, 3), 5.0, 1.0, False),  # 10 x a 1 s median step is 10 s: still waiting
+        ((0, 1, 3), 10.5, 1.0, True),  # past 10 x the median step
+        ((0, 1), 30.0, 0.0, False),  # two ranks missing: a slow step, not one hung rank
+    ],
+)
 def test_a_rank_lagging_behind_every_other_vote_is_hung(tmp_path, voters, lag_s, median_s, hung):
     h = Harness(tmp_path)
     h.state.step_log = [{"step": i, "t_end": i * median_s} for i in range(5)] if median_s else []
@@ -39,8 +42,10 @@ def test_a_rank_lagging_behind_every_other_vote_is_hung(tmp_path, voters, lag_s,
         assert h.state.plan is None and not h.journal("hung")
 
 
-@pytest.mark.parametrize("override,field", [("runtime.hang_factor=0", "runtime.hang_factor"),
-                                            ("runtime.hang_floor_s=-1", "runtime.hang_floor_s")])
+@pytest.mark.parametrize(
+    "override,field",
+    [("runtime.hang_factor=0", "runtime.hang_factor"), ("runtime.hang_floor_s=-1", "runtime.hang_floor_s")],
+)
 def test_hang_settings_are_validated(override, field):
     with pytest.raises(ConfigError, match=field):
         compose_config([override])

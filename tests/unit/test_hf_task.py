@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tmslurm.config import ModelConfig, TrainConfig, compose_config
-from tmslurm.errors import ConfigError
-from tmslurm.hfconfig import PRESETS
-from tmslurm.topology import split_layers
+from tmslurm.core.config import ModelConfig, TrainConfig, compose_config
+from tmslurm.core.errors import ConfigError
+from tmslurm.core.hfconfig import PRESETS
+from tmslurm.core.topology import split_layers
 from tmslurm.train.task import StageSpec
 
 transformers = pytest.importorskip("transformers")
@@ -47,7 +47,9 @@ def test_logits_do_not_depend_on_the_split_and_equal_the_hf_model(preset):
     config = transformers.AutoConfig.for_model(**PRESETS[preset])
     full = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
     prefix = full.base_model_prefix
-    state = {k.replace("body.", f"{prefix}.", 1).replace("head.", "lm_head.", 1): v for k, v in only.state_dict().items()}
+    state = {
+        k.replace("body.", f"{prefix}.", 1).replace("head.", "lm_head.", 1): v for k, v in only.state_dict().items()
+    }
     full.load_state_dict(state, strict=True)
     assert torch.equal(full(input_ids=x, use_cache=False).logits, logits[0])
     assert 5.0 < task.loss(logits[0], y).item() < 6.0  # ~ln(256) at initialisation
@@ -75,16 +77,19 @@ def _write(tmp_path: Path, **changes) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("changes,overrides,named", [
-    ({"attention_dropout": 0.1}, (), "attention_dropout"),
-    ({"tie_word_embeddings": True}, (), "tie_word_embeddings"),
-    ({"model_type": "bert"}, (), "model_type='bert'"),
-    ({"hidden_size": "64"}, (), "hidden_size"),
-    ({"max_position_embeddings": 16}, (), "model.seq_len<=16"),
-    ({}, ("train.task=tmslurm.train.model:ReferenceTask",), "train.task=tmslurm.train.hf:CausalLMTask"),
-    ({}, ("parallel.tp=2",), "parallel.tp"),
-    ({}, ("model.hf_tokenizer=nowhere",), "model.hf_tokenizer"),
-])
+@pytest.mark.parametrize(
+    "changes,overrides,named",
+    [
+        ({"attention_dropout": 0.1}, (), "attention_dropout"),
+        ({"tie_word_embeddings": True}, (), "tie_word_embeddings"),
+        ({"model_type": "bert"}, (), "model_type='bert'"),
+        ({"hidden_size": "64"}, (), "hidden_size"),
+        ({"max_position_embeddings": 16}, (), "model.seq_len<=16"),
+        ({}, ("train.task=tmslurm.train.model:ReferenceTask",), "train.task=tmslurm.train.hf:CausalLMTask"),
+        ({}, ("parallel.tp=2",), "parallel.tp"),
+        ({}, ("model.hf_tokenizer=nowhere",), "model.hf_tokenizer"),
+    ],
+)
 def test_refusals_name_the_fix(tmp_path, changes, overrides, named):
     with pytest.raises(ConfigError) as err:
         compose_config([*HF, f"model.hf_config={_write(tmp_path, **changes)}", *overrides])
@@ -127,8 +132,9 @@ def test_a_local_tokenizer_feeds_its_ids_and_one_too_large_is_refused(tmp_path):
     text = tmp_path / "text.txt"
     text.write_text("the quick brown fox jumps over the lazy dog. " * 400)
     small = _tokenizer(tmp_path, 100)
-    cfg = compose_config([*HF, "model.hf_config=llama-tiny", f"model.hf_tokenizer={small.parent}",
-                          f"train.data_path={text}"])
+    cfg = compose_config(
+        [*HF, "model.hf_config=llama-tiny", f"model.hf_tokenizer={small.parent}", f"train.data_path={text}"]
+    )
     assert cfg.model.hf_tokenizer == str(small)
     task = CausalLMTask(cfg.model, cfg.train)
     x, y = task.batch(0, 0)

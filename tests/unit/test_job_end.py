@@ -12,7 +12,7 @@ import pytest
 from tests.unit.controller_harness import FakeCluster, FakeSpawner, Harness
 from tmslurm.controller.state import JobEnd, Mode
 from tmslurm.controller.summary import job_chain
-from tmslurm.rundir import RunDir
+from tmslurm.core.rundir import RunDir
 
 
 class SlurmLikeCluster(FakeCluster):
@@ -67,9 +67,13 @@ def _signal_and_checkpoint(h: Harness, end: JobEnd = JobEnd.TIME_LIMIT) -> int:
     return 3
 
 
-@pytest.mark.parametrize("on_limit,call,kind", [("requeue", ("requeue", []), "job_end_requeue"),
-                                                ("resubmit", ("resubmit",), "job_end_resubmit")])
-def test_time_limit_checkpoints_then_requeues_or_resubmits_and_the_next_job_loses_no_step(tmp_path, on_limit, call, kind):
+@pytest.mark.parametrize(
+    "on_limit,call,kind",
+    [("requeue", ("requeue", []), "job_end_requeue"), ("resubmit", ("resubmit",), "job_end_resubmit")],
+)
+def test_time_limit_checkpoints_then_requeues_or_resubmits_and_the_next_job_loses_no_step(
+    tmp_path, on_limit, call, kind
+):
     h = _harness(tmp_path, f"slurm.on_limit={on_limit}")
     step = _signal_and_checkpoint(h)
     assert h.cluster.calls == [call]
@@ -80,8 +84,15 @@ def test_time_limit_checkpoints_then_requeues_or_resubmits_and_the_next_job_lose
     assert ending["then"] == on_limit and ending["end"] == "time_limit"
     assert not RunDir(tmp_path).job_ending.exists(), "a complete end leaves nothing for the next job to report"
     # the next job: its controller resumes from the checkpoint and completes the event
-    nxt = Harness(tmp_path, 2, 1, 0, "train.resume_from=" + str(tmp_path), f"slurm.on_limit={on_limit}",
-                  cluster=lambda cfg: (FakeSpawner(), SlurmLikeCluster()))
+    nxt = Harness(
+        tmp_path,
+        2,
+        1,
+        0,
+        "train.resume_from=" + str(tmp_path),
+        f"slurm.on_limit={on_limit}",
+        cluster=lambda cfg: (FakeSpawner(), SlurmLikeCluster()),
+    )
     assert nxt.state.step == step
     (ev,) = [e for e in nxt.ctl.ctx.events.items if e["kind"] == kind]
     assert ev["lost_steps"] == 0 and ev["trigger"] == "planned" and ev["from_job_id"] == "77"
@@ -130,7 +141,9 @@ def test_sigterm_checkpoints_within_the_grace_time_and_leaves_the_requeue_to_slu
     step = _signal_and_checkpoint(h, JobEnd.SIGTERM)
     assert h.cluster.calls == [], "Slurm requeues a preempted job itself (or ends a cancelled one)"
     assert h.state.requeued and json.loads(RunDir(tmp_path).requeue.read_text())["kind"] == "job_end_sigterm"
-    nxt = Harness(tmp_path, 2, 1, 0, "train.resume_from=" + str(tmp_path), cluster=lambda cfg: (FakeSpawner(), SlurmLikeCluster()))
+    nxt = Harness(
+        tmp_path, 2, 1, 0, "train.resume_from=" + str(tmp_path), cluster=lambda cfg: (FakeSpawner(), SlurmLikeCluster())
+    )
     (ev,) = [e for e in nxt.ctl.ctx.events.items if e["kind"] == "job_end_sigterm"]
     assert ev["lost_steps"] == 0 and nxt.state.step == step
 
@@ -147,7 +160,9 @@ def test_a_job_killed_before_its_checkpoint_was_complete_says_what_it_redoes(tmp
     h.ctl.take_job_end()
     assert RunDir(tmp_path).job_ending.exists()
     # ... SIGKILL: no requeue.json was written
-    nxt = Harness(tmp_path, 2, 1, 0, "train.resume_from=" + str(tmp_path), cluster=lambda cfg: (FakeSpawner(), SlurmLikeCluster()))
+    nxt = Harness(
+        tmp_path, 2, 1, 0, "train.resume_from=" + str(tmp_path), cluster=lambda cfg: (FakeSpawner(), SlurmLikeCluster())
+    )
     (ev,) = [e for e in nxt.ctl.ctx.events.items if e["kind"] == "job_end_unfinished"]
     assert ev["lost_steps"] == 2 and ev["from_checkpoint_step"] == 1 and "before its checkpoint" in ev["cause"]
     assert not RunDir(tmp_path).job_ending.exists() and list(tmp_path.glob("job-ending-*.json"))
@@ -160,8 +175,14 @@ def test_a_job_killed_before_its_checkpoint_keeps_the_events_of_the_jobs_before(
     from the journal, the step log from ``steps.jsonl`` (a preempted lab job's summary had lost the
     restart of the job before)."""
     _signal_and_checkpoint(_harness(tmp_path, "slurm.on_limit=resubmit"))
-    nxt = lambda: Harness(tmp_path, 2, 1, 0, "train.resume_from=" + str(tmp_path),  # noqa: E731
-                          cluster=lambda cfg: (FakeSpawner(), SlurmLikeCluster()))
+    nxt = lambda: Harness(
+        tmp_path,
+        2,
+        1,
+        0,
+        "train.resume_from=" + str(tmp_path),  # noqa: E731
+        cluster=lambda cfg: (FakeSpawner(), SlurmLikeCluster()),
+    )
     job2 = nxt()
     job2.commit_all()
     job2.commit_all()

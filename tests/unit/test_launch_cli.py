@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-CLI = "import sys; from tmslurm.cli import main; sys.exit(main())"  # what the `tmslurm` console script runs
+CLI = "import sys; from tmslurm.cli.main import main; sys.exit(main())"  # what the `tmslurm` console script runs
 
 
 def run(*args: str, cwd=None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -16,20 +16,16 @@ def run(*args: str, cwd=None, timeout: float = 60) -> subprocess.CompletedProces
 
 
 def test_cfg_job_prints_the_resolved_config(tmp_path):
-    p = run("-m", "tmslurm.launch", "--cfg", "job", "parallel.pp=3", cwd=tmp_path)
+    p = run("-m", "tmslurm.cli.launch", "--cfg", "job", "parallel.pp=3", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert "dp: 2" in p.stdout and "pp: 3" in p.stdout
     assert "task: tmslurm.train.model:ReferenceTask" in p.stdout
     assert not (tmp_path / "runs").exists()  # nothing started, no run directory
 
 
-@pytest.mark.parametrize("override", [
-    "parallel.dp=-1",
-    "parallel.nodes=3",
-    "parallel.dp=abc",
-])
+@pytest.mark.parametrize("override", ["parallel.dp=-1", "parallel.nodes=3", "parallel.dp=abc"])
 def test_bad_override_prints_one_error_line_and_exits_2(tmp_path, override):
-    p = run("-m", "tmslurm.launch", override, cwd=tmp_path)
+    p = run("-m", "tmslurm.cli.launch", override, cwd=tmp_path)
     assert p.returncode == 2, (p.stdout, p.stderr)
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1, p.stderr
@@ -38,20 +34,40 @@ def test_bad_override_prints_one_error_line_and_exits_2(tmp_path, override):
 
 
 def test_bad_override_of_hydra_kind_exits_2_with_error(tmp_path):
-    p = run("-m", "tmslurm.launch", "parallel.dp=abc", cwd=tmp_path)
+    p = run("-m", "tmslurm.cli.launch", "parallel.dp=abc", cwd=tmp_path)
     assert p.returncode == 2
     assert p.stderr.startswith("error:") and "parallel.dp=abc" in p.stderr
 
 
 def _summary() -> dict:
     return {
-        "run_id": "finished-run", "layout": {"dp": 2, "pp": 2, "tp": 1}, "steps": 20,
-        "final_params_sha256": "ab" * 32, "stage_digests": ["cd" * 32, "ef" * 32], "replicas_equal": True,
-        "replica_mismatch_steps": [], "loss_first": 5.5, "loss_last": 3.25, "median_step_s": 0.05, "step_log": [],
-        "events": [{"kind": "planned", "ranks": [1], "node": "local1", "downtime_s": 0.125, "detect_s": 0.0,
-                    "phase1_s": 0.2, "transfer_s": 0.01, "status": "done"}],
+        "run_id": "finished-run",
+        "layout": {"dp": 2, "pp": 2, "tp": 1},
+        "steps": 20,
+        "final_params_sha256": "ab" * 32,
+        "stage_digests": ["cd" * 32, "ef" * 32],
+        "replicas_equal": True,
+        "replica_mismatch_steps": [],
+        "loss_first": 5.5,
+        "loss_last": 3.25,
+        "median_step_s": 0.05,
+        "step_log": [],
+        "events": [
+            {
+                "kind": "planned",
+                "ranks": [1],
+                "node": "local1",
+                "downtime_s": 0.125,
+                "detect_s": 0.0,
+                "phase1_s": 0.2,
+                "transfer_s": 0.01,
+                "status": "done",
+            }
+        ],
         "standbys": [{"id": "standby0.123", "node": "spare0", "roles": {"first": {}, "last": {}}}],
-        "restart_mode": "tmslurm", "main_job_id": None, "spare_job_ids": [],
+        "restart_mode": "tmslurm",
+        "main_job_id": None,
+        "spare_job_ids": [],
     }
 
 

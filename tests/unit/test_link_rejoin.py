@@ -9,8 +9,8 @@ import socket
 import threading
 import time
 
-from tmslurm.wire.messages import Decision, Hello, Ready, Vote
 from tmslurm.agent.link import LOST, Link, Rejoiner
+from tmslurm.wire.messages import Decision, Hello, Ready, Vote
 from tmslurm.wire.protocol import Channel, connect, encode_line
 
 FIRST = Hello(token="", kind="worker", id=1, pid=1, node="n1", host="h")
@@ -30,8 +30,9 @@ def wait_until(cond, what: str, timeout: float = 10.0) -> None:
 def test_rejoin_carries_the_last_decision_and_the_waiting_vote(tmp_path):
     server = socket.create_server(("127.0.0.1", 0))
     (tmp_path / "token").write_text("tok")
-    (tmp_path / "controller.json").write_text(json.dumps({"host": "127.0.0.1", "port": server.getsockname()[1],
-                                                          "store_port": 1}))
+    (tmp_path / "controller.json").write_text(
+        json.dumps({"host": "127.0.0.1", "port": server.getsockname()[1], "store_port": 1})
+    )
     link = Link(connect("127.0.0.1", server.getsockname()[1]), 0.0, 10.0, rejoin=Rejoiner(tmp_path, FIRST))
     link.rejoin_state = lambda: {"rank": 1, "epoch": 0, "in_plan": False}
     first, _ = server.accept()

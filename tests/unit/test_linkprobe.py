@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tmslurm.agent.linkprobe import MAGIC, MAX_PROBE_BYTES, Prober, ProbeJob, ProbeTimeout, Sink, probe
+from tmslurm.agent.linkprobe import MAGIC, MAX_PROBE_BYTES, ProbeJob, Prober, ProbeTimeout, Sink, probe
 
 
 @pytest.fixture
@@ -28,11 +28,14 @@ def test_a_probe_is_read_whole_and_acknowledged(sink):
     assert sink.served == 1
 
 
-@pytest.mark.parametrize("payload", [
-    pytest.param(b"GET / HTTP/1.0\r\n\r\n", id="not a probe header"),
-    pytest.param(MAGIC + struct.pack(">Q", MAX_PROBE_BYTES + 1), id="over the size limit"),
-    pytest.param(MAGIC + struct.pack(">Q", 1000) + b"x" * 10, id="ends short"),
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        pytest.param(b"GET / HTTP/1.0\r\n\r\n", id="not a probe header"),
+        pytest.param(MAGIC + struct.pack(">Q", MAX_PROBE_BYTES + 1), id="over the size limit"),
+        pytest.param(MAGIC + struct.pack(">Q", 1000) + b"x" * 10, id="ends short"),
+    ],
+)
 def test_a_bad_connection_is_dropped_and_the_sink_serves_on(sink, payload):
     host, port = sink.address
     with socket.create_connection((host, port), timeout=5.0) as c:
@@ -102,12 +105,14 @@ def test_the_prober_reports_each_probe_and_answers_busy_while_one_runs(sink):
 def test_a_monitor_announces_its_sink_and_answers_a_probe_request(tmp_path):
     from tests.unit.test_monitor_pidfd import FakeLink
     from tmslurm.agent.monitor import REJOINED, Monitor
-    from tmslurm.wire.messages import Finish, ProbeLink, Probed, SinkAt
+    from tmslurm.wire.messages import Finish, Probed, ProbeLink, SinkAt
 
     peer = Sink("127.0.0.1", timeout_s=2.0).start()
     own = Sink("127.0.0.1", timeout_s=2.0)
     link = FakeLink()
-    prober = Prober(lambda seq, sec, err, late: link.send(Probed(seq=seq, seconds=sec, error=err, timed_out=late)), 10.0)
+    prober = Prober(
+        lambda seq, sec, err, late: link.send(Probed(seq=seq, seconds=sec, error=err, timed_out=late)), 10.0
+    )
     mon = Monitor(tmp_path, link, "n0", stop_after_s=60.0, sink=own, prober=prober)
     try:
         host, port = peer.address

@@ -18,8 +18,9 @@ NODES = ["a", "b", "c", "d", "e", "f"]
 FAST, SLOW = 400.0, 2.5  # MB/s: a veth on this host, and 20 mbit/s
 
 
-def _rounds(n: int, slow: dict[str, int] | None = None, watch: LinkWatch | None = None,
-            hiccup: tuple[int, str] | None = None) -> tuple[LinkWatch, dict[int, list[str]]]:
+def _rounds(
+    n: int, slow: dict[str, int] | None = None, watch: LinkWatch | None = None, hiccup: tuple[int, str] | None = None
+) -> tuple[LinkWatch, dict[int, list[str]]]:
     """``n`` rounds over NODES; ``slow[node] = round`` from which its link is slow; ``hiccup``: one
     slow probe sent by that node in that round. Returns the watch and {round: nodes found}."""
     watch = watch or LinkWatch(S)
@@ -46,14 +47,17 @@ def test_each_round_every_node_sends_once_and_receives_once_from_a_new_partner()
     assert LinkWatch.pairs(["a"], 0) == [] and LinkWatch.pairs([], 3) == []
 
 
-@pytest.mark.parametrize("slow, hiccup, found", [
-    pytest.param({}, None, {}, id="healthy: nobody"),
-    pytest.param({"c": 0}, None, {1: ["c"]}, id="slow from the start: found after two rounds (4 probes)"),
-    pytest.param({"c": 3}, None, {4: ["c"]}, id="slow from round 3: found when its window is all slow"),
-    pytest.param({}, (2, "b"), {}, id="one slow probe: nobody (the best of the window is fast)"),
-    pytest.param({"a": 0, "b": 0, "c": 0}, None, {}, id="half of the nodes slow together: nobody"),
-    pytest.param({"a": 0, "d": 0}, None, {1: ["a", "d"]}, id="two slow nodes of six: both"),
-])
+@pytest.mark.parametrize(
+    "slow, hiccup, found",
+    [
+        pytest.param({}, None, {}, id="healthy: nobody"),
+        pytest.param({"c": 0}, None, {1: ["c"]}, id="slow from the start: found after two rounds (4 probes)"),
+        pytest.param({"c": 3}, None, {4: ["c"]}, id="slow from round 3: found when its window is all slow"),
+        pytest.param({}, (2, "b"), {}, id="one slow probe: nobody (the best of the window is fast)"),
+        pytest.param({"a": 0, "b": 0, "c": 0}, None, {}, id="half of the nodes slow together: nobody"),
+        pytest.param({"a": 0, "d": 0}, None, {1: ["a", "d"]}, id="two slow nodes of six: both"),
+    ],
+)
 def test_which_node_is_found_slow_and_when(slow, hiccup, found):
     assert _rounds(8, slow, hiccup=hiccup)[1] == found
 
@@ -81,7 +85,9 @@ def test_fewer_than_three_nodes_judge_nobody_and_a_node_fast_again_may_be_report
 
 # ---- the controller's side --------------------------------------------------------------------
 def _harness(tmp_path, standbys: int = 1) -> tuple[Harness, dict[str, tuple[int, object]]]:
-    h = Harness(tmp_path, 2, 2, standbys, "runtime.gray_evict=true", "runtime.link_probe_s=1.0", "runtime.link_window=2")
+    h = Harness(
+        tmp_path, 2, 2, standbys, "runtime.gray_evict=true", "runtime.link_probe_s=1.0", "runtime.link_window=2"
+    )
     mons = {}
     for node in ["n0", "n1", "n2", "n3"] + [f"s{i}" for i in range(standbys)]:
         conn, ch = add_monitor(h, node)

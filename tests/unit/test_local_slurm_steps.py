@@ -20,19 +20,23 @@ def _bash(body: str) -> str:
     return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30, check=True).stdout
 
 
-@pytest.mark.parametrize("seconds,text", [
-    ("0", "0s"), ("0.4", "0s"), ("-3", "0s"), ("41", "41s"), ("59.6", "1m00s"), ("250", "4m10s"), ("7500", "2h05m"),
-])
+@pytest.mark.parametrize(
+    "seconds,text",
+    [("0", "0s"), ("0.4", "0s"), ("-3", "0s"), ("41", "41s"), ("59.6", "1m00s"), ("250", "4m10s"), ("7500", "2h05m")],
+)
 def test_fmt_duration_writes_durations_as_tmslurm_progress_does(seconds, text):
-    from tmslurm.progress import format_duration
+    from tmslurm.core.progress import format_duration
 
     assert _bash(f"fmt_duration {seconds}") == text == format_duration(float(seconds))
 
 
-@pytest.mark.parametrize("args,line", [
-    ('3 "starting munged"', "local-slurm: [3/8] starting munged (elapsed 41s)\n"),
-    ('7 "starting slurmd on node2" 2/6', "local-slurm: [7/8] starting slurmd on node2 (2/6, elapsed 41s)\n"),
-])
+@pytest.mark.parametrize(
+    "args,line",
+    [
+        ('3 "starting munged"', "local-slurm: [3/8] starting munged (elapsed 41s)\n"),
+        ('7 "starting slurmd on node2" 2/6', "local-slurm: [7/8] starting slurmd on node2 (2/6, elapsed 41s)\n"),
+    ],
+)
 def test_up_step_writes_one_plain_line(args, line):
     out = _bash(f"up_step {args}")
     assert out == line and "\r" not in out and "\x1b" not in out

@@ -8,9 +8,9 @@ import logging
 
 import pytest
 
-from tmslurm import logs
-from tmslurm.rundir import RunDir
-from tmslurm.supervisor import log_as_supervisor
+from tmslurm.core import logs
+from tmslurm.core.rundir import RunDir
+from tmslurm.run.supervisor import log_as_supervisor
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import pytest
 
 from tests.unit.controller_harness import Harness
 from tmslurm.controller.snapshot import Snapshots, read_snapshot
-from tmslurm.rundir import RunDir
+from tmslurm.core.rundir import RunDir
 from tmslurm.slurm.proc.orphan import probe_controller, requeue_orphaned_job
 
 
@@ -27,8 +27,9 @@ def free_port() -> int:
 @pytest.fixture
 def run_dir(tmp_path, monkeypatch):
     rd = RunDir(tmp_path)
-    rd.controller.write_text(json.dumps({"host": "127.0.0.1", "port": free_port(), "store_port": 2,
-                                         "main_job_id": "41", "pid": 1}))
+    rd.controller.write_text(
+        json.dumps({"host": "127.0.0.1", "port": free_port(), "store_port": 2, "main_job_id": "41", "pid": 1})
+    )
     rd.token.write_text("t" * 32)
     monkeypatch.setenv("SLURM_JOB_ID", "41")
     return rd
@@ -56,14 +57,17 @@ def live_controller(run_dir):
     server.close()
 
 
-@pytest.mark.parametrize("setup,why", [
-    (lambda rd, mp: mp.setenv("SLURM_JOB_ID", "77"), "a spare job's monitor"),
-    (lambda rd, mp: mp.delenv("SLURM_JOB_ID"), "not on Slurm"),
-    (lambda rd, mp: rd.summary.write_text("{}"), "the run finished"),
-    (lambda rd, mp: rd.requeue.write_text("{}"), "the controller requeued the job itself"),
-    (lambda rd, mp: rd.controller_lost.write_text("{}"), "another monitor holds the claim"),
-    (lambda rd, mp: rd.controller.write_text("not json"), "controller.json unreadable"),
-])
+@pytest.mark.parametrize(
+    "setup,why",
+    [
+        (lambda rd, mp: mp.setenv("SLURM_JOB_ID", "77"), "a spare job's monitor"),
+        (lambda rd, mp: mp.delenv("SLURM_JOB_ID"), "not on Slurm"),
+        (lambda rd, mp: rd.summary.write_text("{}"), "the run finished"),
+        (lambda rd, mp: rd.requeue.write_text("{}"), "the controller requeued the job itself"),
+        (lambda rd, mp: rd.controller_lost.write_text("{}"), "another monitor holds the claim"),
+        (lambda rd, mp: rd.controller.write_text("not json"), "controller.json unreadable"),
+    ],
+)
 def test_a_monitor_that_must_not_requeue_does_nothing(run_dir, monkeypatch, setup, why):
     setup(run_dir, monkeypatch)
     before = sorted(os.listdir(run_dir.path))
@@ -101,7 +105,7 @@ def test_the_claim_is_on_disk_before_scontrol_requeue_runs(run_dir, tmp_path):
     assert claim["requeue_rc"] == 0 and claim["requeue_output"] == "requeued" and claim["t"] == early["t"]
 
 
-@pytest.mark.parametrize("text", ["", "{\"node\": \"node2\"", "[1]", "{\"t\": \"soon\"}"])
+@pytest.mark.parametrize("text", ["", '{"node": "node2"', "[1]", '{"t": "soon"}'])
 def test_a_claim_cut_off_before_it_was_written_still_records_the_loss(tmp_path, text):
     rd = RunDir(tmp_path)
     rd.controller_lost.write_text(text)
@@ -122,8 +126,13 @@ def test_snapshots_keep_only_the_newest_and_close_writes_the_last(tmp_path):
         snaps.offer(step, {"epoch": 0, "t": 1.0, "last_commit_t": 2.0, "fired": []})
     snaps.offer(199, {"epoch": 9})  # same step: ignored
     snaps.close()
-    assert read_snapshot(tmp_path / "snapshot.json") == {"step": 199, "epoch": 0, "t": 1.0, "last_commit_t": 2.0,
-                                                         "fired": []}
+    assert read_snapshot(tmp_path / "snapshot.json") == {
+        "step": 199,
+        "epoch": 0,
+        "t": 1.0,
+        "last_commit_t": 2.0,
+        "fired": [],
+    }
     (tmp_path / "snapshot.json").write_text("{torn")
     assert read_snapshot(tmp_path / "snapshot.json") is None
 
@@ -167,9 +176,15 @@ def test_the_next_job_keeps_the_events_and_step_log_of_the_jobs_before(tmp_path)
     rd.snapshot.write_text(json.dumps({"step": 26, "epoch": 3, "t": 990.0, "last_commit_t": 989.5, "fired": []}))
     rd.steps.write_text("".join(json.dumps({"step": s, "t_end": 900.0 + s}) + "\n" for s in range(26)))
     done = {"kind": "unexpected", "epoch": 1, "ranks": [1], "status": "done", "target_step": 9, "lost_steps": 0}
-    rd.events.write_text("".join(json.dumps(e) + "\n" for e in [
-        {"t": 950.0, "type": "event", **done},
-        {"t": 980.0, "type": "event_begin", "kind": "unexpected", "epoch": 3, "ranks": [0], "status": "open"}]))
+    rd.events.write_text(
+        "".join(
+            json.dumps(e) + "\n"
+            for e in [
+                {"t": 950.0, "type": "event", **done},
+                {"t": 980.0, "type": "event_begin", "kind": "unexpected", "epoch": 3, "ranks": [0], "status": "open"},
+            ]
+        )
+    )
     h = Harness(tmp_path, 2, 2, 1)
     events = h.ctl.ctx.events.items
     assert [e["kind"] for e in events] == ["unexpected", "controller_lost_requeue"], events

@@ -10,8 +10,8 @@ import urllib.request
 import pytest
 
 from tests.unit.controller_harness import Harness
-from tmslurm.config import compose_config
-from tmslurm.errors import ConfigError
+from tmslurm.core.config import compose_config
+from tmslurm.core.errors import ConfigError
 
 pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -20,8 +20,11 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 def _scrape(port: int) -> dict[tuple[str, tuple], float]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         text = r.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
 
 
 def _get(samples, name, **labels):
@@ -36,8 +39,19 @@ def test_a_scrape_reads_commits_events_nodes_and_standbys(tmp_path):
     for _ in range(2):
         h.commit_all()
     for r in range(h.world):  # the step after a checkpoint: rank 1's step loop was held longest
-        h.send(r, {"type": "vote", "step": 2, "epoch": 0, "rank": r, "loss": 1.0, "dt": 0.01, "peak_rss_mb": 1.0,
-                   "ckpt": 0.5 * r})
+        h.send(
+            r,
+            {
+                "type": "vote",
+                "step": 2,
+                "epoch": 0,
+                "rank": r,
+                "loss": 1.0,
+                "dt": 0.01,
+                "peak_rss_mb": 1.0,
+                "ckpt": 0.5 * r,
+            },
+        )
     h.ctl._offer_snapshot()
     journal = h.ctl.ctx.journal
     journal.write("event", kind="planned", downtime_s=0.12, pause_s=0.05, transfer_s=0.0, detect_s=0.0)
@@ -55,7 +69,9 @@ def test_a_scrape_reads_commits_events_nodes_and_standbys(tmp_path):
     assert _get(s, "tmslurm_step_seconds_count", run=run) == 3
     latencies = [e["commit_s"] for e in h.state.step_log]
     assert _get(s, "tmslurm_commit_latency_seconds_count", run=run) == 3
-    assert _get(s, "tmslurm_commit_latency_seconds_sum", run=run) == pytest.approx(sum(latencies)) and min(latencies) >= 0
+    assert (
+        _get(s, "tmslurm_commit_latency_seconds_sum", run=run) == pytest.approx(sum(latencies)) and min(latencies) >= 0
+    )
     assert _get(s, "tmslurm_checkpoint_stall_seconds_count", run=run) == 1  # only the step that reported one
     assert _get(s, "tmslurm_checkpoint_stall_seconds_sum", run=run) == pytest.approx(0.5 * (h.world - 1))
     assert _get(s, "tmslurm_events_total", run=run, kind="planned") == 1
@@ -73,12 +89,21 @@ def test_a_scrape_reads_commits_events_nodes_and_standbys(tmp_path):
     assert not any("step" in dict(k[1]) for k in s), "no label may carry an unbounded value"
 
 
-@pytest.mark.parametrize("overrides,named", [
-    (["runtime.metrics_port=70000"], "runtime.metrics_port=70000"),
-    (["runtime.monitor_metrics_port=-1"], "runtime.monitor_metrics_port=-1"),
-    (["runtime.metrics_port=9400", "runtime.monitor_metrics_port=9400"], "Fix: pass another runtime.monitor_metrics_port"),
-    (["runtime.monitor_metrics_port=9401", "runtime.monitors=false", "runtime.heartbeats=false"], "needs the node monitors"),
-])
+@pytest.mark.parametrize(
+    "overrides,named",
+    [
+        (["runtime.metrics_port=70000"], "runtime.metrics_port=70000"),
+        (["runtime.monitor_metrics_port=-1"], "runtime.monitor_metrics_port=-1"),
+        (
+            ["runtime.metrics_port=9400", "runtime.monitor_metrics_port=9400"],
+            "Fix: pass another runtime.monitor_metrics_port",
+        ),
+        (
+            ["runtime.monitor_metrics_port=9401", "runtime.monitors=false", "runtime.heartbeats=false"],
+            "needs the node monitors",
+        ),
+    ],
+)
 def test_off_by_default_and_bad_ports_are_refused(overrides, named):
     rt = compose_config([]).runtime
     assert rt.metrics_port == 0 and rt.monitor_metrics_port == 0
@@ -100,7 +125,7 @@ def test_the_grafana_board_asks_only_for_series_the_controller_exports(tmp_path)
 
     h = Harness(tmp_path, 2, 1, 0, "runtime.metrics_port=1")
     h.ctl.metrics.observe({"type": "event", "kind": "planned", "downtime_s": 0.1})  # series with a kind/part/class
-    h.ctl.metrics.on_commits([{"step": 0, "dt": 0.1}], {"first": 1})               # exist from the first one
+    h.ctl.metrics.on_commits([{"step": 0, "dt": 0.1}], {"first": 1})  # exist from the first one
     exported = {s.name for fam in h.ctl.metrics.registry.collect() for s in fam.samples}
     board = json.loads((Path(__file__).resolve().parents[2] / "docs" / "grafana-tmslurm.json").read_text())
     asked = {name for p in board["panels"] for t in p["targets"] for name in re.findall(r"tmslurm_[a-z_]+", t["expr"])}

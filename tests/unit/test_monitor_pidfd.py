@@ -12,8 +12,8 @@ import threading
 import time
 from pathlib import Path
 
-from tmslurm.wire.messages import Exited, Finish, Msg, Stopped, Watch
 from tmslurm.agent.monitor import Monitor, is_agent_of
+from tmslurm.wire.messages import Exited, Finish, Msg, Stopped, Watch
 
 
 class FakeLink:

@@ -10,7 +10,7 @@ import pytest
 
 from tests.unit.controller_harness import FakeChannel, Harness
 from tmslurm.controller.items import HelloIn, MessageIn
-from tmslurm.controller.plans import Recovery
+from tmslurm.controller.plan_types import Recovery
 from tmslurm.wire.messages import Exited, Hello, Stopped
 
 
@@ -38,12 +38,15 @@ def test_a_monitor_is_told_to_watch_every_process_on_its_node(tmp_path):
     assert again.sent[-1]["type"] == "error" and "already has a live monitor" in again.sent[-1]["error"]
 
 
-@pytest.mark.parametrize("dark,age_s,lost", [
-    ({"n1"}, 0.9, True),             # monitor and rank silent past 0.8 s, others heard: lost
-    ({"n1"}, 0.5, False),            # within runtime.node_timeout_s
-    (set(), 0.9, False),             # nothing silent
-    ({"n0", "n1", "n2", "n3", "s0"}, 5.0, False),  # everyone silent: the controller stalled, not a node
-])
+@pytest.mark.parametrize(
+    "dark,age_s,lost",
+    [
+        ({"n1"}, 0.9, True),  # monitor and rank silent past 0.8 s, others heard: lost
+        ({"n1"}, 0.5, False),  # within runtime.node_timeout_s
+        (set(), 0.9, False),  # nothing silent
+        ({"n0", "n1", "n2", "n3", "s0"}, 5.0, False),  # everyone silent: the controller stalled, not a node
+    ],
+)
 def test_a_node_is_lost_only_when_it_alone_went_dark(tmp_path, dark, age_s, lost):
     h = Harness(tmp_path)
     for node in ("n0", "n1", "n2", "n3", "s0"):
@@ -77,11 +80,14 @@ def test_a_silent_monitor_whose_processes_talk_is_dropped_not_the_node(tmp_path)
     assert h.ctl.monitors.monitor_of("n1") is None
 
 
-@pytest.mark.parametrize("node,agent_of,pid,ends", [
-    ("n2", 2, 4242, True),      # its own node, the pid it was told: the rank failed
-    ("n3", 2, 4242, False),     # another node's agent: ignored
-    ("n2", 2, 999, False),      # not the pid the agent reported: ignored
-])
+@pytest.mark.parametrize(
+    "node,agent_of,pid,ends",
+    [
+        ("n2", 2, 4242, True),  # its own node, the pid it was told: the rank failed
+        ("n3", 2, 4242, False),  # another node's agent: ignored
+        ("n2", 2, 999, False),  # not the pid the agent reported: ignored
+    ],
+)
 def test_exited_ends_only_the_named_agent_on_the_monitors_node(tmp_path, node, agent_of, pid, ends):
     h = Harness(tmp_path)
     conn, _ = add_monitor(h, node)

@@ -10,39 +10,88 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.unit.controller_harness import FakeRelay
-from tmslurm.errors import ProtocolError
+from tmslurm.core.errors import ProtocolError
 from tmslurm.wire.messages import BadMessage, Beat, Finish, decode_votes
-from tmslurm.wire.mux import (Alive, Close, Deliver, Gone, Line, SubChannel, VoteHold, Votes, close_frame, deliver,
-                              is_vote, parse_down, parse_up, up_alive, up_gone, up_line, up_votes)
+from tmslurm.wire.mux import (
+    Alive,
+    Close,
+    Deliver,
+    Gone,
+    Line,
+    SubChannel,
+    VoteHold,
+    Votes,
+    close_frame,
+    deliver,
+    is_vote,
+    parse_down,
+    parse_up,
+    up_alive,
+    up_gone,
+    up_line,
+    up_votes,
+)
 from tmslurm.wire.protocol import Channel, GateChannel, GateSide, LineChannel
 
 
 def vote(rank: int, step: int = 5, epoch: int = 0, **extra) -> dict:
-    return {"type": "vote", "step": step, "epoch": epoch, "rank": rank, "loss": 1.5, "dt": 0.1, "peak_rss_mb": 10.0,
-            **extra}
+    return {
+        "type": "vote",
+        "step": step,
+        "epoch": epoch,
+        "rank": rank,
+        "loss": 1.5,
+        "dt": 0.1,
+        "peak_rss_mb": 10.0,
+        **extra,
+    }
 
 
-@pytest.mark.parametrize("frame,expected", [
-    (up_line(3, b'{"type":"hb"}'), Line(3, b'{"type":"hb"}\n')),
-    (b'12 {"a": 1} x\n', Line(12, b'{"a": 1} x\n')),
-    (up_gone(7), Gone(7)),
-    (up_alive([1, 2, 9]), Alive((1, 2, 9))),
-    (up_alive([]), Alive(())),
-])
+@pytest.mark.parametrize(
+    "frame,expected",
+    [
+        (up_line(3, b'{"type":"hb"}'), Line(3, b'{"type":"hb"}\n')),
+        (b'12 {"a": 1} x\n', Line(12, b'{"a": 1} x\n')),
+        (up_gone(7), Gone(7)),
+        (up_alive([1, 2, 9]), Alive((1, 2, 9))),
+        (up_alive([]), Alive(())),
+    ],
+)
 def test_up_frames(frame, expected):
     assert parse_up(frame) == expected
 
 
-@pytest.mark.parametrize("frame,expected", [
-    (deliver([1, 4], b'{"type":"decision"}\n'), Deliver((1, 4), b'{"type":"decision"}\n')),
-    (close_frame(5), Close(5)),
-])
+@pytest.mark.parametrize(
+    "frame,expected",
+    [
+        (deliver([1, 4], b'{"type":"decision"}\n'), Deliver((1, 4), b'{"type":"decision"}\n')),
+        (close_frame(5), Close(5)),
+    ],
+)
 def test_down_frames(frame, expected):
     assert parse_down(frame) == expected
 
 
-@pytest.mark.parametrize("frame", [b"", b"\n", b"x", b"0 {}", b"-0", b"-x", b"+1,,2", b"+a", b"1", b"V ", b"V1",
-                                   b"+1_0", b"- 1", b"99999999 {}", b"+0"])
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b"",
+        b"\n",
+        b"x",
+        b"0 {}",
+        b"-0",
+        b"-x",
+        b"+1,,2",
+        b"+a",
+        b"1",
+        b"V ",
+        b"V1",
+        b"+1_0",
+        b"- 1",
+        b"99999999 {}",
+        b"+0",
+    ],
+)
 def test_bad_up_frames_are_protocol_errors(frame):
     with pytest.raises(ProtocolError):
         parse_up(frame)
@@ -72,31 +121,37 @@ def test_a_vote_frame_is_one_node_votes_by_column_in_the_subs_order():
     assert nv.step == 5 and nv.rows()[1].dt == 0.1
 
 
-@pytest.mark.parametrize("columns", [
-    {"rank": [0, 1], "loss": [1.0], "dt": [0.1, 0.1], "peak_rss_mb": [1.0, 1.0], "digest": [None, None]},
-    {"rank": [], "loss": [], "dt": [], "peak_rss_mb": [], "digest": []},
-    {"rank": [0], "loss": [1.0], "dt": [-1.0], "peak_rss_mb": [1.0], "digest": [None]},
-    {"rank": [True], "loss": [1.0], "dt": [0.1], "peak_rss_mb": [1.0], "digest": [None]},
-])
+@pytest.mark.parametrize(
+    "columns",
+    [
+        {"rank": [0, 1], "loss": [1.0], "dt": [0.1, 0.1], "peak_rss_mb": [1.0, 1.0], "digest": [None, None]},
+        {"rank": [], "loss": [], "dt": [], "peak_rss_mb": [], "digest": []},
+        {"rank": [0], "loss": [1.0], "dt": [-1.0], "peak_rss_mb": [1.0], "digest": [None]},
+        {"rank": [True], "loss": [1.0], "dt": [0.1], "peak_rss_mb": [1.0], "digest": [None]},
+    ],
+)
 def test_bad_node_votes_are_refused(columns):
     with pytest.raises(BadMessage):
         decode_votes({"type": "votes", "step": 1, "epoch": 0, **columns})
 
 
-@pytest.mark.parametrize("obj,ok", [
-    (vote(0), True),
-    (vote(0, digest="abc"), True),
-    ({**vote(0), "loss": None}, True),
-    ({**vote(0), "step": "5"}, False),
-    ({**vote(0), "rank": True}, False),
-    ({**vote(0), "dt": -0.5}, False),
-    ({**vote(0), "dt": float("inf")}, False),
-    ({**vote(0), "digest": ""}, False),
-    ({**vote(0), "extra": 1}, False),
-    ({k: v for k, v in vote(0).items() if k != "dt"}, False),
-    ({**vote(0), "type": "progress"}, False),
-    ([], False),
-])
+@pytest.mark.parametrize(
+    "obj,ok",
+    [
+        (vote(0), True),
+        (vote(0, digest="abc"), True),
+        ({**vote(0), "loss": None}, True),
+        ({**vote(0), "step": "5"}, False),
+        ({**vote(0), "rank": True}, False),
+        ({**vote(0), "dt": -0.5}, False),
+        ({**vote(0), "dt": float("inf")}, False),
+        ({**vote(0), "digest": ""}, False),
+        ({**vote(0), "extra": 1}, False),
+        ({k: v for k, v in vote(0).items() if k != "dt"}, False),
+        ({**vote(0), "type": "progress"}, False),
+        ([], False),
+    ],
+)
 def test_only_votes_a_node_votes_accepts_are_aggregated(obj, ok):
     assert is_vote(obj) is ok
 
@@ -150,5 +205,8 @@ def test_a_sub_channel_sends_models_as_delivery_frames_and_refuses_after_close()
     assert ch.try_send(Beat()) and ch.send_now(Finish())
     ch.close()
     assert not ch.try_send(Beat())
-    assert [parse_down(x) for x in relay.lines] == [Deliver((7,), b'{"type":"beat"}\n'), Deliver((7,), b'{"type":"finish"}\n'),
-                                                    Close(7)]
+    assert [parse_down(x) for x in relay.lines] == [
+        Deliver((7,), b'{"type":"beat"}\n'),
+        Deliver((7,), b'{"type":"finish"}\n'),
+        Close(7),
+    ]

@@ -9,10 +9,10 @@ import threading
 
 import pytest
 
+from tmslurm.agent.relay import Relay, connect_local
 from tmslurm.wire.messages import Heartbeat, Vote
 from tmslurm.wire.mux import Alive, Gone, Line, Votes, close_frame, deliver, parse_up
 from tmslurm.wire.protocol import encode_line
-from tmslurm.agent.relay import Relay, connect_local
 
 TOKEN = "r" * 32
 

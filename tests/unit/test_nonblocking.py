@@ -15,9 +15,9 @@ from types import SimpleNamespace
 import pytest
 
 from tests.unit.controller_harness import Harness
-from tmslurm.controller.plans import Recovery
+from tmslurm.controller.plan_types import Recovery
 from tmslurm.controller.state import Mode
-from tmslurm.notices import Notice
+from tmslurm.core.notices import Notice
 from tmslurm.slurm.proc import spawner as sp
 from tmslurm.slurm.proc.hooks import SlurmHooks
 from tmslurm.slurm.watcher import NodeWatch
@@ -99,8 +99,20 @@ def test_votes_commit_through_a_planned_switch_while_slurm_hangs(slurm, tmp_path
     h.prepare_all()
     assert h.commit_all()["switch"]["moves"] == [{"rank": 1, "joiner": h.aid("s0")}]
     h.send(1, {"type": "left", "rank": 1, "step": 1, "transfer_s": 0.01, "phase2_s": 0.01, "bytes": 10})
-    h.send("s0", {"type": "joined", "epoch": 1, "rank": 1, "joiner": 0, "step": 1, "transfer_s": 0.01,
-                  "phase1_s": 0.01, "bytes": 10, "rss_mb": 1.0})
+    h.send(
+        "s0",
+        {
+            "type": "joined",
+            "epoch": 1,
+            "rank": 1,
+            "joiner": 0,
+            "step": 1,
+            "transfer_s": 0.01,
+            "phase1_s": 0.01,
+            "bytes": 10,
+            "rss_mb": 1.0,
+        },
+    )
     assert h.state.plan is None and h.state.mode is Mode.RUNNING
     for _ in range(25):  # past step 20: the spare jobs' nodes are looked up too
         assert h.commit_all({1: "s0"})["decision"] == "commit"
@@ -121,8 +133,20 @@ def test_votes_commit_through_a_recovery_while_slurm_hangs(slurm, tmp_path):
     h.abort_all([0, 1, 3])
     for r in (0, 1, 3):
         h.send(r, {"type": "recovered", "epoch": h.state.epoch, "rank": r, "build_s": 0.01})
-    h.send("s0", {"type": "joined", "epoch": h.state.epoch, "rank": 2, "joiner": 0, "step": 0, "transfer_s": 0.01,
-                  "phase1_s": 0.01, "bytes": 10, "rss_mb": 1.0})
+    h.send(
+        "s0",
+        {
+            "type": "joined",
+            "epoch": h.state.epoch,
+            "rank": 2,
+            "joiner": 0,
+            "step": 0,
+            "transfer_s": 0.01,
+            "phase1_s": 0.01,
+            "bytes": 10,
+            "rss_mb": 1.0,
+        },
+    )
     assert h.state.plan is None
     for _ in range(5):
         assert h.commit_all({2: "s0"})["decision"] == "commit"
@@ -136,15 +160,23 @@ def test_votes_commit_through_a_recovery_while_slurm_hangs(slurm, tmp_path):
 
 
 def test_every_controller_facing_slurm_call_returns_at_once(slurm, tmp_path):
-    from tmslurm.config import compose_config
+    from tmslurm.core.config import compose_config
 
     hanging, cluster, built = slurm
     spawner, hooks = cluster(compose_config(["cluster=slurm", "parallel.dp=2", "parallel.pp=2"]))
     hooks.is_batch_host("n3")
-    calls = [lambda: spawner.spawn_standby(0), lambda: spawner.spawn_worker(3, 1), lambda: spawner.fence("worker", 3),
-             lambda: hooks.on_step(20, lambda: {"n0": "main"}), lambda: spawner.fence("standby", 0),
-             lambda: hooks.release_nodes(["n1"], lambda node: None), lambda: hooks.requeue(["n3"]),
-             lambda: hooks.inject_fault(FaultSpec(index=0, kind="drain", rank=2, ranks=[2], amount="", step=0, when="midstep"), lambda t, node: None)]
+    calls = [
+        lambda: spawner.spawn_standby(0),
+        lambda: spawner.spawn_worker(3, 1),
+        lambda: spawner.fence("worker", 3),
+        lambda: hooks.on_step(20, lambda: {"n0": "main"}),
+        lambda: spawner.fence("standby", 0),
+        lambda: hooks.release_nodes(["n1"], lambda node: None),
+        lambda: hooks.requeue(["n3"]),
+        lambda: hooks.inject_fault(
+            FaultSpec(index=0, kind="drain", rank=2, ranks=[2], amount="", step=0, when="midstep"), lambda t, node: None
+        ),
+    ]
     for call in calls:
         call()
     assert hanging.hanging.wait(30) and not hanging.on_decision_thread()
@@ -156,7 +188,7 @@ def test_every_controller_facing_slurm_call_returns_at_once(slurm, tmp_path):
 
 
 def test_the_watchers_node_set_is_rebuilt_at_most_every_refresh_period(slurm, monkeypatch):
-    from tmslurm.config import compose_config
+    from tmslurm.core.config import compose_config
     from tmslurm.slurm.proc import hooks as hooks_mod
 
     hanging, cluster, built = slurm

@@ -6,9 +6,9 @@ package index, which a unit test should not do)."""
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
+import tomllib
 from setuptools import find_packages
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -17,7 +17,9 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 def test_the_wheel_holds_the_product_and_no_benchmark_code():
     found = find_packages(where=str(ROOT), **PYPROJECT["tool"]["setuptools"]["packages"]["find"])
-    assert "tmslurm" in found and {"tmslurm.wire", "tmslurm.agent", "tmslurm.controller", "tmslurm.slurm.proc"} <= set(found)
+    assert "tmslurm" in found and {"tmslurm.wire", "tmslurm.agent", "tmslurm.controller", "tmslurm.slurm.proc"} <= set(
+        found
+    )
     assert [p for p in found if not p.startswith("tmslurm")] == []
     assert (ROOT / "benchmarks" / "__main__.py").exists()  # the benchmarks live beside the package
 

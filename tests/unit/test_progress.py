@@ -1,4 +1,4 @@
-"""tmslurm.progress: durations, lines, the estimate from an injected clock, plain vs in-place output."""
+"""tmslurm.core.progress: durations, lines, the estimate from an injected clock, plain vs in-place output."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from tmslurm.progress import CLEAR_LINE, Progress, format_duration, progress_line, remaining_s
+from tmslurm.core.progress import CLEAR_LINE, Progress, format_duration, progress_line, remaining_s
 
 
 class FakeStream(io.StringIO):
@@ -33,32 +33,58 @@ class FakeClock:
         return self.t
 
 
-@pytest.mark.parametrize("seconds,text", [
-    (0, "0s"), (0.4, "0s"), (-5, "0s"), (41, "41s"), (59.6, "1m00s"), (250, "4m10s"), (3599, "59m59s"),
-    (3600, "1h00m"), (7500, "2h05m"), (86400, "1d00h"), (273600, "3d04h"),
-])
+@pytest.mark.parametrize(
+    "seconds,text",
+    [
+        (0, "0s"),
+        (0.4, "0s"),
+        (-5, "0s"),
+        (41, "41s"),
+        (59.6, "1m00s"),
+        (250, "4m10s"),
+        (3599, "59m59s"),
+        (3600, "1h00m"),
+        (7500, "2h05m"),
+        (86400, "1d00h"),
+        (273600, "3d04h"),
+    ],
+)
 def test_format_duration(seconds, text):
     assert format_duration(seconds) == text
 
 
-@pytest.mark.parametrize("done,total,elapsed,left", [
-    (0, 12, 30.0, None),       # nothing finished: no estimate
-    (3, None, 30.0, None),     # total unknown: no estimate
-    (3, 12, 30.0, 90.0),       # 10 s per unit, 9 left
-    (12, 12, 30.0, 0.0),       # all done
-    (14, 12, 30.0, 0.0),       # more than the total (a retry counted twice): never negative
-    (3, 12, -1.0, 0.0),        # a clock that went back: never negative
-])
+@pytest.mark.parametrize(
+    "done,total,elapsed,left",
+    [
+        (0, 12, 30.0, None),  # nothing finished: no estimate
+        (3, None, 30.0, None),  # total unknown: no estimate
+        (3, 12, 30.0, 90.0),  # 10 s per unit, 9 left
+        (12, 12, 30.0, 0.0),  # all done
+        (14, 12, 30.0, 0.0),  # more than the total (a retry counted twice): never negative
+        (3, 12, -1.0, 0.0),  # a clock that went back: never negative
+    ],
+)
 def test_remaining_is_the_mean_time_per_finished_unit_times_the_units_left(done, total, elapsed, left):
     assert remaining_s(done, total, elapsed) == left
 
 
-@pytest.mark.parametrize("done,total,elapsed,remaining,counts,note,line", [
-    (3, 12, 250, 750, {"events": 30}, "", "cells 3/12, events 30, elapsed 4m10s, remaining ~12m30s"),
-    (3, None, 250, None, {}, "", "cells 3, elapsed 4m10s"),
-    (0, 12, 5, None, {}, "starting", "cells 0/12, elapsed 5s (starting)"),
-    (1, 2, 61, 61, {"events": 2, "lost": 0}, "large kill", "cells 1/2, events 2, lost 0, elapsed 1m01s, remaining ~1m01s (large kill)"),
-])
+@pytest.mark.parametrize(
+    "done,total,elapsed,remaining,counts,note,line",
+    [
+        (3, 12, 250, 750, {"events": 30}, "", "cells 3/12, events 30, elapsed 4m10s, remaining ~12m30s"),
+        (3, None, 250, None, {}, "", "cells 3, elapsed 4m10s"),
+        (0, 12, 5, None, {}, "starting", "cells 0/12, elapsed 5s (starting)"),
+        (
+            1,
+            2,
+            61,
+            61,
+            {"events": 2, "lost": 0},
+            "large kill",
+            "cells 1/2, events 2, lost 0, elapsed 1m01s, remaining ~1m01s (large kill)",
+        ),
+    ],
+)
 def test_progress_line(done, total, elapsed, remaining, counts, note, line):
     assert progress_line("cells", done, total, elapsed, remaining, counts, note) == line
 
@@ -103,9 +129,9 @@ def test_close_ends_an_open_line_on_a_terminal_when_the_total_is_unknown():
     assert out.getvalue() == CLEAR_LINE + "progress: steps 7, elapsed 0s\n"
 
 
-@pytest.mark.parametrize("tty,inplace,expect_inplace", [
-    (False, None, False), (True, None, True), (True, False, False), (False, True, True),
-])
+@pytest.mark.parametrize(
+    "tty,inplace,expect_inplace", [(False, None, False), (True, None, True), (True, False, False), (False, True, True)]
+)
 def test_inplace_defaults_to_whether_the_stream_is_a_terminal(tty, inplace, expect_inplace):
     assert Progress(3, "cells", FakeStream(tty), inplace=inplace).inplace is expect_inplace
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tmslurm.errors import ConfigError
 from benchmarks.sim import parts as pt
 from benchmarks.sim import projection as pj
+from tmslurm.core.errors import ConfigError
 
 INPUTS = pj.ProjectionInputs(tmslurm_planned_s=20.0, tmslurm_unexpected_s=30.0)
 
@@ -36,7 +36,7 @@ def test_mttf_is_inverse_n_beyond_the_anchors() -> None:
 
 def test_mttf_loglog_between_anchors() -> None:
     b = math.log(2.7 / 7.9) / math.log(16)
-    assert pj.mttf_hours(4096) == pytest.approx(7.9 * 4 ** b)
+    assert pj.mttf_hours(4096) == pytest.approx(7.9 * 4**b)
     assert 2.7 < pj.mttf_hours(8192) < 7.9
 
 
@@ -76,8 +76,7 @@ def test_restart_waste_by_hand_at_8k() -> None:
     fixed_s = (0.52 + 1.50 + 1.56 + 1.09 + 1.80 + 2.0) * 60
     lost_s = 30 * 60 / 2
     expected = 8192 * (planned * fixed_s + unexpected * (fixed_s + lost_s)) / 3600
-    row = next(r for r in pj.project(INPUTS)["rows"]
-               if r["gpus"] == 8192 and r["strategy"] == "checkpoint_restart")
+    row = next(r for r in pj.project(INPUTS)["rows"] if r["gpus"] == 8192 and r["strategy"] == "checkpoint_restart")
     assert row["wasted_gpu_hours_per_week"] == pytest.approx(expected)
     assert row["downtime_s_unexpected"] == pytest.approx(fixed_s + lost_s)
     assert row["reduction_vs_restart_pct"] == 0.0
@@ -90,15 +89,24 @@ def test_standby_counted_and_reduction_consistent() -> None:
     downtime_h = (tm["planned_per_week"] * 20 + tm["unexpected_per_week"] * 30) / 3600
     assert tm["wasted_gpu_hours_per_week"] == pytest.approx(1024 * downtime_h + 8 * 168)
     assert tm["reduction_vs_restart_pct"] == pytest.approx(
-        100 * (1 - tm["wasted_gpu_hours_per_week"] / base["wasted_gpu_hours_per_week"]))
+        100 * (1 - tm["wasted_gpu_hours_per_week"] / base["wasted_gpu_hours_per_week"])
+    )
 
 
 def test_result_shape_claims_and_assumptions() -> None:
     result = pj.project(INPUTS)
     json.dumps(result)
-    keys = {"gpus", "strategy", "interruptions_per_week", "planned_per_week",
-            "unexpected_per_week", "downtime_s_planned", "downtime_s_unexpected",
-            "wasted_gpu_hours_per_week", "reduction_vs_restart_pct"}
+    keys = {
+        "gpus",
+        "strategy",
+        "interruptions_per_week",
+        "planned_per_week",
+        "unexpected_per_week",
+        "downtime_s_planned",
+        "downtime_s_unexpected",
+        "wasted_gpu_hours_per_week",
+        "reduction_vs_restart_pct",
+    }
     assert all(keys <= set(r) for r in result["rows"])
     assert len(result["assumptions"]) == len(pj.ASSUMPTIONS)
     assert any("30 min" in a for a in result["assumptions"])
@@ -109,11 +117,17 @@ def test_result_shape_claims_and_assumptions() -> None:
     assert "Assumptions" in text and "128K" in text
 
 
-@pytest.mark.parametrize("field,value", [("tmslurm_planned_s", -1.0),
-                                         ("tmslurm_unexpected_s", "x"),
-                                         ("checkpoint_interval_min", float("nan")),
-                                         ("gpus", (0,)), ("mttf_rule", "linear"),
-                                         ("trainmover_beyond", "grow")])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("tmslurm_planned_s", -1.0),
+        ("tmslurm_unexpected_s", "x"),
+        ("checkpoint_interval_min", float("nan")),
+        ("gpus", (0,)),
+        ("mttf_rule", "linear"),
+        ("trainmover_beyond", "grow"),
+    ],
+)
 def test_bad_inputs_name_the_field(field: str, value) -> None:
     kwargs = {"tmslurm_planned_s": 1.0, "tmslurm_unexpected_s": 1.0, field: value}
     with pytest.raises(ConfigError, match=field if field != "gpus" else "gpus"):
@@ -133,45 +147,52 @@ def test_cli_writes_json(tmp_path: Path, capsys, monkeypatch) -> None:
 def test_cli_reads_downtime_json(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     bench = tmp_path / "downtime.json"
-    bench.write_text(json.dumps({"medians": {"tmslurm_planned_median_s": 4.0},
-                                 "rows": [{"event": "unexpected", "strategy": "tmslurm",
-                                           "downtime_s": s} for s in (5.0, 6.0, 9.0)]}))
+    bench.write_text(
+        json.dumps(
+            {
+                "medians": {"tmslurm_planned_median_s": 4.0},
+                "rows": [{"event": "unexpected", "strategy": "tmslurm", "downtime_s": s} for s in (5.0, 6.0, 9.0)],
+            }
+        )
+    )
     inputs, _ = pj.parse_inputs(["--downtime-json", str(bench)])
     assert (inputs.tmslurm_planned_s, inputs.tmslurm_unexpected_s) == (4.0, 6.0)
     assert str(bench) in inputs.tmslurm_source
 
 
-@pytest.mark.parametrize("argv,flag", [
-    (["--planned-s", "-3", "--unexpected-s", "1"], "--planned-s"),
-    (["--planned-s", "1", "--unexpected-s", "abc"], "--unexpected-s"),
-    (["--planned-s", "1"], "--unexpected-s"),
-    (["--downtime-json", "missing.json"], "--downtime-json"),
-    (["--planned-s", "1", "--unexpected-s", "1", "--gpus", "1024,x"], "--gpus"),
-    (["--planned-s", "1", "--unexpected-s", "1", "--checkpoint-interval-min", "-5"],
-     "--checkpoint-interval-min"),
-    (["--params", "0"], "--params"),
-    (["--bytes-per-param", "-14"], "--bytes-per-param"),
-    (["--tp", "0"], "--tp"),
-    (["--pp", "2.5"], "--pp"),
-    (["--gpus-per-node", "x"], "--gpus-per-node"),
-    (["--link-gbps", "inf"], "--link-gbps"),
-    (["--tokens-per-replica", "0"], "--tokens-per-replica"),
-    (["--achieved-tflops", "-1"], "--achieved-tflops"),
-    (["--flops-per-param-token", "nan"], "--flops-per-param-token"),
-    (["--step-s", "0"], "--step-s"),
-    (["--first-step-steps", "-1"], "--first-step-steps"),
-    (["--node-timeout-s", "soon"], "--node-timeout-s"),
-    (["--detect-tick-s", "-0.05"], "--detect-tick-s"),
-    (["--heartbeat-interval-s", "0"], "--heartbeat-interval-s"),
-    (["--monitor-interval-s", "0"], "--monitor-interval-s"),
-    (["--control-law", "cubic"], "--control-law"),
-    (["--gpus", "1000"], "--gpus"),
-    (["--tp", "3", "--gpus", "1024"], "--gpus"),
-    (["--standby-gpus", "1.5"], "--standby-gpus"),
-    (["--unexpected-per-planned", "0"], "--unexpected-per-planned"),
-    (["--restart-fixed-min", "-1"], "--restart-fixed-min"),
-    (["--reschedule-extra-min", "x"], "--reschedule-extra-min"),
-])
+@pytest.mark.parametrize(
+    "argv,flag",
+    [
+        (["--planned-s", "-3", "--unexpected-s", "1"], "--planned-s"),
+        (["--planned-s", "1", "--unexpected-s", "abc"], "--unexpected-s"),
+        (["--planned-s", "1"], "--unexpected-s"),
+        (["--downtime-json", "missing.json"], "--downtime-json"),
+        (["--planned-s", "1", "--unexpected-s", "1", "--gpus", "1024,x"], "--gpus"),
+        (["--planned-s", "1", "--unexpected-s", "1", "--checkpoint-interval-min", "-5"], "--checkpoint-interval-min"),
+        (["--params", "0"], "--params"),
+        (["--bytes-per-param", "-14"], "--bytes-per-param"),
+        (["--tp", "0"], "--tp"),
+        (["--pp", "2.5"], "--pp"),
+        (["--gpus-per-node", "x"], "--gpus-per-node"),
+        (["--link-gbps", "inf"], "--link-gbps"),
+        (["--tokens-per-replica", "0"], "--tokens-per-replica"),
+        (["--achieved-tflops", "-1"], "--achieved-tflops"),
+        (["--flops-per-param-token", "nan"], "--flops-per-param-token"),
+        (["--step-s", "0"], "--step-s"),
+        (["--first-step-steps", "-1"], "--first-step-steps"),
+        (["--node-timeout-s", "soon"], "--node-timeout-s"),
+        (["--detect-tick-s", "-0.05"], "--detect-tick-s"),
+        (["--heartbeat-interval-s", "0"], "--heartbeat-interval-s"),
+        (["--monitor-interval-s", "0"], "--monitor-interval-s"),
+        (["--control-law", "cubic"], "--control-law"),
+        (["--gpus", "1000"], "--gpus"),
+        (["--tp", "3", "--gpus", "1024"], "--gpus"),
+        (["--standby-gpus", "1.5"], "--standby-gpus"),
+        (["--unexpected-per-planned", "0"], "--unexpected-per-planned"),
+        (["--restart-fixed-min", "-1"], "--restart-fixed-min"),
+        (["--reschedule-extra-min", "x"], "--reschedule-extra-min"),
+    ],
+)
 def test_cli_bad_inputs_name_the_flag(argv, flag, tmp_path: Path, capsys, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     assert pj.main(argv + ["--out", str(tmp_path / "p.json")]) == 2
@@ -235,8 +256,7 @@ def test_comparison_with_the_paper_at_1k_16k_64k_128k() -> None:
     for c in comparison:
         for kind in pt.KINDS:
             assert c[f"paper_{kind}_s"] == pj.trainmover_downtime_s(kind, c["gpus"])
-            assert c[f"tmslurm_{kind}_s"] == pytest.approx(
-                pt.downtime_s(kind, c["gpus"], DEFAULT.parts))
+            assert c[f"tmslurm_{kind}_s"] == pytest.approx(pt.downtime_s(kind, c["gpus"], DEFAULT.parts))
             assert c[f"ratio_{kind}"] == pytest.approx(c[f"tmslurm_{kind}_s"] / c[f"paper_{kind}_s"])
             assert "largest parts" in c[f"note_{kind}"]
 
@@ -247,16 +267,17 @@ def test_tmslurm_sensitivity_moves_the_right_way() -> None:
     assert rows["link x0.25 (100 Gb/s)"]["planned_1k_s"] > base["planned_1k_s"]
     assert rows["link x4 (1600 Gb/s)"]["planned_1k_s"] < base["planned_1k_s"]
     assert rows["node_timeout_s=3 (no node monitors)"]["unexpected_1k_s"] == pytest.approx(
-        base["unexpected_1k_s"] + 2.2)
+        base["unexpected_1k_s"] + 2.2
+    )
     assert rows["node_timeout_s=3 (no node monitors)"]["planned_1k_s"] == base["planned_1k_s"]
     by_law = {law: rows.get(f"control_law={law}", base) for law in pt.CONTROL_LAWS}
     for gpus, key in ((131072, "planned_128k_s"), (65536, "control_overhead_64k_pct")):
-        order = sorted(pt.CONTROL_LAWS,
-                       key=lambda law: pt.commit_s(gpus, pt.PartInputs(control_law=law)))
+        order = sorted(pt.CONTROL_LAWS, key=lambda law: pt.commit_s(gpus, pt.PartInputs(control_law=law)))
         assert [by_law[law][key] for law in order] == sorted(by_law[law][key] for law in order)
     assert by_law["hold"]["planned_128k_s"] == min(r["planned_128k_s"] for r in by_law.values())
     assert rows["first_step_steps=0 (pause only)"]["planned_1k_s"] == pytest.approx(
-        base["planned_1k_s"] - pt.step_time_s(DEFAULT.parts))
+        base["planned_1k_s"] - pt.step_time_s(DEFAULT.parts)
+    )
     assert {"model 70B, TP8 x PP4", "model 405B, TP8 x PP16"} <= set(rows)
     hidden = rows["async_commit (what-if)"]
     assert hidden["control_overhead_64k_pct"] == 0.0
@@ -264,12 +285,35 @@ def test_tmslurm_sensitivity_moves_the_right_way() -> None:
 
 
 def test_cli_flags_reach_the_component_model(tmp_path: Path) -> None:
-    inputs, _ = pj.parse_inputs(["--link-gbps", "100", "--node-timeout-s", "3", "--params", "70e9",
-                                 "--pp", "4", "--step-s", "2", "--control-law", "hold",
-                                 "--gpus", "1024,2048", "--out", str(tmp_path / "p.json")])
+    inputs, _ = pj.parse_inputs(
+        [
+            "--link-gbps",
+            "100",
+            "--node-timeout-s",
+            "3",
+            "--params",
+            "70e9",
+            "--pp",
+            "4",
+            "--step-s",
+            "2",
+            "--control-law",
+            "hold",
+            "--gpus",
+            "1024,2048",
+            "--out",
+            str(tmp_path / "p.json"),
+        ]
+    )
     p = inputs.parts
     assert (p.link_gbps, p.node_timeout_s, p.params, p.pp, p.step_s, p.control_law) == (
-        100.0, 3.0, 70e9, 4, 2.0, "hold")
+        100.0,
+        3.0,
+        70e9,
+        4,
+        2.0,
+        "hold",
+    )
     assert pt.transfer_s(p) == pytest.approx(70e9 * 14 / 32 / 12.5e9)
     assert inputs.gpus == (1024, 2048) and not inputs.measured
     defaults, _ = pj.parse_inputs([])

@@ -9,20 +9,23 @@ from pathlib import Path
 
 import pytest
 
-from tmslurm.errors import ConfigError
 from benchmarks.sim import parts as pt
+from tmslurm.core.errors import ConfigError
 
 BENCH = Path(__file__).resolve().parents[2] / "docs" / "bench"
 DEFAULT = pt.PartInputs()
 SIZES = (1024, 8192, 16384, 65536, 131072)
 
 
-@pytest.mark.parametrize("params,bpp,tp,pp,gbps,expected_s", [
-    (175e9, 14.0, 8, 8, 400.0, 175e9 * 14 / 64 / 50e9),
-    (70e9, 16.0, 8, 4, 200.0, 70e9 * 16 / 32 / 25e9),
-    (8e9, 12.0, 1, 1, 100.0, 8e9 * 12 / 12.5e9),
-    (1e9, 2.0, 2, 1, 800.0, 1e9 * 2 / 2 / 100e9),
-])
+@pytest.mark.parametrize(
+    "params,bpp,tp,pp,gbps,expected_s",
+    [
+        (175e9, 14.0, 8, 8, 400.0, 175e9 * 14 / 64 / 50e9),
+        (70e9, 16.0, 8, 4, 200.0, 70e9 * 16 / 32 / 25e9),
+        (8e9, 12.0, 1, 1, 100.0, 8e9 * 12 / 12.5e9),
+        (1e9, 2.0, 2, 1, 800.0, 1e9 * 2 / 2 / 100e9),
+    ],
+)
 def test_transfer_is_bytes_over_bandwidth(params, bpp, tp, pp, gbps, expected_s) -> None:
     p = pt.PartInputs(params=params, bytes_per_param=bpp, tp=tp, pp=pp, link_gbps=gbps)
     assert pt.state_bytes_per_rank(p) == pytest.approx(params * bpp / (tp * pp), rel=1e-12)
@@ -30,13 +33,18 @@ def test_transfer_is_bytes_over_bandwidth(params, bpp, tp, pp, gbps, expected_s)
     assert pt.transfer_s(p) == pytest.approx(pt.state_bytes_per_rank(p) / (gbps * 1e9 / 8), rel=1e-12)
 
 
-@pytest.mark.parametrize("kwargs,expected_s", [
-    ({}, 6 * 175e9 * 196608 / (64 * 400e12)),
-    ({"achieved_tflops": 200.0}, 2 * 6 * 175e9 * 196608 / (64 * 400e12)),
-    ({"params": 70e9, "tp": 8, "pp": 4, "tokens_per_replica": 1e6, "flops_per_param_token": 8.0},
-     8 * 70e9 * 1e6 / (32 * 400e12)),
-    ({"step_s": 2.5, "params": 1.0}, 2.5),
-])
+@pytest.mark.parametrize(
+    "kwargs,expected_s",
+    [
+        ({}, 6 * 175e9 * 196608 / (64 * 400e12)),
+        ({"achieved_tflops": 200.0}, 2 * 6 * 175e9 * 196608 / (64 * 400e12)),
+        (
+            {"params": 70e9, "tp": 8, "pp": 4, "tokens_per_replica": 1e6, "flops_per_param_token": 8.0},
+            8 * 70e9 * 1e6 / (32 * 400e12),
+        ),
+        ({"step_s": 2.5, "params": 1.0}, 2.5),
+    ],
+)
 def test_step_and_first_step(kwargs, expected_s) -> None:
     p = pt.PartInputs(**kwargs)
     assert pt.step_time_s(p) == pytest.approx(expected_s, rel=1e-12)
@@ -45,8 +53,7 @@ def test_step_and_first_step(kwargs, expected_s) -> None:
     assert pt.first_step_s(half) == pytest.approx(expected_s / 2, rel=1e-12)
 
 
-@pytest.mark.parametrize("timeout,tick,expected", [(0.8, 0.05, 0.825), (3.0, 0.05, 3.025),
-                                                    (0.4, 0.0, 0.4)])
+@pytest.mark.parametrize("timeout,tick,expected", [(0.8, 0.05, 0.825), (3.0, 0.05, 3.025), (0.4, 0.0, 0.4)])
 def test_detection_from_liveness_settings(timeout, tick, expected) -> None:
     p = pt.PartInputs(node_timeout_s=timeout, detect_tick_s=tick)
     assert pt.detection_s("planned", p) == 0.0
@@ -57,8 +64,7 @@ def test_default_detection_matches_the_failure_lab_within_2_percent() -> None:
     assert pt.detection_s("unexpected", DEFAULT) == pytest.approx(pt.DETECT_P50_S_MEASURED, rel=0.02)
 
 
-@pytest.mark.parametrize("gpus,dp,members", [(1024, 16, 32), (16384, 256, 272),
-                                             (131072, 2048, 2064), (64, 1, 16)])
+@pytest.mark.parametrize("gpus,dp,members", [(1024, 16, 32), (16384, 256, 272), (131072, 2048, 2064), (64, 1, 16)])
 def test_layout(gpus, dp, members) -> None:
     assert pt.dp_degree(gpus, DEFAULT) == dp
     assert pt.affected_group_size(gpus, DEFAULT) == members
@@ -71,7 +77,7 @@ def test_gpus_not_a_multiple_of_the_replica_names_gpus() -> None:
 
 def test_fits_recover_exact_laws() -> None:
     xs = (2.0, 4.0, 16.0)
-    power = pt.fit_power(xs, tuple(3.0 * x ** 1.5 for x in xs))
+    power = pt.fit_power(xs, tuple(3.0 * x**1.5 for x in xs))
     linear = pt.fit_linear(xs, tuple(1.0 + 0.5 * x for x in xs))
     assert (power.a, power.b) == pytest.approx((3.0, 1.5))
     assert (linear.a, linear.b) == pytest.approx((1.0, 0.5))
@@ -88,12 +94,21 @@ def _recovery_ms() -> tuple[float, ...]:
 # ranged 5.6-10.9 ms); 10% for the controller CPU (5% before the selector-gate series, whose power
 # fit is off by 5.0% at 256 ranks).
 FITTED = [
-    ("commit (power)", lambda n: pt.commit_s(n, DEFAULT), pt.CONTROL_RANKS,
-     [y / 1e3 for y in pt.COMMIT_P50_MS], 0.30),
-    ("recovery control (power)", lambda n: pt.recovery_control_s(n, DEFAULT), pt.CONTROL_RANKS,
-     [y / 1e3 for y in _recovery_ms()], 0.30),
-    ("controller CPU (power)", lambda n: pt.controller_cpu_s(n, DEFAULT), pt.CONTROL_RANKS,
-     [y / 1e3 for y in pt.CONTROLLER_CPU_MS_PER_STEP], 0.10),
+    ("commit (power)", lambda n: pt.commit_s(n, DEFAULT), pt.CONTROL_RANKS, [y / 1e3 for y in pt.COMMIT_P50_MS], 0.30),
+    (
+        "recovery control (power)",
+        lambda n: pt.recovery_control_s(n, DEFAULT),
+        pt.CONTROL_RANKS,
+        [y / 1e3 for y in _recovery_ms()],
+        0.30,
+    ),
+    (
+        "controller CPU (power)",
+        lambda n: pt.controller_cpu_s(n, DEFAULT),
+        pt.CONTROL_RANKS,
+        [y / 1e3 for y in pt.CONTROLLER_CPU_MS_PER_STEP],
+        0.10,
+    ),
 ]
 
 
@@ -134,10 +149,8 @@ def _worst(series: str, law: str, ys_ms: tuple[float, ...]) -> float:
 
 
 def test_power_is_the_better_fit_for_the_commit_and_the_recovery() -> None:
-    assert (_worst("commit", "power", pt.COMMIT_P50_MS)
-            < _worst("commit", "linear", pt.COMMIT_P50_MS))
-    assert (_worst("recovery", "power", _recovery_ms())
-            < _worst("recovery", "linear", _recovery_ms()))
+    assert _worst("commit", "power", pt.COMMIT_P50_MS) < _worst("commit", "linear", pt.COMMIT_P50_MS)
+    assert _worst("recovery", "power", _recovery_ms()) < _worst("recovery", "linear", _recovery_ms())
 
 
 def test_the_4096_point_is_not_fitted_and_both_fits_fall_below_it() -> None:
@@ -155,8 +168,14 @@ def test_monotonic_in_n(law) -> None:
         for mode in pt.SWITCH_MODES:
             totals = [pt.downtime_s(kind, n, p, mode) for n in SIZES]
             assert totals == sorted(totals), (kind, mode)
-    growing = [pt.commit_s, pt.recovery_control_s, pt.group_build_s, lambda n, _: pt.full_rebuild_s(n),
-               pt.control_overhead_fraction, pt.heartbeats_per_s]
+    growing = [
+        pt.commit_s,
+        pt.recovery_control_s,
+        pt.group_build_s,
+        lambda n, _: pt.full_rebuild_s(n),
+        pt.control_overhead_fraction,
+        pt.heartbeats_per_s,
+    ]
     for f in growing:
         values = [f(n, p) for n in SIZES]
         assert values == sorted(values)
@@ -206,11 +225,22 @@ def test_control_overhead_and_heartbeats() -> None:
     assert pt.heartbeats_per_s(1024, DEFAULT) == pytest.approx(1024 / 0.2 + 128 / 0.1)
 
 
-@pytest.mark.parametrize("field,value", [("params", 0.0), ("bytes_per_param", -1.0),
-                                         ("tp", 0), ("pp", 2.5), ("link_gbps", float("inf")),
-                                         ("step_s", 0.0), ("first_step_steps", -0.1),
-                                         ("node_timeout_s", "x"), ("control_law", "cubic"),
-                                         ("gpus_per_node", True), ("async_commit", 1)])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("params", 0.0),
+        ("bytes_per_param", -1.0),
+        ("tp", 0),
+        ("pp", 2.5),
+        ("link_gbps", float("inf")),
+        ("step_s", 0.0),
+        ("first_step_steps", -0.1),
+        ("node_timeout_s", "x"),
+        ("control_law", "cubic"),
+        ("gpus_per_node", True),
+        ("async_commit", 1),
+    ],
+)
 def test_bad_part_inputs_name_the_field(field, value) -> None:
     with pytest.raises(ConfigError, match=field):
         pt.PartInputs(**{field: value})
@@ -219,12 +249,13 @@ def test_bad_part_inputs_name_the_field(field, value) -> None:
 def test_constants_match_docs_bench() -> None:
     scaling = json.loads((BENCH / "scaling.json").read_text())["rows"]
     for (n, mode), samples in pt.SCALING_SAMPLES.items():
-        rows = sorted((r for r in scaling if r["ranks"] == n and r["mode"] == mode),
-                      key=lambda r: r["repeat"])
-        assert [(r["phase1_s"], r["phase2_s"]) for r in rows] == [
-            pytest.approx(s, rel=1e-6) for s in samples]
-    series = [r for r in json.loads((BENCH / "control_scale.json").read_text())["rows"]
-              if r.get("label") == "selector gate (one reader thread)"]
+        rows = sorted((r for r in scaling if r["ranks"] == n and r["mode"] == mode), key=lambda r: r["repeat"])
+        assert [(r["phase1_s"], r["phase2_s"]) for r in rows] == [pytest.approx(s, rel=1e-6) for s in samples]
+    series = [
+        r
+        for r in json.loads((BENCH / "control_scale.json").read_text())["rows"]
+        if r.get("label") == "selector gate (one reader thread)"
+    ]
     control = [r for r in series if r["ranks"] in pt.CONTROL_RANKS]
     assert all(r["reached"] == "stopped" and r["samples"] == 50 for r in control)
     assert tuple(r["ranks"] for r in control) == pt.CONTROL_RANKS
@@ -233,12 +264,10 @@ def test_constants_match_docs_bench() -> None:
     assert tuple(r["recovery_plan_ms"] for r in control) == pt.RECOVERY_PLAN_MS
     assert tuple(r["controller_cpu_ms_per_step"] for r in control) == pt.CONTROLLER_CPU_MS_PER_STEP
     beyond = [r for r in series if r["ranks"] == 4096]
-    assert [(r["commit_p50_ms"], r["samples"], r["overrides"]) for r in beyond] == [
-        (pt.COMMIT_P50_MS_4096, 50, [])]
+    assert [(r["commit_p50_ms"], r["samples"], r["overrides"]) for r in beyond] == [(pt.COMMIT_P50_MS_4096, 50, [])]
     assert "recovery_abort_ms" not in beyond[0]
     liveness = json.loads((BENCH / "liveness.json").read_text())
-    assert liveness["spread"]["tmslurm"]["unexpected"]["detect_p50"] == pytest.approx(
-        pt.DETECT_P50_S_MEASURED)
+    assert liveness["spread"]["tmslurm"]["unexpected"]["detect_p50"] == pytest.approx(pt.DETECT_P50_S_MEASURED)
     assert statistics.median(
         r["parts"]["detect_s"] for r in liveness["rows"] if r.get("event") == "unexpected"
     ) == pytest.approx(pt.DETECT_P50_S_MEASURED, rel=0.01)

@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from tmslurm.errors import TmslurmError  # noqa: E402
-from tmslurm.report import write_report  # noqa: E402
+from tmslurm.cli.report import write_report  # noqa: E402
+from tmslurm.core.errors import TmslurmError  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 T0 = 1_700_000_000.0
@@ -22,47 +22,107 @@ def _summary() -> dict:
         dt = 0.2 + (2.0 if step in (15, 30, 45) else 0.0)
         t += dt
         steps.append({"step": step, "t_end": t, "dt": dt, "loss": 5.0 - step * 0.05})
-    base = {"rank": 1, "node": "n2", "standby": "s1", "detect_s": 0.01, "pick_s": 0.02,
-            "phase1_s": 1.5, "phase2_s": 0.3, "transfer_s": 0.4, "first_step_s": 0.5}
+    base = {
+        "rank": 1,
+        "node": "n2",
+        "standby": "s1",
+        "detect_s": 0.01,
+        "pick_s": 0.02,
+        "phase1_s": 1.5,
+        "phase2_s": 0.3,
+        "transfer_s": 0.4,
+        "first_step_s": 0.5,
+    }
     events = [
         dict(base, kind="drain", notice_t=T0 + 3.0, downtime_s=1.3),
-        dict(base, kind="kill", rank=3, node="n4", notice_t=T0 + 8.0, detect_s=0.8,
-             transfer_s=None, downtime_s=2.1),
-        {"kind": "node_down", "rank": 2, "node": "n3", "standby": "s2", "notice_t": T0 + 13.0,
-         "detect_s": 1.2, "phase2_s": 0.4, "downtime_s": 1.8, "extra_key": "ignored"},
+        dict(base, kind="kill", rank=3, node="n4", notice_t=T0 + 8.0, detect_s=0.8, transfer_s=None, downtime_s=2.1),
+        {
+            "kind": "node_down",
+            "rank": 2,
+            "node": "n3",
+            "standby": "s2",
+            "notice_t": T0 + 13.0,
+            "detect_s": 1.2,
+            "phase2_s": 0.4,
+            "downtime_s": 1.8,
+            "extra_key": "ignored",
+        },
     ]
-    return {"run_id": "r-test", "layout": {"dp": 2, "pp": 2, "tp": 1}, "steps": 60,
-            "final_params_sha256": "ab" * 32, "loss_first": 5.0, "loss_last": 2.05,
-            "median_step_s": 0.2, "step_log": steps, "events": events, "unknown": 1}
+    return {
+        "run_id": "r-test",
+        "layout": {"dp": 2, "pp": 2, "tp": 1},
+        "steps": 60,
+        "final_params_sha256": "ab" * 32,
+        "loss_first": 5.0,
+        "loss_last": 2.05,
+        "median_step_s": 0.2,
+        "step_log": steps,
+        "events": events,
+        "unknown": 1,
+    }
 
 
 def _downtime() -> dict:
     rows = []
     for repeat in range(3):
         for event in ("planned", "unexpected", "hang"):
-            rows.append({"event": event, "strategy": "tmslurm", "repeat": repeat,
-                         "downtime_s": 1.5 + repeat * 0.1,
-                         "parts": {"detect_s": 0.2, "phase2_s": 0.3, "transfer_s": 0.4,
-                                   "first_step_s": 0.6}})
-            rows.append({"event": event, "strategy": "injob_restart", "repeat": repeat,
-                         "downtime_s": 30.0 + repeat,
-                         "parts": {"stop_s": 1, "startup_s": 5, "group_setup_s": 2,
-                                   "ckpt_load_s": 3, "warmup_s": 15, "redo_s": 4}})
-            rows.append({"event": event, "strategy": "requeue_restart", "repeat": repeat,
-                         "downtime_s": 150.0 + repeat,
-                         "parts": {"stop_s": 1, "reschedule_s": 121, "startup_s": 5,
-                                   "group_setup_s": 2, "ckpt_load_s": 3, "warmup_s": 15,
-                                   "redo_s": 4}})
-    return {"rows": rows, "medians": {}, "ratio_planned": 19.4, "ratio_unexpected": 19.4,
-            "ratio_planned_requeue": 94.4, "ratio_unexpected_requeue": 94.4}
+            rows.append(
+                {
+                    "event": event,
+                    "strategy": "tmslurm",
+                    "repeat": repeat,
+                    "downtime_s": 1.5 + repeat * 0.1,
+                    "parts": {"detect_s": 0.2, "phase2_s": 0.3, "transfer_s": 0.4, "first_step_s": 0.6},
+                }
+            )
+            rows.append(
+                {
+                    "event": event,
+                    "strategy": "injob_restart",
+                    "repeat": repeat,
+                    "downtime_s": 30.0 + repeat,
+                    "parts": {
+                        "stop_s": 1,
+                        "startup_s": 5,
+                        "group_setup_s": 2,
+                        "ckpt_load_s": 3,
+                        "warmup_s": 15,
+                        "redo_s": 4,
+                    },
+                }
+            )
+            rows.append(
+                {
+                    "event": event,
+                    "strategy": "requeue_restart",
+                    "repeat": repeat,
+                    "downtime_s": 150.0 + repeat,
+                    "parts": {
+                        "stop_s": 1,
+                        "reschedule_s": 121,
+                        "startup_s": 5,
+                        "group_setup_s": 2,
+                        "ckpt_load_s": 3,
+                        "warmup_s": 15,
+                        "redo_s": 4,
+                    },
+                }
+            )
+    return {
+        "rows": rows,
+        "medians": {},
+        "ratio_planned": 19.4,
+        "ratio_unexpected": 19.4,
+        "ratio_planned_requeue": 94.4,
+        "ratio_unexpected_requeue": 94.4,
+    }
 
 
 def _scaling() -> dict:
     rows = []
     for ranks in (4, 8, 16, 32):
         rows.append({"ranks": ranks, "mode": "delta", "phase2_s": 0.05, "downtime_s": 1.2})
-        rows.append({"ranks": ranks, "mode": "full", "phase2_s": 0.1 * ranks,
-                     "downtime_s": 1.2 + 0.1 * ranks})
+        rows.append({"ranks": ranks, "mode": "full", "phase2_s": 0.1 * ranks, "downtime_s": 1.2 + 0.1 * ranks})
     return {"rows": rows}
 
 
@@ -76,8 +136,11 @@ def report(tmp_path: Path) -> Path:
     run = tmp_path / "run"
     run.mkdir()
     _write(run / "summary.json", _summary())
-    return write_report(run, downtime_json=_write(tmp_path / "downtime.json", _downtime()),
-                        scaling_json=_write(tmp_path / "scaling.json", _scaling()))
+    return write_report(
+        run,
+        downtime_json=_write(tmp_path / "downtime.json", _downtime()),
+        scaling_json=_write(tmp_path / "scaling.json", _scaling()),
+    )
 
 
 def test_report_md_mentions_every_event(report: Path) -> None:
@@ -91,8 +154,9 @@ def test_report_md_mentions_every_event(report: Path) -> None:
     assert "ranks" in text and "delta" in text and "full" in text
 
 
-@pytest.mark.parametrize("name", ["throughput.png", "downtime_parts.png", "downtime_compare.png",
-                                  "bench_parts.png", "scaling.png"])
+@pytest.mark.parametrize(
+    "name", ["throughput.png", "downtime_parts.png", "downtime_compare.png", "bench_parts.png", "scaling.png"]
+)
 def test_pngs_are_valid_and_linked(report: Path, name: str) -> None:
     png = report.parent / name
     data = png.read_bytes()
@@ -112,8 +176,7 @@ def test_run_without_bench_files(tmp_path: Path) -> None:
     assert not (tmp_path / "out" / "scaling.png").exists()
 
 
-@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"step_log": 3}',
-                                     '{"events": [1, 2]}'])
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"step_log": 3}', '{"events": [1, 2]}'])
 def test_corrupt_summary_names_file(tmp_path: Path, content: str) -> None:
     (tmp_path / "summary.json").write_text(content)
     with pytest.raises(TmslurmError, match="summary.json"):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tmslurm.comm.stage_comm import RecordingStageComm, SandboxStageComm
-from tmslurm.errors import CommError
+from tmslurm.core.errors import CommError
 
 
 class Inner:

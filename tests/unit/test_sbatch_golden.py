@@ -11,15 +11,24 @@ from pathlib import Path
 
 import pytest
 
-from tmslurm.config import compose_config
+from tmslurm.core.config import compose_config
 from tmslurm.slurm.placement import placement_of
 from tmslurm.slurm.submit import main_sbatch_text, spare_sbatch_text, time_minutes
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "golden"
 CASES = {
     "main-dp2-pp2": (main_sbatch_text, ["cluster=slurm", "parallel.dp=2", "parallel.pp=2"]),
-    "main-rpn2-account-qos": (main_sbatch_text, ["cluster=slurm", "parallel.ranks_per_node=2", "slurm.account=proj",
-                                                 "slurm.extra_args=['--qos=high']", "slurm.time=1-02:00:00", "slurm.partition=gpu"]),
+    "main-rpn2-account-qos": (
+        main_sbatch_text,
+        [
+            "cluster=slurm",
+            "parallel.ranks_per_node=2",
+            "slurm.account=proj",
+            "slurm.extra_args=['--qos=high']",
+            "slurm.time=1-02:00:00",
+            "slurm.partition=gpu",
+        ],
+    ),
     "spare-exclude": (spare_sbatch_text, ["cluster=slurm"]),
     "spare-inherited-placement": (spare_sbatch_text, ["cluster=slurm", "slurm.spare_args=['--qos=standby']"]),
     "main-resubmit": (main_sbatch_text, ["cluster=slurm", "slurm.signal_lead_s=300"]),
@@ -51,13 +60,15 @@ def test_main_job_keeps_running_on_node_loss_and_spares_do_not_requeue(tmp_path)
     assert "#SBATCH --no-requeue" in spare and "#SBATCH --exclude=node3" in spare and "#SBATCH --nodes=1" in spare
 
 
-@pytest.mark.parametrize("text,minutes", [("00:30:00", 30), ("1-02:00:00", 1560), ("45", 45), ("10:30", 11), ("00:00:10", 1)])
+@pytest.mark.parametrize(
+    "text,minutes", [("00:30:00", 30), ("1-02:00:00", 1560), ("45", 45), ("10:30", 11), ("00:00:10", 1)]
+)
 def test_slurm_time_forms(text, minutes):
     assert time_minutes(text) == minutes
 
 
 def test_bad_slurm_time_names_the_override():
-    from tmslurm.errors import ConfigError
+    from tmslurm.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="slurm.time"):
         time_minutes("soon")

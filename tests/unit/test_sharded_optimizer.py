@@ -14,11 +14,11 @@ import itertools
 import pytest
 import torch
 
-from tmslurm.config import MODEL_PRESETS, TrainConfig, ParallelConfig, RunConfig, validate
-from tmslurm.controller.final import final_hashes, fold_slices
-from tmslurm.controller.switchplan import PlanError, dp_source
-from tmslurm.errors import CheckpointError, ConfigError
-from tmslurm.topology import Layout
+from tmslurm.controller.final_hashes import final_hashes, fold_slices
+from tmslurm.controller.switch_planning import PlanError, dp_source
+from tmslurm.core.config import MODEL_PRESETS, ParallelConfig, RunConfig, TrainConfig, validate
+from tmslurm.core.errors import CheckpointError, ConfigError
+from tmslurm.core.topology import Layout
 from tmslurm.train import checkpoint
 from tmslurm.train.ckpt_index import latest_complete
 from tmslurm.train.model import ReferenceTask
@@ -62,14 +62,17 @@ def test_source_is_the_buddy_for_every_failure_set_of_up_to_three_ranks(dp, pp):
                     dp_source(layout, lost, dead)
 
 
-@pytest.mark.parametrize("dead,sources", [
-    ({0}, {0: 1}),
-    ({3}, {3: 2}),
-    ({0, 2}, {0: 1, 2: 3}),          # two failures in different pairs: each from its buddy
-    ({0, 3}, {0: 1, 3: 2}),
-    ({0, 1}, {0: None, 1: None}),    # a slice and its buddy together: checkpoint fallback
-    ({1, 2, 3}, {1: 0, 2: None, 3: None}),
-])
+@pytest.mark.parametrize(
+    "dead,sources",
+    [
+        ({0}, {0: 1}),
+        ({3}, {3: 2}),
+        ({0, 2}, {0: 1, 2: 3}),  # two failures in different pairs: each from its buddy
+        ({0, 3}, {0: 1, 3: 2}),
+        ({0, 1}, {0: None, 1: None}),  # a slice and its buddy together: checkpoint fallback
+        ({1, 2, 3}, {1: 0, 2: None, 3: None}),
+    ],
+)
 def test_dp4_pp1_sources(dead, sources):
     layout = Layout(4, 1, zero=1)  # pp=1: rank = dp rank; pairs (0, 1) and (2, 3)
     for rank, source in sources.items():
@@ -109,9 +112,13 @@ def test_fold_slices_gives_one_state_per_shard():
     folded = fold_slices(_reports(), Layout(2, 1, zero=1).buddy)
     h = final_hashes(folded, 1)
     assert h["replicas_equal"] and h["final_state_sha256"] is not None
-    other = final_hashes(fold_slices({0: (0, "P", "s0", 0, "sX"), 1: (0, "P", "sX", 1, "s0")}, Layout(2, 1, zero=1).buddy), 1)
+    other = final_hashes(
+        fold_slices({0: (0, "P", "s0", 0, "sX"), 1: (0, "P", "sX", 1, "s0")}, Layout(2, 1, zero=1).buddy), 1
+    )
     assert other["final_state_sha256"] not in (None, h["final_state_sha256"])  # another slice 1: another hash
-    swapped = final_hashes(fold_slices({0: (0, "P", "s1", 0, "s0"), 1: (0, "P", "s0", 1, "s1")}, Layout(2, 1, zero=1).buddy), 1)
+    swapped = final_hashes(
+        fold_slices({0: (0, "P", "s1", 0, "s0"), 1: (0, "P", "s0", 1, "s1")}, Layout(2, 1, zero=1).buddy), 1
+    )
     assert swapped["final_state_sha256"] != h["final_state_sha256"]  # slice order counts
 
 
@@ -137,8 +144,8 @@ class LocalGroup:
         """Give every runner the reduced gradient slices (own and ward) of the sum of ``grads``."""
         total = torch.stack(grads).sum(0)
         for r in self.runners:
-            r.own.grad = total[r.dp_rank * r.chunk:(r.dp_rank + 1) * r.chunk].clone()
-            r.ward.grad = total[r.buddy_dp * r.chunk:(r.buddy_dp + 1) * r.chunk].clone()
+            r.own.grad = total[r.dp_rank * r.chunk : (r.dp_rank + 1) * r.chunk].clone()
+            r.ward.grad = total[r.buddy_dp * r.chunk : (r.buddy_dp + 1) * r.chunk].clone()
             r.apply()
 
 
@@ -154,7 +161,7 @@ class _Gathered:
         with torch.no_grad():
             for i, part in enumerate(self.full.split(self.chunk)):
                 if i != skip:
-                    flat[i * self.chunk:(i + 1) * self.chunk].copy_(part)
+                    flat[i * self.chunk : (i + 1) * self.chunk].copy_(part)
         return flat
 
 
@@ -171,7 +178,7 @@ def _train(runners: list[ZeroStageRunner], steps: int, seed: int = 0) -> None:
         size = runners[0].flat.numel()
         grads = [torch.randn(size, generator=g) * 1e-2 for _ in runners]
         for grad in grads:
-            grad[runners[0].numel:] = 0  # padding has no gradient
+            grad[runners[0].numel :] = 0  # padding has no gradient
         group.step(grads)
     group.gather()
 
@@ -224,8 +231,14 @@ def test_a_task_with_two_parameter_groups_is_refused():
             return torch.optim.AdamW([{"params": ps[:1]}, {"params": ps[1:], "weight_decay": 0.0}])
 
     with pytest.raises(ConfigError, match="parallel.zero"):
-        ZeroStageRunner(TwoGroups(MODEL_PRESETS["tiny"], TrainConfig()), StageSpec(0, 1, "only", range(4)), 0, 2, 1,
-                        torch.device("cpu"))
+        ZeroStageRunner(
+            TwoGroups(MODEL_PRESETS["tiny"], TrainConfig()),
+            StageSpec(0, 1, "only", range(4)),
+            0,
+            2,
+            1,
+            torch.device("cpu"),
+        )
 
 
 # ---- checkpoints of slices -----------------------------------------------------------------------
@@ -241,14 +254,14 @@ def test_a_checkpoint_of_slices_loads_at_the_same_or_another_dp(tmp_path, saved_
     _train(src, 2)
     _save(tmp_path, src, 2)
     assert latest_complete(tmp_path, ["stage0"]) == 2
-    full = src[0].flat[:src[0].numel].clone()
-    exp_avg = torch.cat([r.optimizer.state[r.own]["exp_avg"] for r in src])[:src[0].numel]
+    full = src[0].flat[: src[0].numel].clone()
+    exp_avg = torch.cat([r.optimizer.state[r.own]["exp_avg"] for r in src])[: src[0].numel]
     dst = _zero_runners(new_dp)
     for r in dst:
         checkpoint.load_stage(tmp_path, 2, "stage0", r)
     LocalGroup(dst).gather()
-    assert torch.equal(dst[0].flat[:dst[0].numel], full)
-    assert torch.equal(torch.cat([r.optimizer.state[r.own]["exp_avg"] for r in dst])[:dst[0].numel], exp_avg)
+    assert torch.equal(dst[0].flat[: dst[0].numel], full)
+    assert torch.equal(torch.cat([r.optimizer.state[r.own]["exp_avg"] for r in dst])[: dst[0].numel], exp_avg)
     for r in dst:
         assert r.ward_digest() == dst[r.buddy_dp].state_digest()
         assert int(r.optimizer.state[r.own]["step"]) == 2

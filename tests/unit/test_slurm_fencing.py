@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from tmslurm.config import compose_config
+from tmslurm.core.config import compose_config
+from tmslurm.slurm.lane import Lane
 from tmslurm.slurm.proc import spawner as sp
 from tmslurm.slurm.proc.hooks import SlurmHooks
-from tmslurm.slurm.lane import Lane
 from tmslurm.slurm.watcher import NodeWatch
 from tmslurm.wire.messages import FaultSpec
 
@@ -52,8 +52,15 @@ def slurm(tmp_path, monkeypatch):
     cfg = compose_config(["cluster=slurm", "parallel.dp=2", "parallel.pp=2"])
     client = FakeClient()
     # fencing runs in the background in production; here at once, so the commands can be checked
-    spawner = sp.SlurmSpawner(tmp_path, cfg, client, "77", ["n1", "n2", "n3", "n4"], background=lambda work, name: work(),
-                              lane=Lane(inline=True))
+    spawner = sp.SlurmSpawner(
+        tmp_path,
+        cfg,
+        client,
+        "77",
+        ["n1", "n2", "n3", "n4"],
+        background=lambda work, name: work(),
+        lane=Lane(inline=True),
+    )
     return spawner, client, runs
 
 
@@ -87,11 +94,16 @@ def test_hooks_release_emptied_nodes_but_never_the_batch_host(slurm, tmp_path):
     assert released == ["n2"] and client.nodelists == [["n1", "n3", "n4"]]
     assert hooks.is_batch_host("n1") and not hooks.is_batch_host("n4") and spawner.bad_nodes == {"n1", "n4"}
     fired: list[tuple[float, str]] = []
-    assert hooks.inject_fault(FaultSpec(index=0, kind="drain", rank=2, ranks=[2], amount="", step=3, when="midstep"), lambda t, node: fired.append((t, node)))
+    assert hooks.inject_fault(
+        FaultSpec(index=0, kind="drain", rank=2, ranks=[2], amount="", step=3, when="midstep"),
+        lambda t, node: fired.append((t, node)),
+    )
     assert client.updates == [("n3", "drain")] and fired == []  # Slurm's own faults are timed by the watcher
     # one fault on several ranks: each of their nodes once
-    assert hooks.inject_fault(FaultSpec(index=1, kind="node_down", rank=1, ranks=[1, 2, 3], amount="", step=3, when="midstep"),
-                              lambda t, node: fired.append((t, node)))
+    assert hooks.inject_fault(
+        FaultSpec(index=1, kind="node_down", rank=1, ranks=[1, 2, 3], amount="", step=3, when="midstep"),
+        lambda t, node: fired.append((t, node)),
+    )
     assert client.updates[1:] == [(spawner.node_of_rank(r), "down") for r in (1, 2, 3)] and fired == []
     assert hooks.status() == {"main_job_id": "77", "spare_job_ids": []}
 
@@ -113,9 +125,13 @@ def test_a_fenced_spare_is_forgotten_before_its_cancel_runs(slurm, tmp_path):
     _, client, runs = slurm
     cfg = compose_config(["cluster=slurm", "parallel.dp=2", "parallel.pp=2"])
     lane = HeldLane()
-    spawner = sp.SlurmSpawner(tmp_path, cfg, client, "77", ["n1", "n2", "n3", "n4"], background=lambda work, name: work(),
-                              lane=lane)
-    spawner.spares = {"90": {"job_id": "90", "index": 0, "node": "n9"}, "91": {"job_id": "91", "index": 1, "node": "n8"}}
+    spawner = sp.SlurmSpawner(
+        tmp_path, cfg, client, "77", ["n1", "n2", "n3", "n4"], background=lambda work, name: work(), lane=lane
+    )
+    spawner.spares = {
+        "90": {"job_id": "90", "index": 0, "node": "n9"},
+        "91": {"job_id": "91", "index": 1, "node": "n8"},
+    }
     spawner.rank_node[2] = "n9"  # rank 2 is served by standby 0, which joined on n9
     spawner.fence("standby", 0)
     assert spawner.spare_job_ids() == ["91"] and lane.queued == ["fence-standby0"] and client.cancelled == []
@@ -137,10 +153,19 @@ def recording_spawner(tmp_path, monkeypatch, client) -> tuple[sp.SlurmSpawner, l
     """A spawner on ``client`` whose Slurm commands do nothing; the processes it starts are recorded."""
     monkeypatch.setattr(sp.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 0, "", ""))
     started: list[list[str]] = []
-    monkeypatch.setattr(sp.subprocess, "Popen", lambda cmd, **kw: started.append(cmd) or SimpleNamespace(poll=lambda: 0))
+    monkeypatch.setattr(
+        sp.subprocess, "Popen", lambda cmd, **kw: started.append(cmd) or SimpleNamespace(poll=lambda: 0)
+    )
     cfg = compose_config(["cluster=slurm", "parallel.dp=2", "parallel.pp=2"])
-    spawner = sp.SlurmSpawner(tmp_path, cfg, client, "77", ["n1", "n2", "n3", "n4"], background=lambda work, name: work(),
-                              lane=Lane(inline=True))
+    spawner = sp.SlurmSpawner(
+        tmp_path,
+        cfg,
+        client,
+        "77",
+        ["n1", "n2", "n3", "n4"],
+        background=lambda work, name: work(),
+        lane=Lane(inline=True),
+    )
     return spawner, started
 
 
@@ -149,8 +174,11 @@ def test_a_restarted_rank_waits_for_a_queued_spare_and_starts_there(tmp_path, mo
     whose node left the job waits for it (instead of the run ending) and starts there once it runs."""
     spawner, started = recording_spawner(tmp_path, monkeypatch, JobClient())
     spawner.main_nodes = ["n1", "n2"]  # n3 and n4 were given back
-    spawner.spares = {"90": {"job_id": "90", "index": 0, "node": "n9", "used_for_restart": True},
-                      "92": {"job_id": "92", "index": 2, "node": None}, "93": {"job_id": "93", "index": 3, "node": None}}
+    spawner.spares = {
+        "90": {"job_id": "90", "index": 0, "node": "n9", "used_for_restart": True},
+        "92": {"job_id": "92", "index": 2, "node": None},
+        "93": {"job_id": "93", "index": 3, "node": None},
+    }
     spawner.rank_node[3] = "n9"  # it restarted into spare job 90 before, and that job has ended since
     assert spawner.pending_standbys() == [0, 2, 3]  # a restarted controller keeps expecting these
     spawner.lane = HeldLane()
@@ -223,7 +251,10 @@ def test_standbys_whose_allocation_is_gone_are_handed_to_the_controller_once(tmp
     assert spawner.take_lost_standbys() == [] and spawner.spare_job_ids() == []
     clock[0] += sp.RESUBMIT_AFTER_S
     assert spawner.take_lost_standbys() == [4] and spawner.take_lost_standbys() == []
-    spawner.spares = {"90": {"job_id": "90", "index": 0, "node": "n9"}, "93": {"job_id": "93", "index": 3, "node": None}}
+    spawner.spares = {
+        "90": {"job_id": "90", "index": 0, "node": "n9"},
+        "93": {"job_id": "93", "index": 3, "node": None},
+    }
     spawner._refresh_spares()  # 90 has ended (its standby 0 may never have connected); 93 is pending
     assert spawner.take_lost_standbys() == [0] and spawner.pending_standbys() == [3]
 
@@ -252,12 +283,18 @@ def test_a_rank_restarted_onto_a_once_bad_node_is_placed_after_slurm_was_read(tm
     spawner, started = recording_spawner(tmp_path, monkeypatch, DroppedClient())
     spawner.add_bad_node("n3")
     spawner.bad_nodes.discard("n3")  # repaired and healed since; still listed (stale) as the main job's
-    spawner.spares = {"92": {"job_id": "92", "index": 2, "node": None}} if spare_up else {"93": {"job_id": "93", "index": 3, "node": None}}
+    spawner.spares = (
+        {"92": {"job_id": "92", "index": 2, "node": None}}
+        if spare_up
+        else {"93": {"job_id": "93", "index": 3, "node": None}}
+    )
     assert spawner.spawn_worker(2, 4) is True
     assert spawner.main_nodes == ["n1", "n2", "n4"]
     assert not any("--jobid=77" in c and "-wn3" in c for c in started), started
     if where == "spare":
-        assert spawner.rank_node[2] == "n7" and any("--jobid=92" in c for c in started) and spawner.waiting_ranks() == {}
+        assert (
+            spawner.rank_node[2] == "n7" and any("--jobid=92" in c for c in started) and spawner.waiting_ranks() == {}
+        )
     else:  # spare job 93 is still pending: the rank waits for it (bounded by the controller)
         assert list(spawner.waiting_ranks()) == [2]
 
@@ -266,8 +303,11 @@ def test_a_draining_node_still_runs_its_rank_when_no_spare_is_up(tmp_path, monke
     """Bad but still the main job's (a drain, Slurm keeps it allocated), and no spare is up: the rank
     restarts at home, after the lane looked at Slurm."""
     spawner, started = recording_spawner(tmp_path, monkeypatch, JobClient())
-    spawner.client.job = lambda job_id: SimpleNamespace(nodes=["n1", "n2", "n3", "n4"], end_time=None, state="RUNNING") \
-        if job_id == "77" else SimpleNamespace(nodes=[], end_time=None, state="PENDING")
+    spawner.client.job = lambda job_id: (
+        SimpleNamespace(nodes=["n1", "n2", "n3", "n4"], end_time=None, state="RUNNING")
+        if job_id == "77"
+        else SimpleNamespace(nodes=[], end_time=None, state="PENDING")
+    )
     spawner.add_bad_node("n2")
     spawner.spares = {"93": {"job_id": "93", "index": 3, "node": None}}
     assert spawner.spawn_worker(1, 4) is True

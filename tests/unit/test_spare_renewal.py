@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.controller_harness import FakeCluster, FakeSpawner, Harness
-from tmslurm.config import compose_config
-from tmslurm.errors import ConfigError
+from tmslurm.core.config import compose_config
+from tmslurm.core.errors import ConfigError
 from tmslurm.slurm.proc.spawner import SlurmSpawner
 from tmslurm.slurm.submit import main_sbatch_text, spare_minutes, spare_renew_lead
 
@@ -31,8 +31,17 @@ def _harness(tmp_path, standbys: int = 1) -> Harness:
 def _warm(h: Harness, who: str, ident: int, node: str) -> None:
     h.hello(who, "standby", ident, node)
     for role in h.ctl.ctx.layout.roles:
-        h.send(who, {"type": "ready", "role": role, "warmup_s": 0.1, "rss_mb": 1.0, "role_rss_mb": 1.0,
-                     "sandbox_sends_skipped": 0})
+        h.send(
+            who,
+            {
+                "type": "ready",
+                "role": role,
+                "warmup_s": 0.1,
+                "rss_mb": 1.0,
+                "role_rss_mb": 1.0,
+                "sandbox_sends_skipped": 0,
+            },
+        )
 
 
 def _tick(h: Harness, t: float) -> None:
@@ -56,8 +65,17 @@ def test_an_expiring_spare_is_replaced_first_and_let_go_only_once_the_fresh_one_
     _tick(h, 2.0)
     assert h.state.agents[old].alive and h.spawner.fenced == []
     for role in h.ctl.ctx.layout.roles:
-        h.send("s1", {"type": "ready", "role": role, "warmup_s": 0.1, "rss_mb": 1.0, "role_rss_mb": 1.0,
-                      "sandbox_sends_skipped": 0})
+        h.send(
+            "s1",
+            {
+                "type": "ready",
+                "role": role,
+                "warmup_s": 0.1,
+                "rss_mb": 1.0,
+                "role_rss_mb": 1.0,
+                "sandbox_sends_skipped": 0,
+            },
+        )
     _tick(h, 2.5)  # at most once a second
     assert h.state.agents[old].alive
     _tick(h, 3.0)
@@ -95,16 +113,19 @@ def test_other_standbys_are_not_renewed_and_an_unknown_id_changes_nothing(tmp_pa
 
 
 def _spawner(tmp_path, rpn: int = 2) -> SlurmSpawner:
-    cfg = compose_config(["cluster=slurm", "parallel.dp=2", "parallel.pp=2", f"parallel.ranks_per_node={rpn}",
-                          "slurm.spare_renew_s=300"])
+    cfg = compose_config(
+        ["cluster=slurm", "parallel.dp=2", "parallel.pp=2", f"parallel.ranks_per_node={rpn}", "slurm.spare_renew_s=300"]
+    )
     return SlurmSpawner(tmp_path, cfg, client=None, job_id="50", nodes=["n1", "n2"])
 
 
 def test_the_spawner_names_each_spare_once_when_its_end_is_within_the_lead(tmp_path):
     sp = _spawner(tmp_path)
-    sp.spares = {"61": {"job_id": "61", "index": 0, "node": "s1", "end": 2000.0},
-                 "62": {"job_id": "62", "index": 1, "node": "s2", "end": 5000.0},
-                 "63": {"job_id": "63", "index": 2, "node": None, "end": None}}  # pending: no end known
+    sp.spares = {
+        "61": {"job_id": "61", "index": 0, "node": "s1", "end": 2000.0},
+        "62": {"job_id": "62", "index": 1, "node": "s2", "end": 5000.0},
+        "63": {"job_id": "63", "index": 2, "node": None, "end": None},
+    }  # pending: no end known
     assert sp.expiring(1600.0) == []
     assert sp.expiring(1700.0) == [0, 1]  # spare job 0 holds standbys 0 and 1 (ranks_per_node=2)
     assert sp.expiring(1800.0) == []
@@ -112,23 +133,31 @@ def test_the_spawner_names_each_spare_once_when_its_end_is_within_the_lead(tmp_p
     assert sp.record().spares["61"].renewing is True  # a restarted controller does not renew it again
 
 
-@pytest.mark.parametrize("overrides,named", [
-    (["slurm.spare_renew_s=30"], "slurm.spare_renew_s=30"),
-    (["slurm.spare_time=00:10:00", "slurm.spare_renew_s=400"], "slurm.spare_time: 10 min"),
-    (["slurm.spare_time=ten"], "slurm.spare_time='ten'"),
-])
+@pytest.mark.parametrize(
+    "overrides,named",
+    [
+        (["slurm.spare_renew_s=30"], "slurm.spare_renew_s=30"),
+        (["slurm.spare_time=00:10:00", "slurm.spare_renew_s=400"], "slurm.spare_time: 10 min"),
+        (["slurm.spare_time=ten"], "slurm.spare_time='ten'"),
+    ],
+)
 def test_a_renewal_lead_that_leaves_no_time_is_refused(overrides, named):
     with pytest.raises(ConfigError, match=named.replace("(", r"\(")):
         spare_minutes(compose_config(["cluster=slurm", *overrides]))
-    assert spare_minutes(compose_config(["cluster=slurm", "slurm.spare_time=00:10:00", "slurm.spare_renew_s=300"])) == 10
+    assert (
+        spare_minutes(compose_config(["cluster=slurm", "slurm.spare_time=00:10:00", "slurm.spare_renew_s=300"])) == 10
+    )
 
 
-@pytest.mark.parametrize("overrides,lead", [
-    ([], 600),                                                   # slurm.time 00:30:00
-    (["slurm.time=00:15:00"], None),                             # too short for the default: not renewed (and not refused)
-    (["slurm.time=00:15:00", "slurm.spare_renew_s=120"], 120),
-    (["slurm.time=00:15:00", "slurm.spare_time=1-00:00:00"], 600),
-])
+@pytest.mark.parametrize(
+    "overrides,lead",
+    [
+        ([], 600),  # slurm.time 00:30:00
+        (["slurm.time=00:15:00"], None),  # too short for the default: not renewed (and not refused)
+        (["slurm.time=00:15:00", "slurm.spare_renew_s=120"], 120),
+        (["slurm.time=00:15:00", "slurm.spare_time=1-00:00:00"], 600),
+    ],
+)
 def test_the_default_lead_renews_long_spares_only(tmp_path, overrides, lead):
     cfg = compose_config(["cluster=slurm", *overrides])
     assert spare_renew_lead(cfg) == lead
@@ -138,8 +167,15 @@ def test_the_default_lead_renews_long_spares_only(tmp_path, overrides, lead):
 def test_the_standbys_of_one_spare_job_are_let_go_together(tmp_path):
     """ranks_per_node=2: both standbys of the expiring spare job retire at once (its cancellation
     ends both), so neither is left behind to be reported lost."""
-    h = Harness(tmp_path, 2, 2, 2, "standby.replenish=true", "parallel.ranks_per_node=2",
-                cluster=lambda cfg: (FakeSpawner(), Expiring()))
+    h = Harness(
+        tmp_path,
+        2,
+        2,
+        2,
+        "standby.replenish=true",
+        "parallel.ranks_per_node=2",
+        cluster=lambda cfg: (FakeSpawner(), Expiring()),
+    )
     h.ctl.members.standby_target = 2  # one spare job of two standbys (the harness counts processes)
     old = {h.aid("s0"), h.aid("s1")}
     h.cluster.due = [0, 1]

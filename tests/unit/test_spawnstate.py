@@ -11,24 +11,34 @@ from types import SimpleNamespace
 
 import pytest
 
-from tmslurm.config import compose_config
-from tmslurm.errors import TmslurmError
-from tmslurm.rundir import RunDir
-from tmslurm.slurm.proc import spawner as sp
+from tmslurm.core.config import compose_config
+from tmslurm.core.errors import TmslurmError
+from tmslurm.core.rundir import RunDir
 from tmslurm.slurm import spawnstate as ss
 from tmslurm.slurm.lane import Lane
+from tmslurm.slurm.proc import spawner as sp
 
 RUNNING = "77\n90\n"
-STEPS = "77.batch batch\n77.extern extern\n77.0 tmslurm-monitor-n1\n77.3 tmslurm-rank0.0\n77.5 tmslurm-rank2.0\n" \
-        "90.batch batch\n90.2 tmslurm-rank1.1\n"
+STEPS = (
+    "77.batch batch\n77.extern extern\n77.0 tmslurm-monitor-n1\n77.3 tmslurm-rank0.0\n77.5 tmslurm-rank2.0\n"
+    "90.batch batch\n90.2 tmslurm-rank1.1\n"
+)
 
 
 def record(**kw) -> ss.SpawnRecord:
-    base = dict(main_job_id="77", ranks_per_node=1, rank_node={0: "n1", 1: "n9", 2: "n3"},
-                rank_steps={0: ("77", "tmslurm-rank0.0"), 1: ("90", "tmslurm-rank1.1"), 2: ("77", "tmslurm-rank2.0")},
-                spares={"90": ss.Spare(job_id="90", index=0, node="n9", used_for_restart=True),
-                        "91": ss.Spare(job_id="91", index=1)},
-                main_nodes=["n1", "n3"], bad_nodes=["n2"], monitored=[("77", "n1")])
+    base = dict(
+        main_job_id="77",
+        ranks_per_node=1,
+        rank_node={0: "n1", 1: "n9", 2: "n3"},
+        rank_steps={0: ("77", "tmslurm-rank0.0"), 1: ("90", "tmslurm-rank1.1"), 2: ("77", "tmslurm-rank2.0")},
+        spares={
+            "90": ss.Spare(job_id="90", index=0, node="n9", used_for_restart=True),
+            "91": ss.Spare(job_id="91", index=1),
+        },
+        main_nodes=["n1", "n3"],
+        bad_nodes=["n2"],
+        monitored=[("77", "n1")],
+    )
     return ss.SpawnRecord(**{**base, **kw})
 
 
@@ -39,16 +49,19 @@ def test_parse_listing_keeps_jobs_and_named_steps():
     assert ss.parse_listing("", "garbage line with words\n\n") == (set(), set())
 
 
-@pytest.mark.parametrize("listing, alive", [
-    # every rank's latest step runs; spare 90 runs (standby 0), spare 91 is still pending (standby 1 not started)
-    (ss.parse_listing(RUNNING, STEPS), [("standby", 0), ("worker", 0), ("worker", 1), ("worker", 2)]),
-    # rank 2's step ended (its node was lost), spare 90 ended: rank 1's step in it too
-    (ss.parse_listing("77\n", "77.3 tmslurm-rank0.0\n"), [("worker", 0)]),
-    # an older step of rank 1 on the main job does not count: only its latest
-    (ss.parse_listing("77\n", "77.1 tmslurm-rank1.0\n"), []),
-    # Slurm could not be asked: everyone the record names, the controller fences who does not come back
-    (None, [("standby", 0), ("standby", 1), ("worker", 0), ("worker", 1), ("worker", 2)]),
-])
+@pytest.mark.parametrize(
+    "listing, alive",
+    [
+        # every rank's latest step runs; spare 90 runs (standby 0), spare 91 is still pending (standby 1 not started)
+        (ss.parse_listing(RUNNING, STEPS), [("standby", 0), ("worker", 0), ("worker", 1), ("worker", 2)]),
+        # rank 2's step ended (its node was lost), spare 90 ended: rank 1's step in it too
+        (ss.parse_listing("77\n", "77.3 tmslurm-rank0.0\n"), [("worker", 0)]),
+        # an older step of rank 1 on the main job does not count: only its latest
+        (ss.parse_listing("77\n", "77.1 tmslurm-rank1.0\n"), []),
+        # Slurm could not be asked: everyone the record names, the controller fences who does not come back
+        (None, [("standby", 0), ("standby", 1), ("worker", 0), ("worker", 1), ("worker", 2)]),
+    ],
+)
 def test_live_processes(listing, alive):
     assert ss.live_processes(record(), listing) == alive
 
@@ -81,15 +94,18 @@ def captured(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sp.subprocess, "run", fake_run)
     monkeypatch.setattr(ss.subprocess, "run", fake_run)
-    monkeypatch.setattr(sp.subprocess, "Popen", lambda cmd, **k: runs.append(list(cmd)) or SimpleNamespace(poll=lambda: 0))
+    monkeypatch.setattr(
+        sp.subprocess, "Popen", lambda cmd, **k: runs.append(list(cmd)) or SimpleNamespace(poll=lambda: 0)
+    )
     return runs
 
 
 def test_a_restarted_spawner_fences_what_its_predecessor_launched(tmp_path, captured):
     cfg = compose_config(["cluster=slurm", "parallel.dp=2", "parallel.pp=2"])
     client = SimpleNamespace(nodes=lambda names: [])
-    first = sp.SlurmSpawner(tmp_path, cfg, client, "77", ["n1", "n2", "n3", "n4"], background=lambda w, n: w(),
-                            lane=Lane(inline=True))
+    first = sp.SlurmSpawner(
+        tmp_path, cfg, client, "77", ["n1", "n2", "n3", "n4"], background=lambda w, n: w(), lane=Lane(inline=True)
+    )
     for rank in range(4):
         first.spawn_worker(rank, 0)
     first.spares["90"] = {"job_id": "90", "index": 0, "node": "n9", "used_for_restart": False}
@@ -97,8 +113,16 @@ def test_a_restarted_spawner_fences_what_its_predecessor_launched(tmp_path, capt
     assert first.writer.flush(5.0)
     rec = ss.read_record(RunDir(tmp_path).spawner)
     assert rec.rank_steps[1] == ("77", "tmslurm-rank1.0") and rec.bad_nodes == ["n2"] and "90" in rec.spares
-    second = sp.SlurmSpawner(tmp_path, cfg, client, "77", ["n1", "n2", "n3", "n4"], background=lambda w, n: w(),
-                             lane=Lane(inline=True), record=rec)
+    second = sp.SlurmSpawner(
+        tmp_path,
+        cfg,
+        client,
+        "77",
+        ["n1", "n2", "n3", "n4"],
+        background=lambda w, n: w(),
+        lane=Lane(inline=True),
+        record=rec,
+    )
     captured.clear()
     second.fence("worker", 0)  # by the step name the first spawner gave it, as Slurm lists it
     assert captured == [["squeue", "-h", "-s", "-j", "77", "-o", "%i %j"], ["scancel", "--signal=KILL", "77.3"]]
@@ -132,12 +156,15 @@ def test_a_pending_spare_may_use_a_node_once_it_healed(tmp_path, captured):
     updates: list[tuple[str, list[str]]] = []
     client = SimpleNamespace(
         nodes=lambda names: [NodeInfo(n, states[n], states[n], frozenset()) for n in names],
-        job=lambda job_id: SimpleNamespace(nodes=["n6"] if job_id == "92" else [], end_time=None,
-                                           state="RUNNING" if job_id == "92" else "PENDING"),
-        update_job_excludes=lambda job_id, nodes: updates.append((job_id, list(nodes))))
+        job=lambda job_id: SimpleNamespace(
+            nodes=["n6"] if job_id == "92" else [], end_time=None, state="RUNNING" if job_id == "92" else "PENDING"
+        ),
+        update_job_excludes=lambda job_id, nodes: updates.append((job_id, list(nodes))),
+    )
     cfg = compose_config(["cluster=slurm", "parallel.dp=2", "parallel.pp=2"])
-    spawner = sp.SlurmSpawner(tmp_path, cfg, client, "77", ["n1", "n3", "n4", "n7"], background=lambda w, n: w(),
-                              lane=Lane(inline=True))
+    spawner = sp.SlurmSpawner(
+        tmp_path, cfg, client, "77", ["n1", "n3", "n4", "n7"], background=lambda w, n: w(), lane=Lane(inline=True)
+    )
     spawner.add_bad_node("n2")
     spawner.add_bad_node("n5")
     spawner.spares["91"] = {"job_id": "91", "index": 0, "node": None, "exclude": ["n2", "n5"]}
@@ -152,24 +179,43 @@ def test_a_pending_spare_may_use_a_node_once_it_healed(tmp_path, captured):
     assert ss.read_record(RunDir(tmp_path).spawner).spares["91"].exclude == ["n5"]
 
 
-@pytest.mark.parametrize("rank_node,bad,spares,want", [
-    ("n2", set(), {}, ("77", "n2")),                                            # its own node in the main job
-    ("n2", {"n2"}, {"90": ("n9", False)}, ("90", "n9")),                      # its node is bad: onto a free spare
-    ("n9", set(), {"90": ("n9", True), "91": ("n8", False)}, ("90", "n9")),   # it restarted on spare 90 before: again there
-    ("n9", {"n9"}, {"90": ("n9", True), "91": ("n8", False)}, ("91", "n8")),  # that spare's node died: the next spare
-    ("n9", {"n9"}, {"90": ("n9", True)}, None),                                # nowhere left: False, nothing launched
-])
+@pytest.mark.parametrize(
+    "rank_node,bad,spares,want",
+    [
+        ("n2", set(), {}, ("77", "n2")),  # its own node in the main job
+        ("n2", {"n2"}, {"90": ("n9", False)}, ("90", "n9")),  # its node is bad: onto a free spare
+        (
+            "n9",
+            set(),
+            {"90": ("n9", True), "91": ("n8", False)},
+            ("90", "n9"),
+        ),  # it restarted on spare 90 before: again there
+        (
+            "n9",
+            {"n9"},
+            {"90": ("n9", True), "91": ("n8", False)},
+            ("91", "n8"),
+        ),  # that spare's node died: the next spare
+        ("n9", {"n9"}, {"90": ("n9", True)}, None),  # nowhere left: False, nothing launched
+    ],
+)
 def test_where_a_restarted_rank_runs(tmp_path, captured, rank_node, bad, spares, want):
     cfg = compose_config(["cluster=slurm", "parallel.dp=2", "parallel.pp=2"])
-    client = SimpleNamespace(nodes=lambda names: [],  # Slurm says nothing: bad nodes stay bad; every spare runs
-                             job=lambda job_id: SimpleNamespace(nodes=["n1", "n2", "n3", "n4"] if job_id == "77" else [spares[job_id][0]],
-                                                                end_time=None, state="RUNNING"))
-    spawner = sp.SlurmSpawner(tmp_path, cfg, client, "77", ["n1", "n2", "n3", "n4"], background=lambda w, n: w(),
-                              lane=Lane(inline=True))
+    client = SimpleNamespace(
+        nodes=lambda names: [],  # Slurm says nothing: bad nodes stay bad; every spare runs
+        job=lambda job_id: SimpleNamespace(
+            nodes=["n1", "n2", "n3", "n4"] if job_id == "77" else [spares[job_id][0]], end_time=None, state="RUNNING"
+        ),
+    )
+    spawner = sp.SlurmSpawner(
+        tmp_path, cfg, client, "77", ["n1", "n2", "n3", "n4"], background=lambda w, n: w(), lane=Lane(inline=True)
+    )
     spawner.rank_node[1] = rank_node
     spawner.bad_nodes = set(bad)
-    spawner.spares = {j: {"job_id": j, "index": i, "node": n, "used_for_restart": used}
-                      for i, (j, (n, used)) in enumerate(spares.items())}
+    spawner.spares = {
+        j: {"job_id": j, "index": i, "node": n, "used_for_restart": used}
+        for i, (j, (n, used)) in enumerate(spares.items())
+    }
     spawner.monitored = {(j, n) for j in ("77", "90", "91") for n in ("n2", "n8", "n9")}  # no monitor steps here
     captured.clear()
     ok = spawner.spawn_worker(1, 3)

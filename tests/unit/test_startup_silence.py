@@ -26,16 +26,28 @@ def _started(h: Harness, who) -> None:
 
 
 def _ready(h: Harness, who) -> None:
-    h.send(who, {"type": "ready", "role": h.ctl.ctx.layout.roles[0], "warmup_s": 0.1, "rss_mb": 1.0,
-                 "role_rss_mb": 1.0, "sandbox_sends_skipped": 0})
+    h.send(
+        who,
+        {
+            "type": "ready",
+            "role": h.ctl.ctx.layout.roles[0],
+            "warmup_s": 0.1,
+            "rss_mb": 1.0,
+            "role_rss_mb": 1.0,
+            "sandbox_sends_skipped": 0,
+        },
+    )
 
 
-@pytest.mark.parametrize("silent_s, report, fenced", [
-    (SILENT_S, None, False),  # a rank still building its groups on a loaded host
-    (SILENT_S, _started, True),  # the same silence once it started
-    (200.0, None, True),  # a start-up past connect_timeout_s hangs
-    (1.0, _started, False),  # within heartbeat_timeout_s
-])
+@pytest.mark.parametrize(
+    "silent_s, report, fenced",
+    [
+        (SILENT_S, None, False),  # a rank still building its groups on a loaded host
+        (SILENT_S, _started, True),  # the same silence once it started
+        (200.0, None, True),  # a start-up past connect_timeout_s hangs
+        (1.0, _started, False),  # within heartbeat_timeout_s
+    ],
+)
 def test_a_rank_is_allowed_connect_timeout_while_it_starts(tmp_path, silent_s, report, fenced):
     h = Harness(tmp_path, 2, 2, 1)
     if report is not None:

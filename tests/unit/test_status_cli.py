@@ -19,7 +19,9 @@ from tmslurm.slurm.runtag import run_comment
 
 def tmslurm(*args: str, path: str | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **({"PATH": path} if path is not None else {})}
-    return subprocess.run([sys.executable, "-c", CLI, *args], capture_output=True, text=True, timeout=60, env=env, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-c", CLI, *args], capture_output=True, text=True, timeout=60, env=env, cwd=cwd
+    )
 
 
 def _finished(run_dir: Path) -> Path:
@@ -37,9 +39,13 @@ def test_watch_of_a_finished_run_prints_one_plain_block_and_ends(tmp_path):
 
 def _watch(run_dir: Path, sigint_ignored: bool = False) -> subprocess.Popen:
     """``sigint_ignored``: start it as a shell without job control starts a background command."""
-    return subprocess.Popen([sys.executable, "-c", CLI, "status", "--watch", "--interval", "0.2", str(run_dir)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None)
+    return subprocess.Popen(
+        [sys.executable, "-c", CLI, "status", "--watch", "--interval", "0.2", str(run_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None,
+    )
 
 
 def _first_line(proc: subprocess.Popen) -> str:
@@ -94,9 +100,16 @@ def test_a_reader_that_goes_away_ends_the_watch_quietly(tmp_path):
 
 def _fake_slurm(bin_dir: Path, jobs: dict[str, str]) -> str:
     """scontrol answering ``show job ID`` with a record carrying each job's comment; sacct knows nothing."""
-    cases = "\n".join(f"  {jid}) printf 'JobId={jid} JobName=x\\n   JobState=RUNNING Restarts=0\\n   Comment=%s \\n   "
-                      f"StdOut=/dev/null\\n' '{comment}';;" for jid, comment in jobs.items())
-    fake(bin_dir, "scontrol", f'case "$3" in\n{cases}\n  *) echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1;;\nesac')
+    cases = "\n".join(
+        f"  {jid}) printf 'JobId={jid} JobName=x\\n   JobState=RUNNING Restarts=0\\n   Comment=%s \\n   "
+        f"StdOut=/dev/null\\n' '{comment}';;"
+        for jid, comment in jobs.items()
+    )
+    fake(
+        bin_dir,
+        "scontrol",
+        f'case "$3" in\n{cases}\n  *) echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1;;\nesac',
+    )
     fake(bin_dir, "sacct", 'echo "JobID|State|WorkDir|Comment"')
     return f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
 
@@ -112,16 +125,19 @@ def test_status_by_job_id_of_the_main_job_or_a_spare_from_any_directory(tmp_path
         assert "run finished-run  mode=finished  step=20/20" in p.stdout
 
 
-@pytest.mark.parametrize("args, jobs, message", [
-    (["--job", "99"], {}, "job 99 is unknown to Slurm"),
-    (["--job", "70"], {"70": "nightly build"}, "job 70 is not a tmslurm job"),
-    (["--job", "x1"], {}, "'x1' is not a Slurm job id"),
-    (["--job", "65", "RUN"], {}, "give a run directory or --job JOBID (one of them)"),
-    ([], {}, "give a run directory or --job JOBID (one of them)"),
-    (["RUN", "--watch", "--json"], {}, "--watch and --json do not combine"),
-    (["RUN", "--watch", "--interval", "0"], {}, "--interval must be > 0"),
-    (["MISSING"], {}, "is not a run directory (no such directory)"),
-])
+@pytest.mark.parametrize(
+    "args, jobs, message",
+    [
+        (["--job", "99"], {}, "job 99 is unknown to Slurm"),
+        (["--job", "70"], {"70": "nightly build"}, "job 70 is not a tmslurm job"),
+        (["--job", "x1"], {}, "'x1' is not a Slurm job id"),
+        (["--job", "65", "RUN"], {}, "give a run directory or --job JOBID (one of them)"),
+        ([], {}, "give a run directory or --job JOBID (one of them)"),
+        (["RUN", "--watch", "--json"], {}, "--watch and --json do not combine"),
+        (["RUN", "--watch", "--interval", "0"], {}, "--interval must be > 0"),
+        (["MISSING"], {}, "is not a run directory (no such directory)"),
+    ],
+)
 def test_bad_input_is_one_error_line_and_exit_2(tmp_path, args, jobs, message):
     run_dir = _finished(tmp_path / "run")
     path = _fake_slurm(tmp_path / "bin", jobs)

@@ -1,4 +1,4 @@
-"""``tmslurm status`` views (:mod:`tmslurm.statusview`, :mod:`tmslurm.runstatus`): the compact watch view,
+"""``tmslurm status`` views (:mod:`tmslurm.cli.status_view`, :mod:`tmslurm.cli.run_status`): the compact watch view,
 standby warmth, steps/s, the watch loop on a terminal and on a pipe, an unreachable controller,
 the end of the run and Ctrl-C; and the view of a real controller's status reply."""
 
@@ -9,23 +9,38 @@ import io
 import pytest
 
 from tests.unit.controller_harness import Harness
-from tmslurm.errors import AuthError, TmslurmError
-from tmslurm.runstatus import RunEnding, RunStatus, StandbyView, fetch, from_summary
-from tmslurm.statusview import CLEAR, RateMeter, Watch, _warmth, format_status, format_watch
+from tmslurm.cli.run_status import RunEnding, RunStatus, StandbyView, fetch, from_summary
+from tmslurm.cli.status_view import CLEAR, RateMeter, Watch, _warmth, format_status, format_watch
+from tmslurm.core.errors import AuthError, TmslurmError
 
 
 def _status(**over) -> dict:
-    st = {"run_dir": "runs/demo", "mode": "running", "step": 30, "steps": 900, "step_time_s": 0.25, "loss": 3.28934,
-          "shape_classes": ["first", "last"],
-          "ranks": [{"rank": 0, "node": "node1", "role": "first", "agent": "w0", "alive": True},
-                    {"rank": 1, "node": "node1", "role": "last", "agent": "w1", "alive": True},
-                    {"rank": 2, "node": "node3", "role": "first", "agent": "w2", "alive": False},
-                    {"rank": 3, "node": None, "role": "last", "agent": None, "alive": False}],
-          "standbys": [{"id": "standby0.1", "node": "node5", "roles": ["first", "last"], "busy": False},
-                       {"id": "standby1.2", "node": "node6", "roles": ["first"], "busy": True}],
-          "events": [{"kind": "planned", "ranks": [k], "node": f"node{k}", "downtime_s": 0.1 * k, "detect_s": 0.05}
-                     for k in range(7)],
-          "main_job_id": "65", "spare_job_ids": ["66", "67"], "incarnation": 1}
+    st = {
+        "run_dir": "runs/demo",
+        "mode": "running",
+        "step": 30,
+        "steps": 900,
+        "step_time_s": 0.25,
+        "loss": 3.28934,
+        "shape_classes": ["first", "last"],
+        "ranks": [
+            {"rank": 0, "node": "node1", "role": "first", "agent": "w0", "alive": True},
+            {"rank": 1, "node": "node1", "role": "last", "agent": "w1", "alive": True},
+            {"rank": 2, "node": "node3", "role": "first", "agent": "w2", "alive": False},
+            {"rank": 3, "node": None, "role": "last", "agent": None, "alive": False},
+        ],
+        "standbys": [
+            {"id": "standby0.1", "node": "node5", "roles": ["first", "last"], "busy": False},
+            {"id": "standby1.2", "node": "node6", "roles": ["first"], "busy": True},
+        ],
+        "events": [
+            {"kind": "planned", "ranks": [k], "node": f"node{k}", "downtime_s": 0.1 * k, "detect_s": 0.05}
+            for k in range(7)
+        ],
+        "main_job_id": "65",
+        "spare_job_ids": ["66", "67"],
+        "incarnation": 1,
+    }
     return {**st, **over}
 
 
@@ -34,7 +49,11 @@ def test_the_watch_view_shows_step_rate_ranks_standbys_events_and_jobs():
     lines = text.splitlines()
     assert lines[0].startswith("run runs/demo  running  step 30/900  4.00 steps/s  loss 3.2893  [")
     assert lines[1] == "jobs: main 65 (incarnation 1)  spares 66, 67"
-    assert "  node1          0 up, 1 up" in lines and "  node3          2 dead" in lines and "  -              3 none" in lines
+    assert (
+        "  node1          0 up, 1 up" in lines
+        and "  node3          2 dead" in lines
+        and "  -              3 none" in lines
+    )
     assert "  standby0.1         node5          warm 2/2 (first, last)" in lines
     assert "  standby1.2         node6          joining, warming 1/2 (first)" in lines
     assert "events (5 of 7):" in lines
@@ -42,24 +61,30 @@ def test_the_watch_view_shows_step_rate_ranks_standbys_events_and_jobs():
     assert "ranks=[1]" not in text  # older events left out
 
 
-@pytest.mark.parametrize("over, expect", [
-    ({"main_job_id": None, "spare_job_ids": []}, "jobs: - (not on Slurm)"),
-    ({"ranks": [], "standbys": [], "events": []}, "ranks:\n  -\nstandbys:\n  -\nevents:\n  -"),
-    ({"step": None, "steps": None, "loss": None}, "step None/?  ? steps/s  loss ?"),
-])
+@pytest.mark.parametrize(
+    "over, expect",
+    [
+        ({"main_job_id": None, "spare_job_ids": []}, "jobs: - (not on Slurm)"),
+        ({"ranks": [], "standbys": [], "events": []}, "ranks:\n  -\nstandbys:\n  -\nevents:\n  -"),
+        ({"step": None, "steps": None, "loss": None}, "step None/?  ? steps/s  loss ?"),
+    ],
+)
 def test_the_watch_view_of_partial_statuses(over, expect):
     rate = None if over.get("step", 1) is None else 1.0
     assert expect in format_watch(RunStatus.from_dict(_status(**over)), rate, 0.0)
 
 
-@pytest.mark.parametrize("warm, joining, classes, expect", [
-    (("first", "last"), False, ("first", "last"), "warm 2/2 (first, last)"),
-    (("first",), False, ("first", "middle", "last"), "warming 1/3 (first)"),
-    ((), False, ("first", "last"), "cold 0/2"),
-    (("only",), True, ("only",), "joining, warm 1/1 (only)"),
-    (("first", "last"), False, (), "warm: first, last"),  # a source that does not list the classes
-    ((), False, (), "cold"),
-])
+@pytest.mark.parametrize(
+    "warm, joining, classes, expect",
+    [
+        (("first", "last"), False, ("first", "last"), "warm 2/2 (first, last)"),
+        (("first",), False, ("first", "middle", "last"), "warming 1/3 (first)"),
+        ((), False, ("first", "last"), "cold 0/2"),
+        (("only",), True, ("only",), "joining, warm 1/1 (only)"),
+        (("first", "last"), False, (), "warm: first, last"),  # a source that does not list the classes
+        ((), False, (), "cold"),
+    ],
+)
 def test_standby_warmth(warm, joining, classes, expect):
     assert _warmth(StandbyView("s0", "n1", warm, joining), classes) == expect
 
@@ -80,24 +105,36 @@ def test_the_one_shot_listing_keeps_its_format():
 
 
 def test_a_summary_reads_as_a_finished_status():
-    st = RunStatus.from_dict(from_summary({"run_id": "r", "steps": 20, "loss_last": 3.0, "median_step_s": 0.5,
-                                           "standbys": [{"id": "s0", "node": "n", "roles": {"last": {}, "first": {}}}]}))
+    st = RunStatus.from_dict(
+        from_summary(
+            {
+                "run_id": "r",
+                "steps": 20,
+                "loss_last": 3.0,
+                "median_step_s": 0.5,
+                "standbys": [{"id": "s0", "node": "n", "roles": {"last": {}, "first": {}}}],
+            }
+        )
+    )
     assert st.finished and st.step == 20 and st.loss == 3.0 and st.step_time_s == 0.5
     assert st.standbys[0].warm == ("first", "last") and st.ranks == []
 
 
-@pytest.mark.parametrize("samples, expect", [
-    ([(0.0, 10, 0.25)], 4.0),  # one sample: 1 / step_time
-    ([(0.0, 10, None)], None),
-    ([(0.0, 10, 0.25), (2.0, 20, 0.25)], 5.0),  # step delta / time delta
-    ([(0.0, 10, 0.25), (2.0, 10, 0.25)], 0.0),  # stalled
-    ([(0.0, 10, 0.25), (2.0, 20, 0.25), (4.0, 40, 0.25)], 7.5),  # across the window
-    ([(0.0, 0, 0.1), (10.0, 10, 0.1), (20.0, 40, 0.1), (22.0, 44, 0.1)], 2.0),  # samples older than 10 s dropped
-    ([(0.0, 0, 0.1), (30.0, 30, 0.1)], 1.0),  # the previous sample is kept however old
-    ([(0.0, 50, 0.25), (2.0, 60, 0.25), (4.0, 40, 0.5)], 2.0),  # back to a checkpoint: starts again
-    ([(0.0, 10, 0.25), (0.0, 12, 0.25)], 4.0),  # no time passed
-    ([(0.0, None, 0.25)], None),
-])
+@pytest.mark.parametrize(
+    "samples, expect",
+    [
+        ([(0.0, 10, 0.25)], 4.0),  # one sample: 1 / step_time
+        ([(0.0, 10, None)], None),
+        ([(0.0, 10, 0.25), (2.0, 20, 0.25)], 5.0),  # step delta / time delta
+        ([(0.0, 10, 0.25), (2.0, 10, 0.25)], 0.0),  # stalled
+        ([(0.0, 10, 0.25), (2.0, 20, 0.25), (4.0, 40, 0.25)], 7.5),  # across the window
+        ([(0.0, 0, 0.1), (10.0, 10, 0.1), (20.0, 40, 0.1), (22.0, 44, 0.1)], 2.0),  # samples older than 10 s dropped
+        ([(0.0, 0, 0.1), (30.0, 30, 0.1)], 1.0),  # the previous sample is kept however old
+        ([(0.0, 50, 0.25), (2.0, 60, 0.25), (4.0, 40, 0.5)], 2.0),  # back to a checkpoint: starts again
+        ([(0.0, 10, 0.25), (0.0, 12, 0.25)], 4.0),  # no time passed
+        ([(0.0, None, 0.25)], None),
+    ],
+)
 def test_steps_per_second(samples, expect):
     meter = RateMeter(window_s=10.0)
     rates = [meter.add(t, step, dt) for t, step, dt in samples]
@@ -125,8 +162,9 @@ class Script:
 
 def _watch(script: Script, tty: bool) -> tuple[Watch, io.StringIO]:
     out = io.StringIO()
-    return Watch(script.fetch, out, interval_s=2.0, tty=tty, clock=lambda: script.t, wall=lambda: 0.0,
-                 sleep=script.sleep), out
+    return Watch(
+        script.fetch, out, interval_s=2.0, tty=tty, clock=lambda: script.t, wall=lambda: 0.0, sleep=script.sleep
+    ), out
 
 
 @pytest.mark.parametrize("tty", [True, False])
@@ -135,7 +173,9 @@ def test_watch_refreshes_until_the_run_finishes(tty):
     watch, out = _watch(script, tty)
     assert watch.run() == 0 and script.sleeps == 2 and not script.items
     text = out.getvalue()
-    assert text.count("run runs/demo") == 3 and "step 20/900  5.00 steps/s" in text and "step 24/900  3.50 steps/s" in text
+    assert (
+        text.count("run runs/demo") == 3 and "step 20/900  5.00 steps/s" in text and "step 24/900  3.50 steps/s" in text
+    )
     if tty:
         assert text.count(CLEAR) == 3 and text.startswith(CLEAR)
     else:
@@ -149,7 +189,9 @@ def test_an_unreachable_controller_is_shown_and_retried():
     assert watch.run() == 0 and not script.items
     blocks = out.getvalue().split("\n\n")
     assert blocks[0] == f"controller unreachable: {gone}, retrying every 2s"
-    assert blocks[2].startswith("controller unreachable: timed out, retrying every 2s\nrun runs/demo  running  step 10/900")
+    assert blocks[2].startswith(
+        "controller unreachable: timed out, retrying every 2s\nrun runs/demo  running  step 10/900"
+    )
 
 
 def test_a_run_that_is_ending_is_waited_for(tmp_path, monkeypatch):
@@ -200,7 +242,9 @@ def test_the_view_of_a_real_controller_status(tmp_path):
     h.commit_all()
     h.disconnect(1)
     raw = h.ctl.summary.status()
-    assert raw["shape_classes"] == ["first", "last"] and [r["shape_class"] for r in raw["ranks"]] == ["first", "last"] * 2
+    assert (
+        raw["shape_classes"] == ["first", "last"] and [r["shape_class"] for r in raw["ranks"]] == ["first", "last"] * 2
+    )
     lines = format_watch(RunStatus.from_dict(raw), None, 0.0).splitlines()
     assert "  n0             0 up" in lines and "  n2             2 up" in lines
     assert any(line.startswith("  n1             1 ") and not line.endswith(" up") for line in lines), lines

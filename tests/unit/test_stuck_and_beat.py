@@ -10,7 +10,7 @@ import pytest
 
 from tests.unit.controller_harness import Harness
 from tests.unit.test_controller import notice
-from tmslurm.controller.plans import PlannedSwitch, Recovery
+from tmslurm.controller.plan_types import PlannedSwitch, Recovery
 
 
 def applied_planned_switch(h: Harness) -> PlannedSwitch:
@@ -33,12 +33,15 @@ def applied_recovery(h: Harness) -> Recovery:
     return plan  # rank 1 and the joiner s0 have not reported
 
 
-@pytest.mark.parametrize("make,late_s,stuck", [
-    (applied_planned_switch, 30.0, False),
-    (applied_planned_switch, 61.0, True),
-    (applied_recovery, 59.0, False),
-    (applied_recovery, 61.0, True),
-])
+@pytest.mark.parametrize(
+    "make,late_s,stuck",
+    [
+        (applied_planned_switch, 30.0, False),
+        (applied_planned_switch, 61.0, True),
+        (applied_recovery, 59.0, False),
+        (applied_recovery, 61.0, True),
+    ],
+)
 def test_an_applied_plan_past_switch_timeout_fences_who_did_not_report(tmp_path, make, late_s, stuck):
     h = Harness(tmp_path)
     plan = make(h)

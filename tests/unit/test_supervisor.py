@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from tmslurm.config import compose_config
-from tmslurm.supervisor import Supervisor
+from tmslurm.core.config import compose_config
+from tmslurm.run.supervisor import Supervisor
 
 
 @dataclass
@@ -29,13 +29,21 @@ class FakeStore:
     port: int = 1
 
 
-@pytest.mark.parametrize("alive,incarnation,restarts,adopts", [
-    ([("worker", 0), ("standby", 5)], 0, 3, True),
-    ([("standby", 1), ("standby", 4), ("standby", 5), ("standby", 6)], 0, 3, True),  # every rank served by a standby
-    ([("standby", 7)], 1, 3, True),  # warm only: the successor refuses to adopt and restarts from the checkpoint
-    ([], 0, 3, True),  # a restart's ranks not running yet: the successor restarts them from the checkpoint
-    ([("worker", 0)], 3, 3, False),  # restarts used up
-])
+@pytest.mark.parametrize(
+    "alive,incarnation,restarts,adopts",
+    [
+        ([("worker", 0), ("standby", 5)], 0, 3, True),
+        (
+            [("standby", 1), ("standby", 4), ("standby", 5), ("standby", 6)],
+            0,
+            3,
+            True,
+        ),  # every rank served by a standby
+        ([("standby", 7)], 1, 3, True),  # warm only: the successor refuses to adopt and restarts from the checkpoint
+        ([], 0, 3, True),  # a restart's ranks not running yet: the successor restarts them from the checkpoint
+        ([("worker", 0)], 3, 3, False),  # restarts used up
+    ],
+)
 def test_a_successor_starts_while_restarts_are_left(tmp_path, alive, incarnation, restarts, adopts):
     cfg = compose_config([f"runtime.controller_restarts={restarts}"])
     with socket.create_server(("127.0.0.1", 0)) as listener:

@@ -1,4 +1,4 @@
-"""Switch planning (tmslurm.controller.switchplan): dirty groups, state sources, joiners, per-process messages."""
+"""Switch planning (tmslurm.controller.switch_planning): dirty groups, state sources, joiners, per-process messages."""
 
 from __future__ import annotations
 
@@ -6,10 +6,19 @@ import copy
 
 import pytest
 
+from tmslurm.controller.switch_planning import (
+    Move,
+    Plan,
+    PlanError,
+    dirty_groups,
+    dp_source,
+    multi,
+    pick_joiners,
+    planned_messages,
+    recovery_messages,
+)
+from tmslurm.core.topology import Layout
 from tmslurm.wire.messages import Join, Prepare, Recover
-from tmslurm.controller.switchplan import (Move, Plan, PlanError, dirty_groups, dp_source, multi, pick_joiners,
-                                    planned_messages, recovery_messages)
-from tmslurm.topology import Layout
 
 L22 = Layout(2, 2)
 M = 2  # micro-batches
@@ -44,23 +53,26 @@ def _mutate(rank, group, **fields):
     return st
 
 
-@pytest.mark.parametrize("status, dirty", [
-    pytest.param(_mutate(0, "dp/stage0", pending=1), {"dp/stage0"}, id="pending-collective"),
-    pytest.param(_mutate(1, "pp/replica0/0-1", pending=1), {"pp/replica0/0-1"}, id="pending-p2p"),
-    pytest.param(_mutate(3, "dp/stage1", coll=0), {"dp/stage1"}, id="unequal-collective-counts"),
-    pytest.param(_mutate(0, "pp/replica0/0-1", sent=M - 1), {"pp/replica0/0-1"}, id="send-without-recv"),
-    pytest.param(_mutate(3, "pp/replica1/0-1", recv=M - 1), {"pp/replica1/0-1"}, id="recv-without-send"),
-    pytest.param(_mutate(2, "dp/stage0", gen=1), {"dp/stage0"}, id="different-generations"),
-])
+@pytest.mark.parametrize(
+    "status, dirty",
+    [
+        pytest.param(_mutate(0, "dp/stage0", pending=1), {"dp/stage0"}, id="pending-collective"),
+        pytest.param(_mutate(1, "pp/replica0/0-1", pending=1), {"pp/replica0/0-1"}, id="pending-p2p"),
+        pytest.param(_mutate(3, "dp/stage1", coll=0), {"dp/stage1"}, id="unequal-collective-counts"),
+        pytest.param(_mutate(0, "pp/replica0/0-1", sent=M - 1), {"pp/replica0/0-1"}, id="send-without-recv"),
+        pytest.param(_mutate(3, "pp/replica1/0-1", recv=M - 1), {"pp/replica1/0-1"}, id="recv-without-send"),
+        pytest.param(_mutate(2, "dp/stage0", gen=1), {"dp/stage0"}, id="different-generations"),
+    ],
+)
 def test_dirty_groups(status, dirty):
     assert dirty_groups(L22, status) == dirty
 
 
 def test_group_with_a_dead_member_is_skipped():
     st = clean_status(L22)
-    st[1]["dp/stage1"]["pending"] = 1          # rank 3 is dead: dp/stage1 is affected anyway
-    st[2]["pp/replica1/0-1"]["sent"] = 0       # and so is pp/replica1/0-1
-    st[0]["dp/stage0"]["coll"] = 0             # but this one, all alive, is really dirty
+    st[1]["dp/stage1"]["pending"] = 1  # rank 3 is dead: dp/stage1 is affected anyway
+    st[2]["pp/replica1/0-1"]["sent"] = 0  # and so is pp/replica1/0-1
+    st[0]["dp/stage0"]["coll"] = 0  # but this one, all alive, is really dirty
     del st[3]
     assert dirty_groups(L22, st) == {"dp/stage0"}
 
@@ -98,11 +110,14 @@ def test_pick_joiners_uses_each_standby_once():
     assert sorted(m.joiner for m in moves) == ["s0", "s1"]
 
 
-@pytest.mark.parametrize("ranks, pool, words", [
-    ([1], {"s0": {"first"}}, ["role 'last'", "rank 1", "s0:['first']"]),
-    ([1], {}, ["role 'last'", "standbys: none"]),
-    ([0, 2], {"s0": {"first", "last"}}, ["role 'first'", "rank 2", "s0:['first', 'last']", "(s0 taken by rank 0)"]),
-])
+@pytest.mark.parametrize(
+    "ranks, pool, words",
+    [
+        ([1], {"s0": {"first"}}, ["role 'last'", "rank 1", "s0:['first']"]),
+        ([1], {}, ["role 'last'", "standbys: none"]),
+        ([0, 2], {"s0": {"first", "last"}}, ["role 'first'", "rank 2", "s0:['first', 'last']", "(s0 taken by rank 0)"]),
+    ],
+)
 def test_pick_joiners_plan_error_lists_the_pool(ranks, pool, words):
     with pytest.raises(PlanError) as info:
         pick_joiners(L22, ranks, pool)

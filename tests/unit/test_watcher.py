@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tmslurm.errors import ConfigError, SlurmError
+from tmslurm.core.errors import ConfigError, SlurmError
 from tmslurm.slurm import parse as P
 from tmslurm.slurm.client import CliSlurmClient
 from tmslurm.slurm.watcher import NodeWatch, SlurmWatcher
@@ -308,6 +308,9 @@ def test_one_node_query_per_poll_for_all_watched_nodes():
     watcher = SlurmWatcher(client, NodeWatch({n: "main" for n in names}), 1.0, got.append, clock=lambda: 100.0)
     watcher.poll_once()
     watcher.poll_once()
-    assert [c[:4] for c in client.commands] == [["scontrol", "-o", "show", "node"], ["scontrol", "-o", "show", "res"]] * 2
+    assert [c[:4] for c in client.commands] == [
+        ["scontrol", "-o", "show", "node"],
+        ["scontrol", "-o", "show", "res"],
+    ] * 2
     assert client.commands[0][4] == "gpu[0000-1023]"  # every watched node, in one compressed hostlist
     assert [(n.node, n.kind) for n in got] == [("gpu0513", "maintenance")]  # reported once over both polls

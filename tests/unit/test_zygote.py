@@ -20,7 +20,7 @@ FORK_AND_KILL = """
 import json, os, signal, sys, time
 from pathlib import Path
 from tmslurm.agent.monitor import is_agent_of, is_stopped
-from tmslurm.controller.forked import Zygote
+from tmslurm.controller.zygote_client import Zygote
 run = Path(sys.argv[1])  # no controller.json: the agent waits for one (60 s), alive meanwhile
 z = Zygote(dict(os.environ), run / "zygote.log")
 h = z.spawn(["--run-dir", str(run), "--rank", "3", "--node", "local1"], {**os.environ, "MARK": "m1"}, run / "rank3.log")
@@ -45,8 +45,13 @@ print(json.dumps(out))
 
 
 def test_a_forked_agent_is_our_child_reads_as_an_agent_and_dies_by_its_handle(tmp_path):
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(FORK_AND_KILL), str(tmp_path)], cwd=REPO,
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(FORK_AND_KILL), str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.splitlines()[-1])
     assert out["ppid_is_us"] and out["is_agent"] and out["rank_flag"] and out["sid_is_own"] and out["alive"], out

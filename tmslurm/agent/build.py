@@ -20,13 +20,13 @@ import torch.distributed as dist
 
 from tmslurm.agent.link import Link
 from tmslurm.comm.fabric import Fabric, FabricSettings
-from tmslurm.netaddr import local_address_towards
-from tmslurm.config import RunConfig
-from tmslurm.topology import Layout, split_layers
+from tmslurm.core.config import RunConfig
+from tmslurm.core.netaddr import local_address_towards
+from tmslurm.core.topology import Layout, split_layers
 from tmslurm.train.schedule import StageRunner
-from tmslurm.train.zero import ZeroStageRunner
 from tmslurm.train.task import StageSpec, load_task
 from tmslurm.train.tp import TPGroup
+from tmslurm.train.zero import ZeroStageRunner
 
 
 def _status_mb(field: str) -> float | None:
@@ -74,8 +74,15 @@ def layout_of(cfg: RunConfig) -> Layout:
 def stage_spec(cfg: RunConfig, stage: int, tp_rank: int) -> StageSpec:
     """The StageSpec of (stage, tp position), with a fresh TP handle for the module to hold."""
     layout = layout_of(cfg)
-    return StageSpec(stage, layout.pp, layout.role_of_stage(stage), split_layers(cfg.model.n_layer, layout.pp)[stage],
-                     tp_rank=tp_rank, tp_size=layout.tp, tp_group=TPGroup(tp_rank, layout.tp))
+    return StageSpec(
+        stage,
+        layout.pp,
+        layout.role_of_stage(stage),
+        split_layers(cfg.model.n_layer, layout.pp)[stage],
+        tp_rank=tp_rank,
+        tp_size=layout.tp,
+        tp_group=TPGroup(tp_rank, layout.tp),
+    )
 
 
 def device_of(cfg: RunConfig) -> torch.device:
@@ -99,11 +106,21 @@ def make_fabric(cfg: RunConfig, rank: int, link: Link, addr: dict[str, Any]) -> 
     rt = cfg.runtime
 
     def store() -> Any:
-        return dist.TCPStore(addr["host"], int(addr["store_port"]), is_master=False,
-                             timeout=_td(rt.connect_timeout_s), wait_for_workers=False)
+        return dist.TCPStore(
+            addr["host"],
+            int(addr["store_port"]),
+            is_master=False,
+            timeout=_td(rt.connect_timeout_s),
+            wait_for_workers=False,
+        )
 
-    settings = FabricSettings(rt.backend, rt.collective_timeout_s, rt.wait_slice_s, rt.connect_timeout_s,
-                              bind_addr=local_address_towards(addr["host"]))
+    settings = FabricSettings(
+        rt.backend,
+        rt.collective_timeout_s,
+        rt.wait_slice_s,
+        rt.connect_timeout_s,
+        bind_addr=local_address_towards(addr["host"]),
+    )
     return Fabric(rank, layout_of(cfg), store, settings, link.abort_event)
 
 

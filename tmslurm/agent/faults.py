@@ -37,7 +37,7 @@ import logging
 import os
 import signal
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from tmslurm.wire.messages import FaultFired, FaultSpec, Msg
 
@@ -63,9 +63,16 @@ def _drop(msg: Msg) -> None:
 class FaultPlan:
     """This rank's pending faults and what firing one does (the effects are parameters for tests)."""
 
-    def __init__(self, specs: Iterable[FaultSpec], rank: int, send: Callable[[Msg], None], *,
-                 kill: Callable[[int], None] = signal_self, pause: Callable[[float], None] = time.sleep,
-                 hang: Callable[[], None] = hang_forever) -> None:
+    def __init__(
+        self,
+        specs: Iterable[FaultSpec],
+        rank: int,
+        send: Callable[[Msg], None],
+        *,
+        kill: Callable[[int], None] = signal_self,
+        pause: Callable[[float], None] = time.sleep,
+        hang: Callable[[], None] = hang_forever,
+    ) -> None:
         self.pending: list[FaultSpec] = list(specs)
         self.slowing: list[FaultSpec] = []
         """Fired ``slow`` faults: every step from theirs on stalls their amount."""
@@ -76,7 +83,7 @@ class FaultPlan:
         self.hang = hang
 
     @classmethod
-    def none(cls) -> "FaultPlan":
+    def none(cls) -> FaultPlan:
         """A plan with no fault: every call does nothing."""
         return cls((), 0, _drop)
 
@@ -88,7 +95,9 @@ class FaultPlan:
             self.slowing.append(f)
             self.send(FaultFired(index=f.index, rank=self.rank, step=step, kind=f.kind))
             log.warning("injecting fault slow at step %d: every step stalls %ss from now on", step, f.amount)
-        due = [f for f in self.pending if f.step == step and f.kind in ("kill", "stop", "hiccup") and f.when == "midstep"]
+        due = [
+            f for f in self.pending if f.step == step and f.kind in ("kill", "stop", "hiccup") and f.when == "midstep"
+        ]
         delay = sum(float(f.amount) for f in self.slowing)
         if not due and not delay:
             return None
@@ -98,6 +107,7 @@ class FaultPlan:
                 self.pause(delay)
             if due:
                 self._fire(due[0], step)
+
         return act
 
     def before_vote(self, step: int) -> None:

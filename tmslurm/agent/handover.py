@@ -21,7 +21,7 @@ from tmslurm.agent.link import Link
 from tmslurm.agent.shadowing import HandOver, LeaverShadow
 from tmslurm.comm.fabric import GroupHandle
 from tmslurm.comm.transfer import send_state
-from tmslurm.errors import CommError
+from tmslurm.core.errors import CommError
 from tmslurm.train.schedule import StageRunner
 from tmslurm.wire.messages import Left
 
@@ -51,21 +51,42 @@ def hand_over(me: Leaver, xfer: GroupHandle, shadow: LeaverShadow | None, t0: fl
         _send_left(me, shadow.pending(), t0, t1)
         try:
             h = shadow.settle(me.step, me.runner)
-            log.info("rank %d's shadow at step %d: %s (%d bytes sent after)", me.rank, me.step,
-                     "equal" if h.matched else "DIFFERENT", h.bytes)
+            log.info(
+                "rank %d's shadow at step %d: %s (%d bytes sent after)",
+                me.rank,
+                me.step,
+                "equal" if h.matched else "DIFFERENT",
+                h.bytes,
+            )
         except CommError as exc:  # the new rank cannot commit a step unchecked: it goes too
             log.error("could not settle rank %d's shadow: %s", me.rank, exc)
         return
     if shadow is not None:
         h = shadow.send_whole(xfer.pg, me.step, me.runner)
     else:
-        sent = send_state(xfer.pg, 1, {"state": me.runner.state_for(me.dp), "step": me.step}, me.timeout_s,
-                          midway=lambda: me.faults.during_transfer(me.step))
+        sent = send_state(
+            xfer.pg,
+            1,
+            {"state": me.runner.state_for(me.dp), "step": me.step},
+            me.timeout_s,
+            midway=lambda: me.faults.during_transfer(me.step),
+        )
         h = HandOver(False, False, sent, 0, 0.0)
     _send_left(me, h, t0, t1)
 
 
 def _send_left(me: Leaver, h: HandOver, t0: float, t1: float) -> None:
-    me.link.send(Left(rank=me.rank, step=me.step, transfer_s=time.monotonic() - t1, phase2_s=t1 - t0, bytes=h.bytes,
-                      shadowed=h.shadowed, shadow_steps=h.steps, shadow_wait_s=h.wait_s, apply_s=me.apply_s))
+    me.link.send(
+        Left(
+            rank=me.rank,
+            step=me.step,
+            transfer_s=time.monotonic() - t1,
+            phase2_s=t1 - t0,
+            bytes=h.bytes,
+            shadowed=h.shadowed,
+            shadow_steps=h.steps,
+            shadow_wait_s=h.wait_s,
+            apply_s=me.apply_s,
+        )
+    )
     log.info("handed rank %d over at step %d (%d bytes, shadowed: %s); exiting", me.rank, me.step, h.bytes, h.shadowed)

@@ -40,15 +40,29 @@ import queue
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from tmslurm.errors import ProtocolError, TmslurmError
-from tmslurm.wire.messages import (Abort, BadMessage, Beat, Decision, Done, Heartbeat, Hello, Msg, Ready, Rejoin, Vote,
-                                   Welcome, decode_controller)
-from tmslurm.wire.protocol import Channel, connect, controller_address, read_token
 from tmslurm.agent.relay import connect_local
+from tmslurm.core.errors import ProtocolError, TmslurmError
+from tmslurm.wire.messages import (
+    Abort,
+    BadMessage,
+    Beat,
+    Decision,
+    Done,
+    Heartbeat,
+    Hello,
+    Msg,
+    Ready,
+    Rejoin,
+    Vote,
+    Welcome,
+    decode_controller,
+)
+from tmslurm.wire.protocol import Channel, connect, controller_address, read_token
 
 log = logging.getLogger(__name__)
 LOST = object()
@@ -68,7 +82,7 @@ class Link:
     heartbeat_s: float
     controller_lost_s: float
     """Exit when nothing came from the controller for this long (0: never)."""
-    inbox: "queue.Queue[Any]" = field(default_factory=queue.Queue)
+    inbox: queue.Queue[Any] = field(default_factory=queue.Queue)
     """Typed controller messages (:data:`~tmslurm.wire.messages.ControllerMessage`), or :data:`LOST`."""
     abort_event: threading.Event = field(default_factory=threading.Event)
     abort_epoch: int = -1
@@ -83,7 +97,7 @@ class Link:
     """Called (with why) by the watchdog just before it ends the process for a lost controller."""
     before_exit: list[Callable[[], Any]] = field(default_factory=list)
     """Called, in order, before a lost controller ends the process."""
-    rejoin: "Rejoiner | None" = None
+    rejoin: Rejoiner | None = None
     """How to reconnect to a restarted controller; None: a lost controller ends the process."""
     rejoin_state: Callable[[], dict[str, Any]] | None = None
     """The agent's ``rank``, ``epoch``, ``in_plan``, ``prepared`` and ``aborting`` for a rejoin (set by the worker or standby)."""
@@ -158,10 +172,16 @@ class Link:
         while time.monotonic() - lost_m < self.controller_lost_s:
             with self.send_lock:
                 state = self.rejoin_state() if self.rejoin_state is not None else {}
-                rejoin = Rejoin(rank=state.get("rank"), epoch=state.get("epoch", 0), in_plan=bool(state.get("in_plan")),
-                                prepared=list(state.get("prepared", [])), aborting=bool(state.get("aborting")),
-                                step=state.get("step"),
-                                decision=self.last_decision, vote=self.pending_vote)
+                rejoin = Rejoin(
+                    rank=state.get("rank"),
+                    epoch=state.get("epoch", 0),
+                    in_plan=bool(state.get("in_plan")),
+                    prepared=list(state.get("prepared", [])),
+                    aborting=bool(state.get("aborting")),
+                    step=state.get("step"),
+                    decision=self.last_decision,
+                    vote=self.pending_vote,
+                )
                 outcome = self.rejoin.attempt(rejoin, lost_m + self.controller_lost_s)
                 if isinstance(outcome, Channel):
                     self.channel = outcome
@@ -202,8 +222,10 @@ class Link:
                 self._exit("the controller's connection closed")
             silent = time.monotonic() - self.heard_m
             if self.controller_lost_s and silent > self.controller_lost_s:
-                self._exit(f"heard nothing from the controller for {silent:.1f}s "
-                           f"(runtime.controller_lost_s={self.controller_lost_s:g})")
+                self._exit(
+                    f"heard nothing from the controller for {silent:.1f}s "
+                    f"(runtime.controller_lost_s={self.controller_lost_s:g})"
+                )
 
     def _exit(self, why: str) -> None:
         log.error("lost the controller (%s); exiting", why)
@@ -291,8 +313,9 @@ def via_relay(addr: dict[str, Any], kind: str) -> bool:
     return bool(addr.get("relay")) and kind != "monitor"
 
 
-def hello(run_dir: Path, kind: str, ident: int, node: str,
-          on_lost: Callable[[str], None] | None = None) -> tuple[Link, Welcome]:
+def hello(
+    run_dir: Path, kind: str, ident: int, node: str, on_lost: Callable[[str], None] | None = None
+) -> tuple[Link, Welcome]:
     addr = controller_address(run_dir)
     if via_relay(addr, kind):
         ch = Channel(connect_local(Path(run_dir), node, timeout_s=30.0))
@@ -308,8 +331,13 @@ def hello(run_dir: Path, kind: str, ident: int, node: str,
     rt = cfg["runtime"]
     beat_s = float(rt["monitor_interval_s"] if kind == "monitor" else rt["heartbeat_interval_s"])
     rejoiner = Rejoiner(Path(run_dir), first) if restartable(cfg) else None
-    link = Link(ch, beat_s if rt.get("heartbeats", True) else 0.0, float(rt["controller_lost_s"]), on_lost=on_lost,
-                rejoin=rejoiner)
+    link = Link(
+        ch,
+        beat_s if rt.get("heartbeats", True) else 0.0,
+        float(rt["controller_lost_s"]),
+        on_lost=on_lost,
+        rejoin=rejoiner,
+    )
     link.start()
     return link, welcome
 

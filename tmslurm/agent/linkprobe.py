@@ -29,8 +29,8 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 log = logging.getLogger(__name__)
 MAGIC = b"TMSLPRB1"
@@ -62,7 +62,7 @@ class Sink:
         host, port = self.sock.getsockname()[:2]
         return host, port
 
-    def start(self) -> "Sink":
+    def start(self) -> Sink:
         threading.Thread(target=self._serve, name="probe-sink", daemon=True).start()
         return self
 

@@ -27,9 +27,9 @@ import signal
 import sys
 from pathlib import Path
 
-from tmslurm.errors import TmslurmError
-from tmslurm.logs import LOG_CONTEXT, setup_logging
 from tmslurm.agent.link import hello, node_name
+from tmslurm.core.errors import TmslurmError
+from tmslurm.core.logs import LOG_CONTEXT, setup_logging
 
 __all__ = ["exit_now", "main", "setup_logging"]
 
@@ -75,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         link, welcome = hello(args.run_dir, kind, ident, node_name(args.node))
         if kind == "monitor":
-            return run_monitor(args.run_dir, link, node_name(args.node), welcome.config["runtime"], welcome.address.host)
+            return run_monitor(
+                args.run_dir, link, node_name(args.node), welcome.config["runtime"], welcome.address.host
+            )
         if kind == "worker":
             Worker.from_welcome(args.run_dir, link, welcome, ident).run()
         else:

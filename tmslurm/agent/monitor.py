@@ -25,14 +25,13 @@ import queue
 import select
 import time
 from pathlib import Path
-
 from typing import TYPE_CHECKING, Any
 
-from tmslurm.wire.messages import Exited, Finish, ProbeLink, Probed, SinkAt, Stopped, Watch
 from tmslurm.agent.link import Link
-from tmslurm.agent.linkprobe import Prober, ProbeJob, Sink
+from tmslurm.agent.linkprobe import ProbeJob, Prober, Sink
 from tmslurm.agent.relay import start_relay
-from tmslurm.netaddr import local_address_towards
+from tmslurm.core.netaddr import local_address_towards
+from tmslurm.wire.messages import Exited, Finish, Probed, ProbeLink, SinkAt, Stopped, Watch
 
 if TYPE_CHECKING:
     from tmslurm.agent.nodemetrics import NodeMetrics
@@ -45,8 +44,17 @@ REJOINED = object()
 
 
 class Monitor:
-    def __init__(self, run_dir: Path, link: Link, node: str, stop_after_s: float, poll_s: float = 0.05,
-                 metrics: NodeMetrics | None = None, sink: Sink | None = None, prober: Prober | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        link: Link,
+        node: str,
+        stop_after_s: float,
+        poll_s: float = 0.05,
+        metrics: NodeMetrics | None = None,
+        sink: Sink | None = None,
+        prober: Prober | None = None,
+    ) -> None:
         self.run_dir = Path(run_dir)
         self.sink = sink
         """This node's link-probe sink (``runtime.link_probe_s`` > 0), announced at start and on a rejoin."""
@@ -180,7 +188,7 @@ def is_agent_of(pid: int, run_dir: Path) -> bool:
         return False
     if b"tmslurm.agent.main" not in argv or b"--run-dir" not in argv:
         return False
-    given = argv[argv.index(b"--run-dir") + 1:][:1]
+    given = argv[argv.index(b"--run-dir") + 1 :][:1]
     return bool(given) and Path(os.fsdecode(given[0])).resolve() == Path(run_dir).resolve()
 
 
@@ -191,8 +199,10 @@ def run_monitor(run_dir: Path, link: Link, node: str, rt: dict[str, Any], contro
     sink = prober = None
     if rt.get("gray_evict") and float(rt.get("link_probe_s") or 0) > 0:
         sink = Sink(local_address_towards(controller_host)).start()
-        prober = Prober(lambda seq, sec, err, late: link.send(Probed(seq=seq, seconds=sec, error=err, timed_out=late)),
-                        timeout_s=float(rt["link_probe_timeout_s"]))
+        prober = Prober(
+            lambda seq, sec, err, late: link.send(Probed(seq=seq, seconds=sec, error=err, timed_out=late)),
+            timeout_s=float(rt["link_probe_timeout_s"]),
+        )
     metrics = None
     if rt.get("monitor_metrics_port"):
         from tmslurm.agent.nodemetrics import NodeMetrics
@@ -200,7 +210,9 @@ def run_monitor(run_dir: Path, link: Link, node: str, rt: dict[str, Any], contro
         metrics = NodeMetrics(run_dir, node)
         metrics.serve(str(rt["metrics_addr"]), int(rt["monitor_metrics_port"]))
     try:
-        return Monitor(run_dir, link, node, float(rt["node_timeout_s"]), metrics=metrics, sink=sink, prober=prober).run()
+        return Monitor(
+            run_dir, link, node, float(rt["node_timeout_s"]), metrics=metrics, sink=sink, prober=prober
+        ).run()
     finally:
         if sink is not None:
             sink.stop()

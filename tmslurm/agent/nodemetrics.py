@@ -31,23 +31,43 @@ class NodeMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         labels = {"run": self.run_dir.name, "job": os.environ.get("SLURM_JOB_ID", "local"), "node": node}
         names, reg = list(labels), self.registry
-        self.watched = Gauge("tmslurm_node_watched_processes", "tmslurm processes of this node the monitor watches now",
-                             names, registry=reg).labels(**labels)
-        self.exits = Counter("tmslurm_node_exits_reported", "Exits of watched processes reported to the controller",
-                             names, registry=reg).labels(**labels)
-        self.stops = Counter("tmslurm_node_stops_reported", "Watched processes reported stopped (SIGSTOP, a debugger)",
-                             names, registry=reg).labels(**labels)
-        self.rejoins = Counter("tmslurm_node_controller_rejoins", "Times the monitor rejoined a restarted controller",
-                               names, registry=reg).labels(**labels)
-        Gauge("tmslurm_node_monitor_start_time_seconds", "When this node's monitor started (Unix time)", names,
-              registry=reg).labels(**labels).set(time.time())
+        self.watched = Gauge(
+            "tmslurm_node_watched_processes",
+            "tmslurm processes of this node the monitor watches now",
+            names,
+            registry=reg,
+        ).labels(**labels)
+        self.exits = Counter(
+            "tmslurm_node_exits_reported", "Exits of watched processes reported to the controller", names, registry=reg
+        ).labels(**labels)
+        self.stops = Counter(
+            "tmslurm_node_stops_reported",
+            "Watched processes reported stopped (SIGSTOP, a debugger)",
+            names,
+            registry=reg,
+        ).labels(**labels)
+        self.rejoins = Counter(
+            "tmslurm_node_controller_rejoins", "Times the monitor rejoined a restarted controller", names, registry=reg
+        ).labels(**labels)
+        Gauge(
+            "tmslurm_node_monitor_start_time_seconds",
+            "When this node's monitor started (Unix time)",
+            names,
+            registry=reg,
+        ).labels(**labels).set(time.time())
 
     def serve(self, addr: str, port: int) -> int | None:
         """Serve on ``addr:port`` and record the bound port; None when it cannot be bound."""
         try:
             server, _thread = start_http_server(port, addr=addr, registry=self.registry)
         except OSError as exc:
-            log.error("node %s: cannot serve metrics on %s:%d (%s); the monitor goes on without them", self.node, addr, port, exc)
+            log.error(
+                "node %s: cannot serve metrics on %s:%d (%s); the monitor goes on without them",
+                self.node,
+                addr,
+                port,
+                exc,
+            )
             return None
         bound = int(server.server_port)
         path = self.run_dir / "monitors" / f"{self.node}.metrics"

@@ -36,10 +36,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tmslurm.errors import TmslurmError
-from tmslurm.wire.mux import (HOLD_S, Close, VoteHold, is_vote, parse_down, relay_address, up_alive, up_gone,
-                                 up_line)
+from tmslurm.core.errors import TmslurmError
 from tmslurm.wire.messages import Heartbeat, RelayHello
+from tmslurm.wire.mux import HOLD_S, Close, VoteHold, is_vote, parse_down, relay_address, up_alive, up_gone, up_line
 from tmslurm.wire.protocol import MAX_LINE, controller_address, encode_line, read_token, shutdown
 
 log = logging.getLogger(__name__)
@@ -163,14 +162,17 @@ class Relay:
         except OSError:
             data = b""
         if not data:
-            log.warning("node relay %s: the controller's connection closed; disconnecting %d agents",
-                        self.node, len(self.agents))
+            log.warning(
+                "node relay %s: the controller's connection closed; disconnecting %d agents",
+                self.node,
+                len(self.agents),
+            )
             self._drop_up()
             return
         self.up_buf += data
         start = 0
         while (end := self.up_buf.find(b"\n", start)) >= 0:
-            self._down(bytes(self.up_buf[start:end + 1]))
+            self._down(bytes(self.up_buf[start : end + 1]))
             start = end + 1
         del self.up_buf[:start]
 
@@ -253,7 +255,7 @@ class Relay:
         agent.buf += data
         start = 0
         while (end := agent.buf.find(b"\n", start)) >= 0:
-            self._line(agent, bytes(agent.buf[start:end + 1]))
+            self._line(agent, bytes(agent.buf[start : end + 1]))
             start = end + 1
         del agent.buf[:start]
         if len(agent.buf) > MAX_LINE:
@@ -322,8 +324,10 @@ def connect_local(run_dir: Path, node: str, timeout_s: float) -> socket.socket:
         except OSError as exc:
             sock.close()
             if time.monotonic() > deadline:
-                raise TmslurmError(f"the node relay of {node} is not listening ({exc}): is the node's monitor "
-                                   "running? (runtime.relay=true needs runtime.monitors=true)") from None
+                raise TmslurmError(
+                    f"the node relay of {node} is not listening ({exc}): is the node's monitor "
+                    "running? (runtime.relay=true needs runtime.monitors=true)"
+                ) from None
             time.sleep(0.05)
 
 
@@ -332,6 +336,8 @@ def start_relay(run_dir: Path, node: str, hb_s: float) -> Relay:
     try:
         relay = Relay(run_dir, node, hb_s)
     except OSError as exc:
-        raise TmslurmError(f"cannot start the node relay of {node}: {exc} (is another monitor of this run on the node?)") from None
+        raise TmslurmError(
+            f"cannot start the node relay of {node}: {exc} (is another monitor of this run on the node?)"
+        ) from None
     threading.Thread(target=relay.run, name="node-relay", daemon=True).start()
     return relay

@@ -20,11 +20,12 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from tmslurm.comm.shadow import check, repair
-from tmslurm.errors import CommAborted, CommError
+from tmslurm.core.errors import CommAborted, CommError
 from tmslurm.wire.messages import Msg, ShadowChecked
 
 log = logging.getLogger(__name__)
@@ -87,9 +88,23 @@ def settle_before_vote(pending: PendingCheck, rank: int, step: int, send: Callab
     except CommError as exc:
         log.error("rank %d: its shadow could not be compared with the leaver (%s); exiting unchecked", rank, exc)
         os._exit(3)
-    send(ShadowChecked(epoch=pending.epoch, rank=rank, step=step, matched=got.matched, verify_s=got.verify_s,
-                       wait_s=got.wait_s, bytes=got.bytes, transfer_s=got.transfer_s))
+    send(
+        ShadowChecked(
+            epoch=pending.epoch,
+            rank=rank,
+            step=step,
+            matched=got.matched,
+            verify_s=got.verify_s,
+            wait_s=got.wait_s,
+            bytes=got.bytes,
+            transfer_s=got.transfer_s,
+        )
+    )
     if not got.matched:
-        log.error("rank %d: its shadow DIFFERED from the leaver; received the whole state (%d bytes); step %d is redone",
-                  rank, got.bytes, step)
+        log.error(
+            "rank %d: its shadow DIFFERED from the leaver; received the whole state (%d bytes); step %d is redone",
+            rank,
+            got.bytes,
+            step,
+        )
         raise CommAborted(f"step {step} ran on a shadow that differed")

@@ -21,12 +21,13 @@ shadow and the worker treats it as a failed step.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from tmslurm.comm.fabric import BackgroundBuild
 from tmslurm.comm.shadow import ShadowSender, send_full
-from tmslurm.errors import CommError
+from tmslurm.core.errors import CommError
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +111,12 @@ class LeaverShadow:
             raise CommError(f"no live shadow to settle (failed: {self.failed})")
         matched, nbytes = self.sender.finish(step, runner.state())
         if not matched:
-            log.error("shadow of epoch %d DIFFERED from this rank's state at step %d: sent the whole state (%d bytes)",
-                      self.epoch, step, nbytes)
+            log.error(
+                "shadow of epoch %d DIFFERED from this rank's state at step %d: sent the whole state (%d bytes)",
+                self.epoch,
+                step,
+                nbytes,
+            )
         return HandOver(True, matched, nbytes, self.sender.steps, self.sender.waited_s)
 
     def send_whole(self, pg: Any, step: int, runner: Any) -> HandOver:

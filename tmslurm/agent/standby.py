@@ -32,20 +32,31 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tmslurm.comm.stage_comm import SandboxStageComm, recording_path
-from tmslurm.comm.shadow import follow
-from tmslurm.comm.transfer import recv_state
-from tmslurm.config import from_dict
-from tmslurm.errors import CommError, TmslurmError
-from tmslurm.logs import LOG_CONTEXT
-from tmslurm.wire.messages import Activate, Cancel, Finish, Join, Joined, JoinFailed, Prepared, Ready, ShadowReady, Welcome
+from tmslurm.agent.build import build_runner, layout_of, make_fabric, peak_rss_mb, reset_peak_rss, rss_mb, stage_spec
 from tmslurm.agent.faults import FaultPlan
 from tmslurm.agent.link import Link
 from tmslurm.agent.shadowcheck import PendingCheck
-from tmslurm.agent.build import build_runner, layout_of, make_fabric, peak_rss_mb, reset_peak_rss, rss_mb, stage_spec
 from tmslurm.agent.worker import Worker
+from tmslurm.comm.shadow import follow
+from tmslurm.comm.stage_comm import SandboxStageComm, recording_path
+from tmslurm.comm.transfer import recv_state
+from tmslurm.core.config import from_dict
+from tmslurm.core.errors import CommError, TmslurmError
+from tmslurm.core.logs import LOG_CONTEXT
 from tmslurm.train.arena import Arena, release_free_memory
 from tmslurm.train.schedule import StageRunner
+from tmslurm.wire.messages import (
+    Activate,
+    Cancel,
+    Finish,
+    Join,
+    Joined,
+    JoinFailed,
+    Prepared,
+    Ready,
+    ShadowReady,
+    Welcome,
+)
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +79,12 @@ class Standby:
         """The epoch of the planned join in progress while it is not activated (phase 1), else None."""
         self.join_epoch = 0
         """The epoch of the join in progress (a rejoin names it, so that a new controller can cancel it)."""
-        link.rejoin_state = lambda: {"rank": None, "epoch": self.join_epoch if self.joining else 0, "in_plan": self.joining,
-                                     "prepared": [self.planned_join] if self.joining and self.planned_join is not None else []}
+        link.rejoin_state = lambda: {
+            "rank": None,
+            "epoch": self.join_epoch if self.joining else 0,
+            "in_plan": self.joining,
+            "prepared": [self.planned_join] if self.joining and self.planned_join is not None else [],
+        }
 
     def run(self) -> None:
         base = rss_mb()
@@ -79,9 +94,20 @@ class Standby:
                 return
             base = rss_mb()
         for shape in self.layout.shape_classes[cap:]:
-            log.warning("shape class %s not warmed (standby.max_classes=%d): a join there builds in the pause", shape.name, cap)
-            self.link.send(Ready(role=shape.name, warm=False, stages=list(shape.stages), warmup_s=0.0, rss_mb=rss_mb(),
-                                 role_rss_mb=0.0, sandbox_sends_skipped=0))
+            log.warning(
+                "shape class %s not warmed (standby.max_classes=%d): a join there builds in the pause", shape.name, cap
+            )
+            self.link.send(
+                Ready(
+                    role=shape.name,
+                    warm=False,
+                    stages=list(shape.stages),
+                    warmup_s=0.0,
+                    rss_mb=rss_mb(),
+                    role_rss_mb=0.0,
+                    sandbox_sends_skipped=0,
+                )
+            )
         while True:
             msg = self._next()
             if isinstance(msg, Join):
@@ -100,7 +126,9 @@ class Standby:
             if not self.link.inbox.empty() and isinstance(self.link.get(), Finish):
                 return False
             if time.monotonic() > deadline:
-                raise TmslurmError(f"sandbox recording {path} did not appear in {self.cfg.runtime.connect_timeout_s:.0f}s")
+                raise TmslurmError(
+                    f"sandbox recording {path} did not appear in {self.cfg.runtime.connect_timeout_s:.0f}s"
+                )
             time.sleep(0.05)
         t0 = time.monotonic()
         if self.arena.bound:  # the classes warmed so far need no storage while this one warms
@@ -119,9 +147,25 @@ class Standby:
         self.warm[role] = runner
         rss = rss_mb()
         stages = list(self.layout.stages_of_class(role))
-        self.link.send(Ready(role=role, stages=stages, warmup_s=time.monotonic() - t0, rss_mb=rss, peak_rss_mb=peak_rss_mb(),
-                             arena_mb=self.arena.nbytes / 2**20, role_rss_mb=rss - base_rss, sandbox_sends_skipped=sent))
-        log.info("role %s warm in %.2fs (RSS %.0f MiB, arena %.0f MiB)", role, time.monotonic() - t0, rss, self.arena.nbytes / 2**20)
+        self.link.send(
+            Ready(
+                role=role,
+                stages=stages,
+                warmup_s=time.monotonic() - t0,
+                rss_mb=rss,
+                peak_rss_mb=peak_rss_mb(),
+                arena_mb=self.arena.nbytes / 2**20,
+                role_rss_mb=rss - base_rss,
+                sandbox_sends_skipped=sent,
+            )
+        )
+        log.info(
+            "role %s warm in %.2fs (RSS %.0f MiB, arena %.0f MiB)",
+            role,
+            time.monotonic() - t0,
+            rss,
+            self.arena.nbytes / 2**20,
+        )
         return True
 
     def _runner_for(self, rank: int) -> tuple[StageRunner, str | None]:
@@ -168,26 +212,54 @@ class Standby:
         t1 = time.monotonic()
         try:
             faults = FaultPlan(msg.faults, rank, self.link.send)
-            state, nbytes = recv_state(handles.pop(xfer).pg, 0, self.cfg.runtime.collective_timeout_s,
-                                       lambda: self._cancelled(epoch), into={"state": runner.state()},
-                                       midway=lambda: faults.during_transfer(None, "join"))
+            state, nbytes = recv_state(
+                handles.pop(xfer).pg,
+                0,
+                self.cfg.runtime.collective_timeout_s,
+                lambda: self._cancelled(epoch),
+                into={"state": runner.state()},
+                midway=lambda: faults.during_transfer(None, "join"),
+            )
         except CommError as exc:
             self.link.send(JoinFailed(epoch=epoch, rank=rank, error=str(exc)[:300]))
             return None
         runner.load_state(state["state"])
-        joined = Joined(epoch=epoch, rank=rank, joiner=self.ident, step=int(state["step"]), transfer_s=time.monotonic() - t1,
-                        phase1_s=phase1_s, bytes=nbytes, rss_mb=0.0, joiner_warm=cold_reason is None, warm_reason=cold_reason)
+        joined = Joined(
+            epoch=epoch,
+            rank=rank,
+            joiner=self.ident,
+            step=int(state["step"]),
+            transfer_s=time.monotonic() - t1,
+            phase1_s=phase1_s,
+            bytes=nbytes,
+            rss_mb=0.0,
+            joiner_warm=cold_reason is None,
+            warm_reason=cold_reason,
+        )
         return self._become(joined, runner, fabric, handles)
 
-    def _follow(self, msg: Join, runner: StageRunner, fabric: Any, handles: dict[str, Any], phase1_s: float,
-                cold_reason: str | None) -> Worker | None:
+    def _follow(
+        self,
+        msg: Join,
+        runner: StageRunner,
+        fabric: Any,
+        handles: dict[str, Any],
+        phase1_s: float,
+        cold_reason: str | None,
+    ) -> Worker | None:
         """Follow the leaver as a live shadow until the switch (comm/shadow.py), then take its slot."""
         epoch, rank = msg.epoch, msg.rank
         ready = lambda step, s: self.link.send(ShadowReady(epoch=epoch, rank=rank, step=step, catchup_s=s))  # noqa: E731
         pg = handles.pop(msg.xfer).pg
         try:
-            got = follow(pg, runner, self.cfg.runtime.collective_timeout_s,
-                         lambda: self._cancelled(epoch), ready, corrupt=self.faults_corrupt_shadow(rank))
+            got = follow(
+                pg,
+                runner,
+                self.cfg.runtime.collective_timeout_s,
+                lambda: self._cancelled(epoch),
+                ready,
+                corrupt=self.faults_corrupt_shadow(rank),
+            )
         except CommError as exc:
             if not self.cancel_seen:
                 self.link.send(JoinFailed(epoch=epoch, rank=rank, error=str(exc)[:300]))
@@ -195,23 +267,61 @@ class Standby:
         pending = PendingCheck(epoch, pg, runner, self.cfg.runtime.collective_timeout_s) if got.shadowed else None
         if not self._await_activate(epoch):
             return None
-        joined = Joined(epoch=epoch, rank=rank, joiner=self.ident, step=got.step, transfer_s=got.switch_s, phase1_s=phase1_s,
-                        bytes=got.switch_bytes, rss_mb=0.0, joiner_warm=cold_reason is None, warm_reason=cold_reason,
-                        shadowed=got.shadowed, shadow_steps=got.steps, shadow_catchup_s=got.catchup_s, apply_s=got.apply_s)
+        joined = Joined(
+            epoch=epoch,
+            rank=rank,
+            joiner=self.ident,
+            step=got.step,
+            transfer_s=got.switch_s,
+            phase1_s=phase1_s,
+            bytes=got.switch_bytes,
+            rss_mb=0.0,
+            joiner_warm=cold_reason is None,
+            warm_reason=cold_reason,
+            shadowed=got.shadowed,
+            shadow_steps=got.steps,
+            shadow_catchup_s=got.catchup_s,
+            apply_s=got.apply_s,
+        )
         return self._become(joined, runner, fabric, handles, pending)
 
-    def _become(self, joined: Joined, runner: StageRunner, fabric: Any, handles: dict[str, Any],
-                pending: PendingCheck | None = None) -> Worker:
+    def _become(
+        self,
+        joined: Joined,
+        runner: StageRunner,
+        fabric: Any,
+        handles: dict[str, Any],
+        pending: PendingCheck | None = None,
+    ) -> Worker:
         """Install the new groups and continue as the worker of the joined slot."""
         fabric.install(handles)
         self.warm = {}  # the other classes' runners are not needed any more
         if not reset_peak_rss():  # from here on the peak it reports is its peak as a rank
-            log.warning("cannot reset the peak RSS (/proc/self/clear_refs): rank %d's peak includes its warm-up", joined.rank)
+            log.warning(
+                "cannot reset the peak RSS (/proc/self/clear_refs): rank %d's peak includes its warm-up", joined.rank
+            )
         self.link.send(joined.model_copy(update={"rss_mb": rss_mb()}))
-        log.info("now rank %d at step %d (%d state bytes in the pause, %.3fs%s)", joined.rank, joined.step, joined.bytes,
-                 joined.transfer_s, ", shadowed" if joined.shadowed else "")
-        return Worker(self.run_dir, self.link, self.cfg, joined.rank, runner, fabric, joined.epoch, joined.step,
-                      FaultPlan.none(), self.address, check=pending)
+        log.info(
+            "now rank %d at step %d (%d state bytes in the pause, %.3fs%s)",
+            joined.rank,
+            joined.step,
+            joined.bytes,
+            joined.transfer_s,
+            ", shadowed" if joined.shadowed else "",
+        )
+        return Worker(
+            self.run_dir,
+            self.link,
+            self.cfg,
+            joined.rank,
+            runner,
+            fabric,
+            joined.epoch,
+            joined.step,
+            FaultPlan.none(),
+            self.address,
+            check=pending,
+        )
 
     def faults_corrupt_shadow(self, rank: int) -> bool:
         """The test fault ``corrupt_shadow`` at ``rank``: flip one bit of the shadow before the switch."""

@@ -30,31 +30,63 @@ from typing import Any
 
 import torch
 
+from tmslurm.agent.build import build_runner, layout_of, make_fabric, peak_rss_mb
+from tmslurm.agent.faults import FaultPlan
+from tmslurm.agent.handover import Leaver, hand_over
+from tmslurm.agent.link import Link
+from tmslurm.agent.shadowcheck import PendingCheck, settle_before_vote
+from tmslurm.agent.shadowing import LeaverShadow
 from tmslurm.comm.fabric import BackgroundBuild, Fabric, GroupHandle
 from tmslurm.comm.stage_comm import FabricStageComm, RecordingStageComm, recording_path
 from tmslurm.comm.transfer import send_state
-from tmslurm.config import RunConfig, from_dict
-from tmslurm.errors import CommAborted, CommError
-from tmslurm.logs import LOG_CONTEXT
-from tmslurm.wire.messages import (Abort, Aborted, BuddyCost, Cancel, CommErrorReport, Decision, Done, Finish, Groups, Prepare,
-                                   Prepared, Progress, Recover, Recovered, Resume, Started, Switched, SwitchSpec, Vote, Welcome)
-from tmslurm.rundir import RunDir
-from tmslurm.agent.build import build_runner, layout_of, make_fabric, peak_rss_mb
-from tmslurm.agent.faults import FaultPlan
-from tmslurm.agent.link import Link
-from tmslurm.agent.shadowcheck import PendingCheck, settle_before_vote
-from tmslurm.agent.handover import Leaver, hand_over
-from tmslurm.agent.shadowing import LeaverShadow
+from tmslurm.core.config import RunConfig, from_dict
+from tmslurm.core.errors import CommAborted, CommError
+from tmslurm.core.logs import LOG_CONTEXT
+from tmslurm.core.rundir import RunDir
 from tmslurm.train import checkpoint
 from tmslurm.train.async_checkpoint import AsyncCheckpointer
 from tmslurm.train.schedule import StageRunner
+from tmslurm.wire.messages import (
+    Abort,
+    Aborted,
+    BuddyCost,
+    Cancel,
+    CommErrorReport,
+    Decision,
+    Done,
+    Finish,
+    Groups,
+    Prepare,
+    Prepared,
+    Progress,
+    Recover,
+    Recovered,
+    Resume,
+    Started,
+    Switched,
+    SwitchSpec,
+    Vote,
+    Welcome,
+)
 
 log = logging.getLogger(__name__)
 
 
 class Worker:
-    def __init__(self, run_dir: Path, link: Link, cfg: RunConfig, rank: int, runner: StageRunner, fabric: Fabric,
-                 epoch: int, step: int, faults: FaultPlan, addr: dict[str, Any], check: PendingCheck | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        link: Link,
+        cfg: RunConfig,
+        rank: int,
+        runner: StageRunner,
+        fabric: Fabric,
+        epoch: int,
+        step: int,
+        faults: FaultPlan,
+        addr: dict[str, Any],
+        check: PendingCheck | None = None,
+    ) -> None:
         self.run_dir = Path(run_dir)
         self.link = link
         self.cfg = cfg
@@ -85,11 +117,13 @@ class Worker:
         link.sticky.clear()  # a standby that joined is no standby any more: its ready messages are void
         link.rejoin_state = self.rejoin_state
         self.report_groups()
-        self.comm = FabricStageComm(fabric, self.layout, rank, runner.task.activation_shape(cfg.train.micro_batch_size), runner.device)
+        self.comm = FabricStageComm(
+            fabric, self.layout, rank, runner.task.activation_shape(cfg.train.micro_batch_size), runner.device
+        )
         LOG_CONTEXT["who"] = f"rank{rank}"
 
     @classmethod
-    def from_welcome(cls, run_dir: Path, link: Link, welcome: Welcome, rank: int) -> "Worker":
+    def from_welcome(cls, run_dir: Path, link: Link, welcome: Welcome, rank: int) -> Worker:
         cfg = from_dict(welcome.config)
         runner = build_runner(cfg, rank)
         address = welcome.address.model_dump()
@@ -116,14 +150,27 @@ class Worker:
 
     def rejoin_state(self) -> dict[str, Any]:
         """What a restarted controller needs to re-adopt this rank (read from the link's reader thread)."""
-        return {"rank": self.rank, "epoch": self.epoch, "in_plan": bool(self.prepared) or self.seen_abort > self.epoch,
-                "prepared": sorted(self.prepared), "aborting": self.seen_abort > self.epoch, "step": self.step}
+        return {
+            "rank": self.rank,
+            "epoch": self.epoch,
+            "in_plan": bool(self.prepared) or self.seen_abort > self.epoch,
+            "prepared": sorted(self.prepared),
+            "aborting": self.seen_abort > self.epoch,
+            "step": self.step,
+        }
 
     def report_groups(self) -> None:
         """Tell the controller which ProcessGroup object serves each group (tests check identity)."""
-        self.link.send(Groups(rank=self.rank, step=self.step, epoch=self.epoch,
-                              ids={n: id(h.pg) for n, h in self.fabric.handles.items()},
-                              gens=self.fabric.generations(), peak_rss_mb=peak_rss_mb()))
+        self.link.send(
+            Groups(
+                rank=self.rank,
+                step=self.step,
+                epoch=self.epoch,
+                ids={n: id(h.pg) for n, h in self.fabric.handles.items()},
+                gens=self.fabric.generations(),
+                peak_rss_mb=peak_rss_mb(),
+            )
+        )
 
     # ---- the step loop ------------------------------------------------------------------------
     def run(self) -> None:
@@ -136,7 +183,9 @@ class Worker:
                 self._drop()
                 if not isinstance(exc, CommAborted):
                     log.warning("step %d failed: %s", self.step, exc)
-                    self.link.send(CommErrorReport(rank=self.rank, step=self.step, epoch=self.epoch, error=str(exc)[:1000]))
+                    self.link.send(
+                        CommErrorReport(rank=self.rank, step=self.step, epoch=self.epoch, error=str(exc)[:1000])
+                    )
                 self._recover()
                 continue
             if decision is not None:
@@ -160,8 +209,14 @@ class Worker:
         """Compute step s and vote; the commit decision, or None when the step was aborted."""
         t0 = time.perf_counter()
         self.fabric.begin_step()
-        comm = RecordingStageComm(self.comm, recording_path(self.run_dir, self.layout.shape_class(self.rank).name)) if self.recording else self.comm
-        loss = self.runner.compute(self.step, comm, midstep=self.faults.midstep(self.step), stop=self.fabric.check_abort)
+        comm = (
+            RecordingStageComm(self.comm, recording_path(self.run_dir, self.layout.shape_class(self.rank).name))
+            if self.recording
+            else self.comm
+        )
+        loss = self.runner.compute(
+            self.step, comm, midstep=self.faults.midstep(self.step), stop=self.fabric.check_abort
+        )
         if self.shadow is not None:
             self.shadow.after_reduce(self.step, self.runner)
         if self.recording:
@@ -171,14 +226,32 @@ class Worker:
         busy = max(0.0, dt - self.fabric.wait_s)
         digest = self.runner.digest() if self.cfg.runtime.verify_replicas else None
         if not self.cfg.runtime.commit_vote:
-            self.link.send(Progress(step=self.step, epoch=self.epoch, rank=self.rank, loss=loss, dt=dt,
-                                    peak_rss_mb=peak_rss_mb(), digest=digest))
+            self.link.send(
+                Progress(
+                    step=self.step,
+                    epoch=self.epoch,
+                    rank=self.rank,
+                    loss=loss,
+                    dt=dt,
+                    peak_rss_mb=peak_rss_mb(),
+                    digest=digest,
+                )
+            )
             return Decision(step=self.step, epoch=self.epoch)
         if self.check is not None:  # a shadowed joiner's first step: vote only on a checked state
             pending, self.check = self.check, None
             settle_before_vote(pending, self.rank, self.step, self.link.send)
-        vote = Vote(step=self.step, epoch=self.epoch, rank=self.rank, loss=loss, dt=dt, peak_rss_mb=peak_rss_mb(),
-                    digest=digest, busy=busy, ckpt=self.ckpt_s)
+        vote = Vote(
+            step=self.step,
+            epoch=self.epoch,
+            rank=self.rank,
+            loss=loss,
+            dt=dt,
+            peak_rss_mb=peak_rss_mb(),
+            digest=digest,
+            busy=busy,
+            ckpt=self.ckpt_s,
+        )
         self.ckpt_s = None
         self.faults.before_vote(self.step)
         self.link.send(vote)
@@ -197,8 +270,13 @@ class Worker:
     def _leaves_in(self, decision: Decision) -> bool:
         """The decision carries this rank's move with its live shadow's switch."""
         sw = decision.switch
-        return (sw is not None and self.shadow is not None and sw.epoch == self.shadow.epoch and sw.epoch in self.prepared
-                and any(m.rank == self.rank for m in sw.moves))
+        return (
+            sw is not None
+            and self.shadow is not None
+            and sw.epoch == self.shadow.epoch
+            and sw.epoch in self.prepared
+            and any(m.rank == self.rank for m in sw.moves)
+        )
 
     def _after_commit(self, decision: Decision) -> None:
         self.step += 1
@@ -216,7 +294,9 @@ class Worker:
         """Periodic checkpoints in the background (train.checkpoint_async); one the controller asks for is
         complete before the step loop goes on, since it waits for it to restart or requeue."""
         every = self.cfg.train.checkpoint_every
-        if (self.coord.dp != 0 and not self.layout.zero) or not ((every and self.step % every == 0) or decision.checkpoint):
+        if (self.coord.dp != 0 and not self.layout.zero) or not (
+            (every and self.step % every == 0) or decision.checkpoint
+        ):
             return
         shard = checkpoint.shard_of(self.layout, self.rank)
         t0 = time.perf_counter()
@@ -246,8 +326,16 @@ class Worker:
     def _leave(self, xfer: GroupHandle, t0: float, epoch: int) -> None:
         """Hand this rank over (agent/handover.py) and exit."""
         shadow = self.shadow if self.shadow is not None and self.shadow.epoch == epoch else None
-        me = Leaver(link=self.link, runner=self.runner, faults=self.faults, rank=self.rank, dp=self.coord.dp, step=self.step,
-                    timeout_s=self.cfg.runtime.collective_timeout_s, apply_s=self.apply_s)
+        me = Leaver(
+            link=self.link,
+            runner=self.runner,
+            faults=self.faults,
+            rank=self.rank,
+            dp=self.coord.dp,
+            step=self.step,
+            timeout_s=self.cfg.runtime.collective_timeout_s,
+            apply_s=self.apply_s,
+        )
         hand_over(me, xfer, shadow, t0)
         self.saver.wait()
         time.sleep(0.2)  # let the controller read our last message before the socket closes
@@ -282,8 +370,14 @@ class Worker:
         pairs = {k: (v[0], v[1]) for k, v in msg.pairs.items()}
 
         def done(build: BackgroundBuild) -> None:
-            self.link.send(Prepared(epoch=epoch, rank=self.rank, phase1_s=build.seconds,
-                                    error=None if build.error is None else str(build.error)[:300]))
+            self.link.send(
+                Prepared(
+                    epoch=epoch,
+                    rank=self.rank,
+                    phase1_s=build.seconds,
+                    error=None if build.error is None else str(build.error)[:300],
+                )
+            )
 
         self.prepared[epoch] = self.fabric.build_in_background(gens, pairs, done)
         xfer = f"xfer/r{self.rank}"
@@ -352,8 +446,13 @@ class Worker:
         for name, h in xfers.items():
             target = self.layout.coord(int(name.removeprefix("xfer/r"))).dp  # at zero=1: this rank's buddy
             try:
-                send_state(h.pg, 1, {"state": self.runner.state_for(target), "step": self.step},
-                           self.cfg.runtime.collective_timeout_s, midway=lambda: self.faults.during_transfer(self.step))
+                send_state(
+                    h.pg,
+                    1,
+                    {"state": self.runner.state_for(target), "step": self.step},
+                    self.cfg.runtime.collective_timeout_s,
+                    midway=lambda: self.faults.during_transfer(self.step),
+                )
             except CommError as exc:  # the joiner died mid-transfer: the controller plans again
                 log.warning("state transfer to the joiner of %s failed: %s", name, exc)
                 self.link.send(CommErrorReport(rank=self.rank, step=self.step, epoch=epoch, error=str(exc)[:1000]))
@@ -362,8 +461,9 @@ class Worker:
                 self.fabric.graveyard.append(h.pg)
         self.epoch = epoch
         self.link.clear_abort(epoch)
-        self.link.send(Recovered(epoch=epoch, rank=self.rank, build_s=build_s,
-                                 transfer_s=time.monotonic() - t1 if xfers else None))
+        self.link.send(
+            Recovered(epoch=epoch, rank=self.rank, build_s=build_s, transfer_s=time.monotonic() - t1 if xfers else None)
+        )
         self.report_groups()
         return True
 
@@ -376,11 +476,21 @@ class Worker:
             out = RunDir(self.run_dir).final
             out.mkdir(exist_ok=True)
             torch.save(self.runner.module.state_dict(), out / f"{self.layout.shard_name(self.rank)}.pt")
-        self.link.send(Done(rank=self.rank, stage=self.coord.stage, shard=self.layout.shard(self.rank), digest=digest,
-                            state_digest=self.runner.state_digest(), step=self.step, state_bytes=self.runner.state_bytes(),
-                            slice=self.coord.dp if self.layout.zero else None, ward_digest=self.runner.ward_digest(),
-                            optimizer_bytes=self.runner.optimizer_bytes(),
-                            buddy=BuddyCost.of(self.runner.buddy_times())))
+        self.link.send(
+            Done(
+                rank=self.rank,
+                stage=self.coord.stage,
+                shard=self.layout.shard(self.rank),
+                digest=digest,
+                state_digest=self.runner.state_digest(),
+                step=self.step,
+                state_bytes=self.runner.state_bytes(),
+                slice=self.coord.dp if self.layout.zero else None,
+                ward_digest=self.runner.ward_digest(),
+                optimizer_bytes=self.runner.optimizer_bytes(),
+                buddy=BuddyCost.of(self.runner.buddy_times()),
+            )
+        )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:

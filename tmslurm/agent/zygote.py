@@ -13,7 +13,7 @@ the agent's modules, starts no thread of its own and runs no torch operation, th
 request per line on its standard input: a JSON object ``{"argv": [...], "env": {...}, "log":
 PATH}`` (:class:`ForkRequest`). For each it forks a child that forks the agent and exits at once,
 so the agent is re-parented to the nearest child subreaper: the supervisor, which declared itself
-one (:mod:`tmslurm.controller.forked`). It then writes one line back: ``{"pid": N}`` (the agent's pid, a
+one (:mod:`tmslurm.controller.zygote_client`). It then writes one line back: ``{"pid": N}`` (the agent's pid, a
 child of the supervisor from that moment) or ``{"error": "..."}`` for a request it refused (bad
 JSON or fields) or could not carry out. A refused request forks nothing.
 
@@ -41,6 +41,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from tmslurm.wire.zygote import ForkRequest
+
 
 def _preload() -> None:
     import torch  # noqa: F401  (the reason this process exists)

@@ -9,8 +9,8 @@ Contract:
   may run in a background thread while other groups carry traffic); :meth:`Fabric.install` swaps the
   handles in (phase 2). Groups not named keep their exact ProcessGroup objects.
 - Every operation is issued asynchronously and waited on in short slices. Between slices the abort
-  event is checked: when set, the wait raises :class:`~tmslurm.errors.CommAborted`. A dead peer
-  surfaces as :class:`~tmslurm.errors.CommError` (gloo reports a closed connection within ms); no
+  event is checked: when set, the wait raises :class:`~tmslurm.core.errors.CommAborted`. A dead peer
+  surfaces as :class:`~tmslurm.core.errors.CommError` (gloo reports a closed connection within ms); no
   operation waits past ``timeout`` in total. Abandoned groups are kept in a graveyard, never
   destroyed, because destroying a group with a pending operation can block.
 - Per-step op counters per group (sent, received, collectives, pending) tell the controller which
@@ -23,14 +23,15 @@ import datetime
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from tmslurm.errors import CommAborted, CommError
-from tmslurm.topology import GroupSpec, Layout
+from tmslurm.core.errors import CommAborted, CommError
+from tmslurm.core.topology import GroupSpec, Layout
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,6 @@ class FabricSettings:
     """Local address gloo binds to and advertises (None: gloo's default, this host's name)."""
 
 
-
 def gloo_device(s: FabricSettings) -> Any:
     import os
 
@@ -103,8 +103,14 @@ collective ends: measured on torch 2.13), so neither can be waited on in slices 
 
 
 class Fabric:
-    def __init__(self, rank: int, layout: Layout, store_factory: StoreFactory, settings: FabricSettings,
-                 abort_event: threading.Event) -> None:
+    def __init__(
+        self,
+        rank: int,
+        layout: Layout,
+        store_factory: StoreFactory,
+        settings: FabricSettings,
+        abort_event: threading.Event,
+    ) -> None:
         self.rank = rank
         self.layout = layout
         self.store_factory = store_factory
@@ -123,7 +129,9 @@ class Fabric:
         """Groups of this rank that need a ProcessGroup (single-member groups need none)."""
         return [g for g in self.layout.groups_of(self.rank) if len(g.members) > 1]
 
-    def build(self, generations: dict[str, int], pairs: dict[str, tuple[int, int]] | None = None) -> dict[str, GroupHandle]:
+    def build(
+        self, generations: dict[str, int], pairs: dict[str, tuple[int, int]] | None = None
+    ) -> dict[str, GroupHandle]:
         """Build the named groups at the given generations (blocking); installs nothing.
 
         ``pairs`` adds two-member transfer groups ``{name: (generation, my_index)}``. All groups are
@@ -145,8 +153,12 @@ class Fabric:
             built[name] = GroupHandle(name, generations[name], spec.members, gr, pg)
         return built
 
-    def build_in_background(self, generations: dict[str, int], pairs: dict[str, tuple[int, int]] | None = None,
-                            on_done: Callable[["BackgroundBuild"], None] | None = None) -> "BackgroundBuild":
+    def build_in_background(
+        self,
+        generations: dict[str, int],
+        pairs: dict[str, tuple[int, int]] | None = None,
+        on_done: Callable[[BackgroundBuild], None] | None = None,
+    ) -> BackgroundBuild:
         return BackgroundBuild(self, generations, pairs or {}, on_done)
 
     def install(self, handles: dict[str, GroupHandle]) -> None:
@@ -175,7 +187,10 @@ class Fabric:
 
     def status(self) -> dict[str, dict[str, int]]:
         """Per installed group: this step's op counts and the group's generation."""
-        return {name: {**self.counts.get(name, OpCount()).as_dict(), "gen": h.generation} for name, h in self.handles.items()}
+        return {
+            name: {**self.counts.get(name, OpCount()).as_dict(), "gen": h.generation}
+            for name, h in self.handles.items()
+        }
 
     def send(self, name: str, tensor: torch.Tensor, peer: int, tag: int) -> None:
         h = self._handle(name)
@@ -269,8 +284,9 @@ class Fabric:
             if self.abort_event.is_set():
                 raise CommAborted(f"{op} on group {name} abandoned: the step is being aborted")
             if time.monotonic() > deadline:
-                raise CommError(f"{op} on group {name} timed out after {self.s.timeout_s:.0f}s (runtime.collective_timeout_s)")
-
+                raise CommError(
+                    f"{op} on group {name} timed out after {self.s.timeout_s:.0f}s (runtime.collective_timeout_s)"
+                )
 
     def _wait_p2p(self, name: str, work: Any, op: str) -> None:
         def stop() -> bool:
@@ -328,7 +344,7 @@ class BackgroundBuild:
     fabric: Fabric
     generations: dict[str, int]
     pairs: dict[str, tuple[int, int]] = field(default_factory=dict)
-    on_done: Callable[["BackgroundBuild"], None] | None = None
+    on_done: Callable[[BackgroundBuild], None] | None = None
     result: dict[str, GroupHandle] = field(default_factory=dict)
     error: BaseException | None = None
     seconds: float = 0.0

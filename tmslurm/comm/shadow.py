@@ -38,15 +38,16 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch._utils import _unflatten_dense_tensors
 
 from tmslurm.comm.fabric import wait_p2p
 from tmslurm.comm.transfer import recv_state, send_state, wire_device
-from tmslurm.errors import CommError
+from tmslurm.core.errors import CommError
 
 CTRL_TAG, GRAD_TAG, PRINT_TAG, VERDICT_TAG = 10, 11, 12, 13
 START, GRAD, END, FULL, COMMIT, DROP = 1, 2, 3, 4, 5, 6
@@ -71,8 +72,11 @@ def _fold(obj: Any, out: list[torch.Tensor], device: torch.device) -> None:
     if isinstance(obj, torch.Tensor):  # summed where the tensor lives; only the sums move
         words = _words(obj.detach().contiguous().reshape(-1).view(torch.uint8))
         whole = words.numel() - words.numel() % CHUNKS
-        chunks = (words[:whole].view(CHUNKS, -1).sum(dim=1, dtype=torch.int64) if whole
-                  else torch.zeros(CHUNKS, dtype=torch.int64, device=words.device))
+        chunks = (
+            words[:whole].view(CHUNKS, -1).sum(dim=1, dtype=torch.int64)
+            if whole
+            else torch.zeros(CHUNKS, dtype=torch.int64, device=words.device)
+        )
         out.append(torch.cat([chunks, words[whole:].sum(dtype=torch.int64).reshape(1)]).to(device))
     elif isinstance(obj, dict):
         for key in sorted(obj, key=str):
@@ -129,7 +133,9 @@ class ShadowSender:
 
     def grads(self, step: int, flat: torch.Tensor) -> None:
         """Send the reduced gradient of step ``step``, not yet decided (``flat`` is not modified afterwards)."""
-        self._post(lambda: (self._ctrl(GRAD, step, flat.numel()), self._send(flat.to(self.device), GRAD_TAG, "gradient")))
+        self._post(
+            lambda: (self._ctrl(GRAD, step, flat.numel()), self._send(flat.to(self.device), GRAD_TAG, "gradient"))
+        )
 
     def decided(self, step: int, committed: bool, last: bool = False) -> None:
         """Step ``step`` committed (the standby applies its gradient) or aborted (it drops it);
@@ -245,8 +251,14 @@ class Followed:
     """The optimizer update of the last gradient followed (the step the switch rode on)."""
 
 
-def follow(pg: Any, runner: Any, timeout_s: float, should_stop: Callable[[], bool],
-           caught_up: Callable[[int, float], None], corrupt: bool = False) -> Followed:
+def follow(
+    pg: Any,
+    runner: Any,
+    timeout_s: float,
+    should_stop: Callable[[], bool],
+    caught_up: Callable[[int, float], None],
+    corrupt: bool = False,
+) -> Followed:
     """The standby's side: apply what the leaver sends until the switch step's ``COMMIT`` or
     ``FULL``. ``corrupt`` (a test fault) flips one bit of the shadow's state right after the switch
     step's update, so the new rank's first step runs on a wrong copy and :func:`check` must see it."""
@@ -254,7 +266,9 @@ def follow(pg: Any, runner: Any, timeout_s: float, should_stop: Callable[[], boo
     held: tuple[int, torch.Tensor] | None = None  # a gradient whose step is not decided yet
     while True:
         frame = torch.zeros(4, dtype=torch.int64, device=wire_device(pg))
-        _wait(pg.recv([frame], 0, CTRL_TAG), timeout_s, "control", should_stop)  # the leaver speaks every committed step
+        _wait(
+            pg.recv([frame], 0, CTRL_TAG), timeout_s, "control", should_stop
+        )  # the leaver speaks every committed step
         kind, step, n = (int(v) for v in frame[:3])
         t0 = time.monotonic()
         if kind == START:
@@ -295,8 +309,12 @@ def check(pg: Any, runner: Any, timeout_s: float, should_stop: Callable[[], bool
     theirs = torch.empty(n, dtype=torch.int64, device=dev)
     _wait(pg.recv([theirs], 0, PRINT_TAG), timeout_s, "fingerprint", should_stop)
     matched = bool(torch.equal(theirs, mine))
-    _wait(pg.send([torch.tensor([int(matched)], dtype=torch.int64, device=dev)], 0, VERDICT_TAG), timeout_s, "verdict",
-          should_stop)
+    _wait(
+        pg.send([torch.tensor([int(matched)], dtype=torch.int64, device=dev)], 0, VERDICT_TAG),
+        timeout_s,
+        "verdict",
+        should_stop,
+    )
     return matched
 
 

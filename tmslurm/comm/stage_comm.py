@@ -15,7 +15,7 @@ buddy) and nothing else, so the same schedule runs
   never invents zeros or random values that could produce NaNs. Its data-parallel all-reduce is the
   identity: the local gradient, computed from replayed values, stands in for the reduced one (only
   the reduction's shape is recorded). A missing or mismatched recording raises
-  :class:`~tmslurm.errors.CommError` naming the file;
+  :class:`~tmslurm.core.errors.CommError` naming the file;
 - alone (:class:`SoloStageComm`: one rank holding the whole model, dp = pp = tp = 1), for single-process
   benchmarks and tests: reductions are the identity and there is no peer to send to.
 
@@ -34,9 +34,9 @@ from typing import Protocol
 import torch
 
 from tmslurm.comm.fabric import Fabric
-from tmslurm.errors import CommError
-from tmslurm.rundir import RunDir
-from tmslurm.topology import Layout
+from tmslurm.core.errors import CommError
+from tmslurm.core.rundir import RunDir
+from tmslurm.core.topology import Layout
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,9 @@ SWAP_TAG = 200000
 
 
 class FabricStageComm:
-    def __init__(self, fabric: Fabric, layout: Layout, rank: int, act_shape: tuple[int, ...], device: torch.device) -> None:
+    def __init__(
+        self, fabric: Fabric, layout: Layout, rank: int, act_shape: tuple[int, ...], device: torch.device
+    ) -> None:
         self.f = fabric
         self.prev = layout.pp_prev(rank)
         self.next = layout.pp_next(rank)
@@ -194,7 +196,9 @@ class SandboxStageComm:
         try:
             return self.rec[key].to(self.device).clone()
         except KeyError:
-            raise CommError(f"sandbox recording {self.path} has no value for {key!r} (recorded with another layout?)") from None
+            raise CommError(
+                f"sandbox recording {self.path} has no value for {key!r} (recorded with another layout?)"
+            ) from None
 
     def recv_act(self, micro: int) -> torch.Tensor:
         return self._get(f"act/{micro}")
@@ -213,15 +217,19 @@ class SandboxStageComm:
         it; a warm runner's values mean nothing until a join loads its state). Holding the recorded reduction
         and a copy of it would add two flat gradients to a standby's peak RSS (1.4 GB at model=large)."""
         if "allreduce" in self.rec and tuple(self.rec["allreduce"].tolist()) != tuple(flat.shape):
-            raise CommError(f"sandbox recording {self.path}: all-reduce shape {tuple(self.rec['allreduce'].tolist())} "
-                            f"!= {tuple(flat.shape)}")
+            raise CommError(
+                f"sandbox recording {self.path}: all-reduce shape {tuple(self.rec['allreduce'].tolist())} "
+                f"!= {tuple(flat.shape)}"
+            )
         return flat
 
     def tp_allreduce(self, t: torch.Tensor) -> torch.Tensor:
         out = self._get(f"tp/{self.tp_calls}")
         self.tp_calls += 1
         if out.shape != t.shape:
-            raise CommError(f"sandbox recording {self.path}: tp all-reduce shape {tuple(out.shape)} != {tuple(t.shape)}")
+            raise CommError(
+                f"sandbox recording {self.path}: tp all-reduce shape {tuple(out.shape)} != {tuple(t.shape)}"
+            )
         return out
 
     def _same_shape(self, key: str, like: torch.Tensor) -> torch.Tensor:
@@ -233,14 +241,16 @@ class SandboxStageComm:
     def reduce_scatter(self, flat: torch.Tensor) -> torch.Tensor:
         out = self._get("reduce_scatter")
         if flat.numel() % out.numel():
-            raise CommError(f"sandbox recording {self.path}: reduce-scatter chunk {out.numel()} does not divide {flat.numel()}")
+            raise CommError(
+                f"sandbox recording {self.path}: reduce-scatter chunk {out.numel()} does not divide {flat.numel()}"
+            )
         return out
 
     def all_gather(self, flat: torch.Tensor, skip: int | None = None) -> torch.Tensor:
         got = self._same_shape("all_gather", flat)
         if skip is not None:  # that region is left to the thread writing it, as on the fabric
             size = self._get("reduce_scatter").numel()  # one slice
-            got[skip * size:(skip + 1) * size] = flat[skip * size:(skip + 1) * size]
+            got[skip * size : (skip + 1) * size] = flat[skip * size : (skip + 1) * size]
         flat.copy_(got)
         return flat
 

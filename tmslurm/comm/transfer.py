@@ -25,17 +25,33 @@ of the dtypes in ``DTYPES``), or a state holding another type on the sender.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from tmslurm.comm.fabric import wait_p2p
-from tmslurm.errors import CommError
+from tmslurm.core.errors import CommError
 
 SIZE_TAG, HEADER_TAG, TENSOR_TAG = 1, 2, 100
-DTYPES = {name: getattr(torch, name) for name in ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16",
-                                                  "int8", "uint8", "bool", "complex64", "complex128")}
+DTYPES = {
+    name: getattr(torch, name)
+    for name in (
+        "float32",
+        "float64",
+        "float16",
+        "bfloat16",
+        "int64",
+        "int32",
+        "int16",
+        "int8",
+        "uint8",
+        "bool",
+        "complex64",
+        "complex128",
+    )
+}
 MAX_HEADER = 64 << 20
 
 
@@ -86,8 +102,14 @@ def _scalar(obj: Any) -> Any:
     raise CommError(f"state transfer cannot send a {type(obj).__name__} (only tensors, numbers, strings, lists, dicts)")
 
 
-def _join(obj: Any, tensors: list[torch.Tensor | None], own: dict[tuple, torch.Tensor], dev: torch.device,
-          path: tuple = (), depth: int = 0) -> Any:
+def _join(
+    obj: Any,
+    tensors: list[torch.Tensor | None],
+    own: dict[tuple, torch.Tensor],
+    dev: torch.device,
+    path: tuple = (),
+    depth: int = 0,
+) -> Any:
     """Rebuild the structure from tagged JSON; placeholders become entries of ``tensors``: the
     receiver's own tensor at the same ``path`` in ``own`` when it fits, else a new one."""
     if depth > 64:
@@ -111,11 +133,18 @@ def _key(kv: Any) -> Any:
     return kv[0]
 
 
-def _placeholder(obj: dict[str, Any], tensors: list[torch.Tensor | None], mine: torch.Tensor | None,
-                 dev: torch.device) -> torch.Tensor:
+def _placeholder(
+    obj: dict[str, Any], tensors: list[torch.Tensor | None], mine: torch.Tensor | None, dev: torch.device
+) -> torch.Tensor:
     i, shape, dtype = obj["t"], obj["shape"], obj["dtype"]
-    ok = (isinstance(i, int) and 0 <= i < len(tensors) and tensors[i] is None and dtype in DTYPES and isinstance(shape, list)
-          and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape))
+    ok = (
+        isinstance(i, int)
+        and 0 <= i < len(tensors)
+        and tensors[i] is None
+        and dtype in DTYPES
+        and isinstance(shape, list)
+        and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+    )
     if not ok:
         raise CommError(f"state transfer header has a bad tensor entry {obj!r:.200}")
     fits = mine is not None and list(mine.shape) == shape and mine.dtype == DTYPES[dtype]
@@ -167,7 +196,9 @@ def own_tensors(obj: Any, path: tuple = (), device: torch.device = torch.device(
     return found
 
 
-def send_state(pg: Any, peer: int, state: dict[str, Any], timeout_s: float, midway: Callable[[], None] | None = None) -> int:
+def send_state(
+    pg: Any, peer: int, state: dict[str, Any], timeout_s: float, midway: Callable[[], None] | None = None
+) -> int:
     """Send ``state`` to ``peer``; returns the number of tensor bytes sent. ``midway`` (tests'
     injected faults) is called once the header is out and before any tensor: the peer is then in
     the middle of receiving."""
@@ -175,7 +206,9 @@ def send_state(pg: Any, peer: int, state: dict[str, Any], timeout_s: float, midw
     skeleton = {"n": 0, "s": _split(state, tensors)}
     skeleton["n"] = len(tensors)
     dev = wire_device(pg)
-    header = torch.frombuffer(bytearray(json.dumps(skeleton, separators=(",", ":")).encode()), dtype=torch.uint8).to(dev)
+    header = torch.frombuffer(bytearray(json.dumps(skeleton, separators=(",", ":")).encode()), dtype=torch.uint8).to(
+        dev
+    )
     _wait(pg.send([torch.tensor([header.numel()], dtype=torch.int64, device=dev)], peer, SIZE_TAG), timeout_s, "size")
     _wait(pg.send([header], peer, HEADER_TAG), timeout_s, "header")
     if midway is not None:
@@ -183,14 +216,22 @@ def send_state(pg: Any, peer: int, state: dict[str, Any], timeout_s: float, midw
     views = [_bytes_of(_on(t, dev)) for t in tensors]
     buckets = plan_buckets([v.numel() for v in views], BUCKET_BYTES)
     for first in range(0, len(buckets), WINDOW):
-        works = [pg.send([_gather(views, bucket)], peer, TENSOR_TAG + i)
-                 for i, bucket in enumerate(buckets[first:first + WINDOW], first)]
+        works = [
+            pg.send([_gather(views, bucket)], peer, TENSOR_TAG + i)
+            for i, bucket in enumerate(buckets[first : first + WINDOW], first)
+        ]
         _wait(_Batch(works), timeout_s, f"buckets {first}..{first + len(works) - 1}")
     return sum(v.numel() for v in views)
 
 
-def recv_state(pg: Any, peer: int, timeout_s: float, should_stop: Callable[[], bool] | None = None,
-               into: Any = None, midway: Callable[[], None] | None = None) -> tuple[dict[str, Any], int]:
+def recv_state(
+    pg: Any,
+    peer: int,
+    timeout_s: float,
+    should_stop: Callable[[], bool] | None = None,
+    into: Any = None,
+    midway: Callable[[], None] | None = None,
+) -> tuple[dict[str, Any], int]:
     """Receive a state from ``peer``: (the state, tensor bytes). ``into``: the receiver's own state
     of the same structure, whose matching tensors are received into (see the module contract).
     ``midway`` (tests' injected faults) is called once the header is in, before any tensor."""
@@ -208,7 +249,7 @@ def recv_state(pg: Any, peer: int, timeout_s: float, should_stop: Callable[[], b
     views = [_bytes_of(t) for t in tensors]
     buckets = plan_buckets([v.numel() for v in views], BUCKET_BYTES)
     for first in range(0, len(buckets), WINDOW):
-        window = buckets[first:first + WINDOW]
+        window = buckets[first : first + WINDOW]
         targets = [_target(views, bucket, dev) for bucket in window]
         works = [pg.recv([target], peer, TENSOR_TAG + i) for i, target in enumerate(targets, first)]
         _wait(_Batch(works), timeout_s, f"buckets {first}..{first + len(works) - 1}", should_stop)
@@ -268,15 +309,15 @@ def _gather(views: list[torch.Tensor], bucket: list[Segment]) -> torch.Tensor:
     """What the sender posts for ``bucket``: a view when it lies inside one tensor, else a staged copy."""
     if len(bucket) == 1:
         i, off, n = bucket[0]
-        return views[i][off:off + n]
-    return torch.cat([views[i][off:off + n] for i, off, n in bucket])
+        return views[i][off : off + n]
+    return torch.cat([views[i][off : off + n] for i, off, n in bucket])
 
 
 def _target(views: list[torch.Tensor], bucket: list[Segment], dev: torch.device) -> torch.Tensor:
     """Where the receiver receives ``bucket``: straight into its tensor, or into a staging buffer."""
     if len(bucket) == 1:
         i, off, n = bucket[0]
-        return views[i][off:off + n]
+        return views[i][off : off + n]
     return torch.empty(sum(n for _, _, n in bucket), dtype=torch.uint8, device=dev)
 
 
@@ -285,17 +326,23 @@ def _scatter(views: list[torch.Tensor], bucket: list[Segment], staged: torch.Ten
         return
     at = 0
     for i, off, n in bucket:
-        views[i][off:off + n].copy_(staged[at:at + n])
+        views[i][off : off + n].copy_(staged[at : at + n])
         at += n
 
 
-def _parse_header(data: bytes, own: dict[tuple, torch.Tensor] | None = None,
-                  dev: torch.device = torch.device("cpu")) -> tuple[Any, list[torch.Tensor]]:
+def _parse_header(
+    data: bytes, own: dict[tuple, torch.Tensor] | None = None, dev: torch.device = torch.device("cpu")
+) -> tuple[Any, list[torch.Tensor]]:
     try:
         skeleton = json.loads(data)
     except (ValueError, RecursionError):
         raise CommError("state transfer header is not JSON") from None
-    if not (isinstance(skeleton, dict) and set(skeleton) == {"n", "s"} and isinstance(skeleton["n"], int) and 0 <= skeleton["n"] < 1 << 20):
+    if not (
+        isinstance(skeleton, dict)
+        and set(skeleton) == {"n", "s"}
+        and isinstance(skeleton["n"], int)
+        and 0 <= skeleton["n"] < 1 << 20
+    ):
         raise CommError("state transfer header has a bad envelope")
     tensors: list[torch.Tensor | None] = [None] * skeleton["n"]
     state = _join(skeleton["s"], tensors, dict(own or {}), dev)

@@ -19,7 +19,7 @@ with a :class:`~tmslurm.wire.messages.Rejoin` (:mod:`tmslurm.agent.link`); :meth
   ended with the controller, and the run goes on (``adopted`` in the journal, a
   ``controller_restart`` event whose parts add up to its gap). Listed processes that never came back
   are fenced; a rank among them fails as an unexpected failure (the usual recovery).
-- **Completed** (:mod:`tmslurm.controller.adoptswitch`), when the last decision any live process
+- **Completed** (:mod:`tmslurm.controller.adopted_switch`), when the last decision any live process
   holds carried a planned switch (phase 2 or its first step: it reached at least one rank, the
   leaver included): the switch was committed, and every copy of that decision is identical. It
   is sent again, like any decision, to the ranks that missed it; a joiner whose join was never
@@ -55,19 +55,19 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from tmslurm.controller import adoptswitch
-from tmslurm.controller.adoptswitch import Claim, Completion
+from tmslurm.controller import adopted_switch
+from tmslurm.controller.adopted_switch import Claim, Completion
 from tmslurm.controller.commits import Commits
 from tmslurm.controller.context import Context
+from tmslurm.controller.journal import journalled, read_journal
 from tmslurm.controller.membership import Membership
+from tmslurm.controller.plan_types import PlannedSwitch
+from tmslurm.controller.planned_switches import Switches
 from tmslurm.controller.recoveries import Recoveries
 from tmslurm.controller.snapshot import read_snapshot, read_steps
-from tmslurm.controller.plans import PlannedSwitch
 from tmslurm.controller.state import Agent, Mode, found_gone
-from tmslurm.controller.switches import Switches
-from tmslurm.notices import Notice
+from tmslurm.core.notices import Notice
 from tmslurm.wire.messages import Cancel, Decision, Joined, Rejoin, Resume
-from tmslurm.controller.journal import journalled, read_journal
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class AdoptOrder:
     alive: list[tuple[str, int]]
 
     @classmethod
-    def parse(cls, text: str) -> "AdoptOrder":
+    def parse(cls, text: str) -> AdoptOrder:
         data = json.loads(text)
         alive = [(str(k), int(i)) for k, i in data["alive"] if k in ("worker", "standby")]
         return cls(int(data["incarnation"]), float(data["died_t"]), alive)
@@ -100,7 +100,7 @@ class Adoption:
     claims: dict[str, Claim] = field(default_factory=dict)
     open: bool = True
     completion: Completion | None = None
-    """A planned switch whose decision went out before the death, to complete (:mod:`.adoptswitch`)."""
+    """A planned switch whose decision went out before the death, to complete (:mod:`.adopted_switch`)."""
     joins: dict[str, Joined] = field(default_factory=dict)
     """``joined`` reports that arrived while adopting, by agent id: handled once the switch is taken back."""
 
@@ -112,18 +112,28 @@ class Adoption:
         st.step_log = read_steps(rd.steps)
         st.step = st.step_log[-1]["step"] + 1 if st.step_log else st.start_step
         st.fired = set(snap.get("fired", [])) | set(journalled(journal, ("fault", "fault_firing"), "index"))
-        st.standbys_started = max(int(snap.get("standbys_started", 0)),
-                                  1 + max((i for k, i in self.order.alive if k == "standby"), default=-1))
+        st.standbys_started = max(
+            int(snap.get("standbys_started", 0)),
+            1 + max((i for k, i in self.order.alive if k == "standby"), default=-1),
+        )
         st.epochs = max([int(snap.get("epochs", 0)), int(snap.get("epoch", 0)), *journalled(journal, None, "epoch")])
         st.epoch = int(snap.get("epoch", 0))
         st.incarnation = max([int(snap.get("incarnation", 0)), *journalled(journal, ("restart",), "incarnation")])
         st.expected = set(self.order.alive) - found_gone(journal)  # not waited for: found lost already
         st.mode = Mode.ADOPTING
         self.ctx.events.restore(journal, st.step_log[-1]["t_end"] if st.step_log else None)
-        self.ctx.journal.write("adopting", incarnation=self.order.incarnation, step=st.step,
-                               expected=[f"{k}{i}" for k, i in sorted(st.expected)])
-        log.warning("controller incarnation %d: adopting %d live processes at step %d", self.order.incarnation,
-                    len(st.expected), st.step)
+        self.ctx.journal.write(
+            "adopting",
+            incarnation=self.order.incarnation,
+            step=st.step,
+            expected=[f"{k}{i}" for k, i in sorted(st.expected)],
+        )
+        log.warning(
+            "controller incarnation %d: adopting %d live processes at step %d",
+            self.order.incarnation,
+            len(st.expected),
+            st.step,
+        )
 
     # ---- while adopting -----------------------------------------------------------------------
     def on_hello(self, agent: Agent, rejoin: Rejoin | None) -> None:
@@ -151,8 +161,17 @@ class Adoption:
         self.open = False
         recovering = self._recovering()
         workers = self._workers()
-        found = None if recovering or self._missing(workers) else adoptswitch.find(
-            self.claims.values(), workers, self._last_step, self.ctx.layout, self.ctx.cfg.runtime.switch_mode == "full")
+        found = (
+            None
+            if recovering or self._missing(workers)
+            else adopted_switch.find(
+                self.claims.values(),
+                workers,
+                self._last_step,
+                self.ctx.layout,
+                self.ctx.cfg.runtime.switch_mode == "full",
+            )
+        )
         if isinstance(found, str):
             self._refuse(found)
             return
@@ -180,16 +199,25 @@ class Adoption:
     def _workers(self) -> dict[int, Claim]:
         """The claims that serve a slot by what they reported: a fresh worker by its id, a rejoin by its
         rank (not a leaver handing its slot over, nor a joiner that joined while adopting)."""
-        return {c.agent.rank: c for c in self.claims.values() if c.agent.rank is not None
-                and (c.rejoin is None or (c.rejoin.rank is not None and not c.rejoin.leaving))}
+        return {
+            c.agent.rank: c
+            for c in self.claims.values()
+            if c.agent.rank is not None and (c.rejoin is None or (c.rejoin.rank is not None and not c.rejoin.leaving))
+        }
 
     def _lead(self, workers: dict[int, Claim]) -> tuple[int, Decision | None]:
         """The last step decided and its decision, None when no live process holds it."""
         if self.completion is not None:
             return self.completion.decision.step, self.completion.decision
         last = max(self._last_step(c) for c in workers.values())
-        return last, next((c.rejoin.decision for c in workers.values() if c.rejoin.decision is not None
-                           and c.rejoin.decision.step == last), None)
+        return last, next(
+            (
+                c.rejoin.decision
+                for c in workers.values()
+                if c.rejoin.decision is not None and c.rejoin.decision.step == last
+            ),
+            None,
+        )
 
     def _last_step(self, c: Claim) -> int:
         """The last step decided for this rank: its last decision's, else (a standby that joined and got
@@ -266,8 +294,17 @@ class Adoption:
                 c.agent.channel.try_send(Cancel(epoch=c.rejoin.epoch))  # a join cut off: back to warm
         self._open_event(now)
         missing = self._fence_missing()
-        self.ctx.journal.write("adopted", incarnation=self.order.incarnation, step=st.step, epoch=st.epoch, resent_decision=[],
-                               votes=[], missing=missing, adopt_s=round(now - self.started_t, 4), resumed_recovery=True)
+        self.ctx.journal.write(
+            "adopted",
+            incarnation=self.order.incarnation,
+            step=st.step,
+            epoch=st.epoch,
+            resent_decision=[],
+            votes=[],
+            missing=missing,
+            adopt_s=round(now - self.started_t, 4),
+            resumed_recovery=True,
+        )
         log.warning("adopted %d agents in the middle of a recovery at step %d: redoing it", len(self.claims), st.step)
         dead = {r for r in range(self.ctx.layout.world) if not st.rank_alive(r)}
         self.recoveries.fail(dead, "the controller restarted during a recovery", now)
@@ -292,8 +329,11 @@ class Adoption:
         """Cancel the planned switches caught in phase 1 everywhere and notice their ranks again: the
         new controller plans each move afresh, under a new epoch."""
         st = self.ctx.state
-        begun = [e for e in read_journal(self.ctx.rundir.events)
-                 if e.get("type") == "event_begin" and e.get("kind") == "planned" and e.get("epoch") in epochs]
+        begun = [
+            e
+            for e in read_journal(self.ctx.rundir.events)
+            if e.get("type") == "event_begin" and e.get("kind") == "planned" and e.get("epoch") in epochs
+        ]
         for epoch in sorted(epochs):
             for c in self.claims.values():
                 c.agent.channel.try_send(Cancel(epoch=epoch))
@@ -303,10 +343,19 @@ class Adoption:
             for rank in e.get("ranks", []):
                 if isinstance(rank, int) and 0 <= rank < self.ctx.layout.world and rank not in again:
                     again.append(rank)
-                    st.pending_notices.append(Notice(kind="maintenance", rank=rank, source="controller",
-                                                     reason=str(e.get("cause") or "planned move"), time=now))
+                    st.pending_notices.append(
+                        Notice(
+                            kind="maintenance",
+                            rank=rank,
+                            source="controller",
+                            reason=str(e.get("cause") or "planned move"),
+                            time=now,
+                        )
+                    )
         self.ctx.journal.write("plan_rolled_back", epochs=sorted(epochs), noticed_again=again)
-        log.warning("planned switch(es) of epoch %s caught in phase 1: cancelled, ranks %s noticed again", sorted(epochs), again)
+        log.warning(
+            "planned switch(es) of epoch %s caught in phase 1: cancelled, ranks %s noticed again", sorted(epochs), again
+        )
 
     def _adopt(self) -> None:
         st, now = self.ctx.state, time.time()
@@ -326,17 +375,34 @@ class Adoption:
             if vote.step == st.step and vote.epoch == epoch:
                 st.votes[vote.rank] = vote
                 st.vote_t[vote.rank] = time.monotonic()
-        completed = {} if self.completion is None else adoptswitch.complete(
-            self.completion, self.ctx, self.switches, self.joins, self.order.incarnation, now)
+        completed = (
+            {}
+            if self.completion is None
+            else adopted_switch.complete(
+                self.completion, self.ctx, self.switches, self.joins, self.order.incarnation, now
+            )
+        )
         self._open_event(now)
         missing = self._fence_missing()
-        self.ctx.journal.write("adopted", incarnation=self.order.incarnation, step=st.step, epoch=epoch,
-                               resent_decision=resent, votes=sorted(st.votes), missing=missing,
-                               adopt_s=round(now - self.started_t, 4), **completed)
-        log.warning("adopted %d agents at step %d (decision %d sent again to ranks %s)", len(self.claims), st.step, last, resent)
+        self.ctx.journal.write(
+            "adopted",
+            incarnation=self.order.incarnation,
+            step=st.step,
+            epoch=epoch,
+            resent_decision=resent,
+            votes=sorted(st.votes),
+            missing=missing,
+            adopt_s=round(now - self.started_t, 4),
+            **completed,
+        )
+        log.warning(
+            "adopted %d agents at step %d (decision %d sent again to ranks %s)", len(self.claims), st.step, last, resent
+        )
         if rollback:
             self._roll_back(rollback, now)
-        self.ctx.broadcast(Resume(epoch=epoch))  # a rank held by a finished recovery whose resume died with the controller
+        self.ctx.broadcast(
+            Resume(epoch=epoch)
+        )  # a rank held by a finished recovery whose resume died with the controller
         dead = {r for r in range(self.ctx.layout.world) if not st.rank_alive(r)} - self._handed_over()
         if dead:
             self.recoveries.fail(dead, "lost with the controller", now)
@@ -354,20 +420,43 @@ class Adoption:
         st = self.ctx.state
         logged = st.step_log[-1]["step"] if st.step_log else st.start_step - 1
         for step in range(logged + 1, lead.step + 1 if lead is not None else 0):
-            votes = [c.rejoin.vote for c in workers.values() if c.rejoin.vote is not None and c.rejoin.vote.step == step]
-            st.step_log.append({"step": step, "t_end": self.order.died_t, "dt": max((v.dt for v in votes), default=0.0),
-                                "loss": None, "epoch": lead.epoch, "restored": True})
+            votes = [
+                c.rejoin.vote for c in workers.values() if c.rejoin.vote is not None and c.rejoin.vote.step == step
+            ]
+            st.step_log.append(
+                {
+                    "step": step,
+                    "t_end": self.order.died_t,
+                    "dt": max((v.dt for v in votes), default=0.0),
+                    "loss": None,
+                    "epoch": lead.epoch,
+                    "restored": True,
+                }
+            )
 
     def _open_event(self, now: float) -> None:
         st = self.ctx.state
         last_t = st.step_log[-1]["t_end"] if st.step_log else None
         died, up = self.order.died_t, self.started_t
-        self.ctx.events.open_record({
-            "kind": "controller_restart", "cause": "the controller process died", "epoch": st.epoch, "ranks": [],
-            "node": "", "standby": "", "notice_t": died, "last_commit_t": last_t, "status": "switched",
-            "switched_t": now, "target_step": st.step, "incarnation": self.order.incarnation,
-            "before_death_s": None if last_t is None else max(0.0, died - last_t),
-            "restart_s": max(0.0, up - died), "adopt_s": max(0.0, now - up)})
+        self.ctx.events.open_record(
+            {
+                "kind": "controller_restart",
+                "cause": "the controller process died",
+                "epoch": st.epoch,
+                "ranks": [],
+                "node": "",
+                "standby": "",
+                "notice_t": died,
+                "last_commit_t": last_t,
+                "status": "switched",
+                "switched_t": now,
+                "target_step": st.step,
+                "incarnation": self.order.incarnation,
+                "before_death_s": None if last_t is None else max(0.0, died - last_t),
+                "restart_s": max(0.0, up - died),
+                "adopt_s": max(0.0, now - up),
+            }
+        )
 
     def _fence_missing(self) -> list[str]:
         """Fence the listed processes that never came back; keep expecting standbys still queued."""
@@ -384,8 +473,13 @@ class Adoption:
         cancelled back to warm) and every rank restarts from the latest complete checkpoint."""
         st, now = self.ctx.state, time.time()
         log.error("cannot adopt the live agents: %s; restarting every rank from the latest complete checkpoint", why)
-        self.ctx.journal.write("adoption_refused", incarnation=self.order.incarnation, why=why, fallback="checkpoint_restart",
-                               claims={c.agent.aid: (c.rejoin.model_dump() if c.rejoin else None) for c in self.claims.values()})
+        self.ctx.journal.write(
+            "adoption_refused",
+            incarnation=self.order.incarnation,
+            why=why,
+            fallback="checkpoint_restart",
+            claims={c.agent.aid: (c.rejoin.model_dump() if c.rejoin else None) for c in self.claims.values()},
+        )
         for c in self.claims.values():
             if c.agent.kind == "worker" or c.agent.rank is not None:
                 c.agent.expected_exit = True
@@ -395,6 +489,10 @@ class Adoption:
         st.slots.clear()
         self._fence_missing()
         st.epoch, st.votes, st.mode = st.epochs, {}, Mode.RUNNING
-        self.recoveries.restarts.restart(f"the controller restarted and could not adopt the live agents: {why}", [],
-                                         "controller_restart", now, self.order.died_t)
-
+        self.recoveries.restarts.restart(
+            f"the controller restarted and could not adopt the live agents: {why}",
+            [],
+            "controller_restart",
+            now,
+            self.order.died_t,
+        )

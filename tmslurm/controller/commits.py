@@ -23,15 +23,15 @@ import logging
 import time
 from typing import Any
 
-from tmslurm.config import CLUSTER_FAULTS
 from tmslurm.controller.context import Context
 from tmslurm.controller.gray import GrayEvictions
 from tmslurm.controller.items import FaultAt, NoticeIn
-from tmslurm.controller.plans import PlannedSwitch
+from tmslurm.controller.membership import Membership
+from tmslurm.controller.plan_types import PlannedSwitch
 from tmslurm.controller.state import Agent, Mode
 from tmslurm.controller.steptimes import StepTimes
-from tmslurm.controller.membership import Membership
-from tmslurm.notices import Notice
+from tmslurm.core.config import CLUSTER_FAULTS
+from tmslurm.core.notices import Notice
 from tmslurm.wire.messages import Activate, Decision, Groups, MoveSpec, NodeVotes, Progress, StepVote, SwitchSpec, Vote
 
 log = logging.getLogger(__name__)
@@ -105,8 +105,15 @@ class Commits:
         switch = self._apply(plan, now) if attach else None
         checkpoint = st.checkpoint_then is not None and st.checkpoint_then.checkpoint_step is None
         final = st.stop_requested and not attach
-        self.ctx.broadcast(Decision(step=st.step, epoch=plan.epoch if attach else st.epoch, switch=switch,
-                                    checkpoint=checkpoint, final=final))
+        self.ctx.broadcast(
+            Decision(
+                step=st.step,
+                epoch=plan.epoch if attach else st.epoch,
+                switch=switch,
+                checkpoint=checkpoint,
+                final=final,
+            )
+        )
         if checkpoint:
             st.checkpoint_then.checkpoint_step = st.step + 1
             st.mode = Mode.CHECKPOINTING
@@ -144,9 +151,14 @@ class Commits:
         if any(len(d) > 1 for d in digests.values()):
             st.replica_mismatch.append(st.step)
             log.error("data-parallel replicas differ before step %d", st.step)
-        entry: dict[str, Any] = {"step": st.step, "t_end": now, "dt": max(v.dt for _, v in votes),
-                                 "loss": sum(losses) / len(losses) if losses else None, "epoch": st.epoch,
-                                 "peak_rss_mb": self._rss_changes(votes)}
+        entry: dict[str, Any] = {
+            "step": st.step,
+            "t_end": now,
+            "dt": max(v.dt for _, v in votes),
+            "loss": sum(losses) / len(losses) if losses else None,
+            "epoch": st.epoch,
+            "peak_rss_mb": self._rss_changes(votes),
+        }
         if commit_s is not None:
             entry["commit_s"] = commit_s
         stalls = [v.ckpt for _, v in votes if v.ckpt is not None]
@@ -186,11 +198,18 @@ class Commits:
                 self.ctx.journal.write("fault_firing", index=f.index, kind=f.kind, rank=f.rank, ranks=f.ranks)
                 fired = lambda t, nodes, f=f: self.ctx.submit(FaultAt(f, tuple(nodes), t))  # noqa: E731
                 if self.ctx.hooks.inject_fault(f, fired):  # on Slurm through scontrol or the lab
-                    self.ctx.journal.write("fault", index=f.index, kind=f.kind, rank=f.rank, ranks=f.ranks, via="cluster")
+                    self.ctx.journal.write(
+                        "fault", index=f.index, kind=f.kind, rank=f.rank, ranks=f.ranks, via="cluster"
+                    )
                     continue
                 for rank in f.ranks:
-                    self.ctx.submit(NoticeIn(Notice(kind="maintenance", rank=rank, source="fault",
-                                                    reason="injected drain", time=time.time())))
+                    self.ctx.submit(
+                        NoticeIn(
+                            Notice(
+                                kind="maintenance", rank=rank, source="fault", reason="injected drain", time=time.time()
+                            )
+                        )
+                    )
 
     def median_step(self) -> float:
         """The median gap between consecutive commits (:mod:`tmslurm.controller.steptimes`)."""

@@ -11,21 +11,21 @@ not yet fired, as the :class:`~tmslurm.wire.messages.FaultSpec` a worker's ``wel
 from __future__ import annotations
 
 import queue
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
-from tmslurm.config import RunConfig, fault_amount, fault_ranks
+from tmslurm.controller.events import EventLog
 from tmslurm.controller.hooks import ClusterHooks
 from tmslurm.controller.items import Item
-from tmslurm.controller.state import Agent, RunState
-from tmslurm.rundir import RunDir
-from tmslurm.controller.events import EventLog
 from tmslurm.controller.journal import Journal
+from tmslurm.controller.spawner import Spawner
+from tmslurm.controller.state import Agent, RunState
+from tmslurm.core.config import RunConfig, fault_amount, fault_ranks
+from tmslurm.core.rundir import RunDir
+from tmslurm.core.topology import Layout
 from tmslurm.wire.messages import FaultSpec, Join, Msg
 from tmslurm.wire.mux import SubChannel, deliver
 from tmslurm.wire.protocol import GateChannel, encode_line
-from tmslurm.controller.spawner import Spawner
-from tmslurm.topology import Layout
 
 
 @dataclass
@@ -38,7 +38,7 @@ class Context:
     spawner: Spawner
     hooks: ClusterHooks
     state: RunState
-    queue: "queue.Queue[Item]"
+    queue: queue.Queue[Item]
 
     def submit(self, item: Item) -> None:
         self.queue.put(item)
@@ -82,12 +82,26 @@ class Context:
 
     def with_join_faults(self, msgs: dict[int | str, Msg]) -> dict[int | str, Msg]:
         """Each ``join`` carries the injected ``when: join`` faults of its rank that are due and not yet fired."""
+
         def due(m: Join) -> list[FaultSpec]:
-            return [f for f in self.pending_faults() if f.when == "join" and m.rank in f.ranks and f.step <= self.state.step]
+            return [
+                f for f in self.pending_faults() if f.when == "join" and m.rank in f.ranks and f.step <= self.state.step
+            ]
+
         return {k: m.model_copy(update={"faults": due(m)}) if isinstance(m, Join) else m for k, m in msgs.items()}
 
     def pending_faults(self) -> list[FaultSpec]:
         """The config's injected faults not yet fired, with their index."""
-        return [FaultSpec(index=i, step=f.step, kind=f.kind, rank=fault_ranks(f)[0], ranks=fault_ranks(f),
-                          amount=fault_amount(f), when=f.when)
-                for i, f in enumerate(self.cfg.faults) if i not in self.state.fired]
+        return [
+            FaultSpec(
+                index=i,
+                step=f.step,
+                kind=f.kind,
+                rank=fault_ranks(f)[0],
+                ranks=fault_ranks(f),
+                amount=fault_amount(f),
+                when=f.when,
+            )
+            for i, f in enumerate(self.cfg.faults)
+            if i not in self.state.fired
+        ]

@@ -25,8 +25,8 @@ import time
 from tmslurm.controller.commits import Commits
 from tmslurm.controller.context import Context
 from tmslurm.controller.membership import Membership
-from tmslurm.controller.planbook import PlanBook
-from tmslurm.controller.plans import PlannedSwitch, Recovery
+from tmslurm.controller.plan_lifecycle import PlanBook
+from tmslurm.controller.plan_types import PlannedSwitch, Recovery
 from tmslurm.controller.recoveries import Recoveries
 from tmslurm.controller.restarts import Restarts
 from tmslurm.controller.state import Mode
@@ -39,8 +39,15 @@ SPARES_CHECK_S = 5.0
 
 
 class Deadlines:
-    def __init__(self, ctx: Context, members: Membership, plans: PlanBook, recoveries: Recoveries,
-                 restarts: Restarts, commits: Commits) -> None:
+    def __init__(
+        self,
+        ctx: Context,
+        members: Membership,
+        plans: PlanBook,
+        recoveries: Recoveries,
+        restarts: Restarts,
+        commits: Commits,
+    ) -> None:
         self.ctx = ctx
         self.state = ctx.state
         self.members = members
@@ -64,7 +71,11 @@ class Deadlines:
         self._beat(now_m)
         self._lost_standbys()
         rt, st = self.ctx.cfg.runtime, self.state
-        if st.comm_error_since is not None and st.mode is Mode.RUNNING and now - st.comm_error_since > rt.heartbeat_timeout_s:
+        if (
+            st.comm_error_since is not None
+            and st.mode is Mode.RUNNING
+            and now - st.comm_error_since > rt.heartbeat_timeout_s
+        ):
             self.recoveries.fail(set(), "unexplained communication error", now)
         if st.mode is Mode.DRAINING and self._drained():
             st.mode = Mode.FINISHED
@@ -98,8 +109,11 @@ class Deadlines:
         self.scanned_m = now_m
         oldest = now_m - rt.heartbeat_timeout_s
         oldest_starting = now_m - max(rt.heartbeat_timeout_s, rt.connect_timeout_s)
-        for agent in [a for a in self.state.agents.values()
-                      if a.alive and a.last_seen < (oldest_starting if a.starting else oldest)]:
+        for agent in [
+            a
+            for a in self.state.agents.values()
+            if a.alive and a.last_seen < (oldest_starting if a.starting else oldest)
+        ]:
             silent = now_m - agent.last_seen
             if not agent.expected_exit:
                 log.warning("%s missed heartbeats for %.1fs: fencing it", agent.aid, silent)
@@ -121,17 +135,24 @@ class Deadlines:
 
     def _progress(self, now_m: float) -> None:
         st, world = self.state, self.ctx.layout.world
-        if (st.mode is not Mode.RUNNING or world < 2 or len(st.votes) != world - 1
-                or not self.ctx.cfg.runtime.commit_vote):
+        if (
+            st.mode is not Mode.RUNNING
+            or world < 2
+            or len(st.votes) != world - 1
+            or not self.ctx.cfg.runtime.commit_vote
+        ):
             return  # a lone rank has no peers to be late against: its heartbeats are its liveness
         (rank,) = set(range(world)) - set(st.votes)
         agent = st.agent_of(rank)
         lag = now_m - max(st.vote_t.get(r, now_m) for r in st.votes)
         if agent is None or not agent.alive or agent.expected_exit or lag <= self.hang_limit_s():
             return
-        log.warning("rank %d has not voted for step %d %.1fs after all the others: hung, fencing it", rank, st.step, lag)
-        self.ctx.journal.write("hung", agent=agent.aid, node=agent.node, rank=rank, step=st.step, lag_s=lag,
-                               limit_s=self.hang_limit_s())
+        log.warning(
+            "rank %d has not voted for step %d %.1fs after all the others: hung, fencing it", rank, st.step, lag
+        )
+        self.ctx.journal.write(
+            "hung", agent=agent.aid, node=agent.node, rank=rank, step=st.step, lag_s=lag, limit_s=self.hang_limit_s()
+        )
         self.members.kill(agent)
         self.recoveries.lost(agent, "no progress")
 
@@ -139,8 +160,11 @@ class Deadlines:
         plan = self.state.plan
         if isinstance(plan, Recovery) and not plan.applied and now > plan.deadline:
             self.recoveries.fail({int(w[1:]) for w in plan.waiting if w.startswith("r")}, "silent during abort", now)
-        elif (isinstance(plan, PlannedSwitch) and not plan.ready
-              and now - plan.times["pick"] > self.ctx.cfg.runtime.connect_timeout_s):
+        elif (
+            isinstance(plan, PlannedSwitch)
+            and not plan.ready
+            and now - plan.times["pick"] > self.ctx.cfg.runtime.connect_timeout_s
+        ):
             log.warning("phase 1 of epoch %d did not finish; cancelling", plan.epoch)
             self.plans.cancel(requeue=True)
 
@@ -161,9 +185,15 @@ class Deadlines:
                 joiner = self.state.agents.get(m.joiner)
                 if joiner is not None and joiner.alive:
                     self.members.kill(joiner)
-                    self.ctx.journal.write("fenced", agent=joiner.aid, rank=m.rank, node=joiner.node, cause="stuck in switch")
-        log.warning("epoch %d: %s did not finish within %.0fs (runtime.switch_timeout_s): fencing them",
-                    plan.epoch, ", ".join(waiting), limit)
+                    self.ctx.journal.write(
+                        "fenced", agent=joiner.aid, rank=m.rank, node=joiner.node, cause="stuck in switch"
+                    )
+        log.warning(
+            "epoch %d: %s did not finish within %.0fs (runtime.switch_timeout_s): fencing them",
+            plan.epoch,
+            ", ".join(waiting),
+            limit,
+        )
         self.ctx.journal.write("stuck", epoch=plan.epoch, kind=plan.kind, waiting=waiting, after_s=now - started)
         self.recoveries.fail(ranks, "stuck in switch", now)
 

@@ -27,8 +27,18 @@ from typing import Any
 from tmslurm.controller.journal import Journal
 
 log = logging.getLogger(__name__)
-PARTS = ("before_fault_s", "detect_s", "pick_s", "phase1_s", "phase2_s", "apply_s", "transfer_s", "verify_s",
-         "verify_wait_s", "first_step_s")
+PARTS = (
+    "before_fault_s",
+    "detect_s",
+    "pick_s",
+    "phase1_s",
+    "phase2_s",
+    "apply_s",
+    "transfer_s",
+    "verify_s",
+    "verify_wait_s",
+    "first_step_s",
+)
 """``before_fault_s``: an unexpected failure whose instant is known (an injected fault reports it as it
 fires): the last commit -> the fault, work the step in flight had done and must redo, which no
 recovery can save. ``verify_s``: a shadowed switch's comparison of the leaver's and the shadow's
@@ -55,8 +65,11 @@ def pause_parts(rec: dict[str, Any]) -> tuple[str, ...]:
     if kind == "controller_restart":
         return CONTROLLER_PARTS + ("first_step_s",)
     if kind == "planned":  # no fault before a notice; the shadow's check runs behind the first step
-        return tuple(p for p in PARTS if p not in ("phase1_s", "before_fault_s", "verify_s")
-                     and (p != "verify_wait_s" or "verify_wait_s" in rec))
+        return tuple(
+            p
+            for p in PARTS
+            if p not in ("phase1_s", "before_fault_s", "verify_s") and (p != "verify_wait_s" or "verify_wait_s" in rec)
+        )
     if rec.get("from_checkpoint_step") is not None or any(p in rec for p in ("stop_s", "startup_s", "redo_s")):
         return ("detect_s", "stop_s", "reschedule_s", "startup_s", "redo_s")  # a restart from a checkpoint
     return PARTS
@@ -79,10 +92,17 @@ class EventLog:
 
     def begin(self, plan: Any, agents: dict[str, Any], slots: dict[int, str]) -> dict[str, Any]:
         nodes = sorted({agents[slots[r]].node for r in plan.ranks if slots.get(r) in agents}) or [plan.node]
-        rec = {"kind": plan.kind, "cause": plan.reason, "epoch": plan.epoch,
-               "ranks": plan.ranks, "node": ",".join(n for n in nodes if n), "standby": ",".join(m.joiner for m in plan.moves),
-               "notice_t": _noticed(plan.times), "last_commit_t": self.last_commit_t,
-               "status": "open"}
+        rec = {
+            "kind": plan.kind,
+            "cause": plan.reason,
+            "epoch": plan.epoch,
+            "ranks": plan.ranks,
+            "node": ",".join(n for n in nodes if n),
+            "standby": ",".join(m.joiner for m in plan.moves),
+            "notice_t": _noticed(plan.times),
+            "last_commit_t": self.last_commit_t,
+            "status": "open",
+        }
         plan.event = rec
         self.items.append(rec)
         self.journal.write("event_begin", **rec)
@@ -120,8 +140,11 @@ class EventLog:
         dropped; a job resumed after a requeue holds again the ones it carried over) and the last commit."""
         closed = {e.get("eid") for e in journal if e.get("type") in ("event", "event_dropped")} - {None}
         start = max((i for i, e in enumerate(journal) if e.get("type") in JOB_STARTS), default=-1)
-        kept = [e for i, e in enumerate(journal) if e.get("type") == "event" or (
-            i > start and e.get("type") == "event_open" and e.get("eid") not in closed)]
+        kept = [
+            e
+            for i, e in enumerate(journal)
+            if e.get("type") == "event" or (i > start and e.get("type") == "event_open" and e.get("eid") not in closed)
+        ]
         self.items = [_record_of(line) for line in kept]
         self.last_commit_t = last_commit_t
 
@@ -220,13 +243,20 @@ def describe(rec: dict[str, Any]) -> str:
     """One line: the event, its downtime, then its gap as the sum of its pause parts and ``other``."""
     num = lambda k: rec.get(k) if isinstance(rec.get(k), (int, float)) else None  # noqa: E731
     down = num("downtime_s")
-    head = (f"{rec['kind']} ranks={rec.get('ranks')} node={rec.get('node') or '-'} standby={rec.get('standby') or '-'} "
-            f"downtime={'?' if down is None else f'{down:.3f}s'}"
-            + (f" pause={num('pause_s'):.3f}s" if num("pause_s") is not None else ""))
+    head = (
+        f"{rec['kind']} ranks={rec.get('ranks')} node={rec.get('node') or '-'} standby={rec.get('standby') or '-'} "
+        f"downtime={'?' if down is None else f'{down:.3f}s'}"
+        + (f" pause={num('pause_s'):.3f}s" if num("pause_s") is not None else "")
+    )
     terms = [f"{p[:-2]} {num(p):.3f}" for p in pause_parts(rec) if num(p) is not None]
     if num("other_s") is not None:
         terms.append(f"other {num('other_s'):.3f}")
-    line = head + (f" | gap {num('gap_s'):.3f}s = " + " + ".join(terms) if num("gap_s") is not None else " | " + ", ".join(terms))
-    aside = [f"{p[:-2]} {num(p):.3f}s" for p in ("phase1_s", "verify_s", "group_setup_s", "ckpt_load_s")
-             if p not in pause_parts(rec) and num(p) is not None]
+    line = head + (
+        f" | gap {num('gap_s'):.3f}s = " + " + ".join(terms) if num("gap_s") is not None else " | " + ", ".join(terms)
+    )
+    aside = [
+        f"{p[:-2]} {num(p):.3f}s"
+        for p in ("phase1_s", "verify_s", "group_setup_s", "ckpt_load_s")
+        if p not in pause_parts(rec) and num(p) is not None
+    ]
     return line + (f" | not in the sum: {', '.join(aside)}" if aside else "")

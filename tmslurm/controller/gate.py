@@ -44,17 +44,17 @@ import selectors
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
-from tmslurm.errors import ProtocolError
-from tmslurm.wire.messages import BadMessage, ErrorReply, Hello, RelayHello, Request, decode_agent
 from tmslurm.controller.gateauth import Admission, GateLimits
+from tmslurm.controller.gaterelay import RelayFrames, Sub
 from tmslurm.controller.items import Batch, Disconnected, HelloIn, Item, MessageIn, RequestIn
 from tmslurm.controller.journal import Journal
-from tmslurm.controller.gaterelay import RelayFrames, Sub
+from tmslurm.core.errors import ProtocolError
+from tmslurm.core.signing import NoticeVerifier
+from tmslurm.wire.messages import BadMessage, ErrorReply, Hello, RelayHello, Request, decode_agent
 from tmslurm.wire.protocol import MAX_LINE, MSG_DONTWAIT, GateChannel, GateSide, parse_line, shutdown
-from tmslurm.signing import NoticeVerifier
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +86,16 @@ class _Conn:
 
 
 class Gate(RelayFrames):
-    def __init__(self, server: socket.socket, token: str, verifier: NoticeVerifier | None, journal: Journal,
-                 submit: Callable[[Item], None], touch: Callable[[int], None], limits: GateLimits) -> None:
+    def __init__(
+        self,
+        server: socket.socket,
+        token: str,
+        verifier: NoticeVerifier | None,
+        journal: Journal,
+        submit: Callable[[Item], None],
+        touch: Callable[[int], None],
+        limits: GateLimits,
+    ) -> None:
         self.server = server
         self.admission = Admission(token, verifier, journal)
         self.journal = journal
@@ -290,8 +298,8 @@ class Gate(RelayFrames):
             if len(c.buf) >= limit:
                 self._drop(c, f"line longer than {limit} bytes")
             return
-        line = bytes(c.buf[:end + 1])
-        del c.buf[:end + 1]
+        line = bytes(c.buf[: end + 1])
+        del c.buf[: end + 1]
         self._first_line(c, line)
 
     def _first_line(self, c: _Conn, line: bytes) -> None:
@@ -332,7 +340,7 @@ class Gate(RelayFrames):
         start = 0
         limit = MAX_LINE + RELAY_PREFIX if c.relay else MAX_LINE
         while (end := buf.find(b"\n", start)) >= 0:
-            line = bytes(buf[start:end + 1])
+            line = bytes(buf[start : end + 1])
             start = end + 1
             if c.skipping:  # the tail of an over-long line, already answered
                 c.skipping = False

@@ -7,7 +7,7 @@ Contract (on the gate's reader thread, :mod:`tmslurm.controller.gate`):
   relay) and returns the message it is (a :class:`~tmslurm.wire.messages.Hello`, a
   :class:`~tmslurm.wire.messages.RelayHello` or a request), or ``None`` once it has refused it.
 - The line is authenticated before it is validated: a ``signed_notice`` by its Ed25519 signature
-  (:class:`~tmslurm.signing.NoticeVerifier`; refused ones are journalled as ``notice_refused``),
+  (:class:`~tmslurm.core.signing.NoticeVerifier`; refused ones are journalled as ``notice_refused``),
   anything else by the run token, compared in constant time (``auth_refused``). A signed notice
   becomes a :class:`~tmslurm.wire.messages.NoticeRequest` from ``admin`` and nothing else. A line
   that is not a message is ``bad_message``.
@@ -27,10 +27,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from tmslurm.controller.journal import Journal
-from tmslurm.errors import ProtocolError
-from tmslurm.signing import NoticeRefused, NoticeVerifier
-from tmslurm.wire.messages import (BadMessage, ErrorReply, Hello, NoticeRequest, RelayHello, Request, SignedNotice,
-                                   decode_first, token_of)
+from tmslurm.core.errors import ProtocolError
+from tmslurm.core.signing import NoticeRefused, NoticeVerifier
+from tmslurm.wire.messages import (
+    BadMessage,
+    ErrorReply,
+    Hello,
+    NoticeRequest,
+    RelayHello,
+    Request,
+    SignedNotice,
+    decode_first,
+    token_of,
+)
 from tmslurm.wire.protocol import GateSide, parse_line, token_ok
 
 log = logging.getLogger(__name__)
@@ -64,8 +73,13 @@ class Admission:
             return self._signed(raw, ch, peer)
         if not token_ok(token_of(raw), self.token):
             log.warning("refused a %r request without a valid token", str(raw.get("type"))[:40])
-            return self.refuse(ch, "auth_refused", "refused: missing or wrong token (use the run's token file, "
-                               "or sign the notice with the admin key)", request=str(raw.get("type"))[:40], peer=peer)
+            return self.refuse(
+                ch,
+                "auth_refused",
+                "refused: missing or wrong token (use the run's token file, or sign the notice with the admin key)",
+                request=str(raw.get("type"))[:40],
+                peer=peer,
+            )
         try:
             return decode_first(raw)
         except BadMessage as exc:
@@ -82,8 +96,9 @@ class Admission:
             return self.refuse(ch, "bad_message", str(exc), peer=peer)
         except NoticeRefused as exc:
             return self.refuse(ch, "notice_refused", f"refused: {exc}", peer=peer)
-        return NoticeRequest(type="notice", token="", event=p.event, node=p.node, deadline=p.deadline,
-                             reason=p.reason, source="admin")
+        return NoticeRequest(
+            type="notice", token="", event=p.event, node=p.node, deadline=p.deadline, reason=p.reason, source="admin"
+        )
 
     def refuse(self, ch: GateSide, what: str, error: str, **fields: Any) -> None:
         """Journal ``what`` and answer ``error`` at once (never waiting); always None."""

@@ -16,12 +16,13 @@ that does not parse or validate gets an ``error`` reply on the relay's connectio
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from tmslurm.controller.gateauth import Admission, GateLimits
 from tmslurm.controller.items import Disconnected, HelloIn, Item, VotesIn
-from tmslurm.errors import ProtocolError
+from tmslurm.core.errors import ProtocolError
 from tmslurm.wire.messages import BadMessage, Hello, decode_votes
 from tmslurm.wire.mux import Alive, Gone, SubChannel, Votes, parse_up
 from tmslurm.wire.protocol import GateSide
@@ -83,14 +84,18 @@ class RelayFrames:
             self.admission.refuse(c.ch, "bad_message", f"malformed relay frame: {str(exc)[:200]}", peer=c.peer)
             return
         if len(votes.rank) != len(frame.subs):
-            self.admission.refuse(c.ch, "bad_message", "malformed relay frame: a vote frame names one sub per rank", peer=c.peer)
+            self.admission.refuse(
+                c.ch, "bad_message", "malformed relay frame: a vote frame names one sub per rank", peer=c.peer
+            )
             return
         conns = []
         for k in frame.subs:
             sub = c.subs.get(k) or self._new_sub(c, k)
             if not sub.conn:  # a vote before its hello: refused as a first line without a token is
                 if not sub.dead:
-                    self.admission.refuse(sub.ch, "auth_refused", "refused: an agent's first line must be its hello", peer=c.peer)
+                    self.admission.refuse(
+                        sub.ch, "auth_refused", "refused: an agent's first line must be its hello", peer=c.peer
+                    )
                     self._kill_sub(sub)
                 conns.append(0)
                 continue
@@ -100,16 +105,24 @@ class RelayFrames:
     def _new_sub(self, c: Any, k: int) -> Sub:
         sub = c.subs[k] = Sub(SubChannel(c.ch, k))
         if len(c.subs) > self.limits.max_relay_subs:
-            self.admission.refuse(sub.ch, "bad_message", f"refused: a relay may carry at most {self.limits.max_relay_subs} agents",
-                         peer=c.peer)
+            self.admission.refuse(
+                sub.ch,
+                "bad_message",
+                f"refused: a relay may carry at most {self.limits.max_relay_subs} agents",
+                peer=c.peer,
+            )
             self._kill_sub(sub)
         return sub
 
     def _sub_first(self, c: Any, sub: Sub, line: bytes) -> None:
         """An agent's first line through a relay: authenticated like a direct one; only a hello may come this way."""
         if len(line) > self.limits.preauth_max_line:
-            self.admission.refuse(sub.ch, "bad_message", f"malformed request: line longer than {self.limits.preauth_max_line} bytes",
-                         peer=c.peer)
+            self.admission.refuse(
+                sub.ch,
+                "bad_message",
+                f"malformed request: line longer than {self.limits.preauth_max_line} bytes",
+                peer=c.peer,
+            )
             self._kill_sub(sub)
             return
         first = self.admission.first(line, sub.ch, c.peer)
@@ -118,8 +131,12 @@ class RelayFrames:
             self._emit(HelloIn(first, sub.conn, sub.ch))
             return
         if first is not None:
-            self.admission.refuse(sub.ch, "bad_message", "refused: only an agent's hello travels through a node relay; "
-                         "send requests to the controller directly", peer=c.peer)
+            self.admission.refuse(
+                sub.ch,
+                "bad_message",
+                "refused: only an agent's hello travels through a node relay; send requests to the controller directly",
+                peer=c.peer,
+            )
         self._kill_sub(sub)
 
     @staticmethod

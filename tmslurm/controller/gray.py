@@ -29,14 +29,14 @@ import logging
 import statistics
 import time
 from collections import deque
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Callable, Hashable
 
 from tmslurm.controller.context import Context
 from tmslurm.controller.items import NoticeIn
 from tmslurm.controller.membership import Membership
 from tmslurm.controller.state import Mode
-from tmslurm.notices import Notice
+from tmslurm.core.notices import Notice
 
 log = logging.getLogger(__name__)
 
@@ -135,9 +135,15 @@ class GrayEvictions:
         self.ctx = ctx
         self.members = members
         rt = ctx.cfg.runtime
-        self.watch = GrayWatch(GraySettings(factor=rt.gray_factor, window=rt.gray_window, min_excess_s=rt.gray_min_excess_s,
-                                            budget_per_hour=rt.gray_budget_per_hour),
-                               dp_peers(ctx.layout.world, ctx.layout.shard))
+        self.watch = GrayWatch(
+            GraySettings(
+                factor=rt.gray_factor,
+                window=rt.gray_window,
+                min_excess_s=rt.gray_min_excess_s,
+                budget_per_hour=rt.gray_budget_per_hour,
+            ),
+            dp_peers(ctx.layout.world, ctx.layout.shard),
+        )
         self.epoch = -1
         self.said: dict[int, str] = {}
         """The last reason journalled for a suspect that was not evicted, per rank."""
@@ -157,12 +163,18 @@ class GrayEvictions:
         agent = self.ctx.state.agent_of(slow.rank)
         node = agent.node if agent is not None else None
         reason = f"gray: rank {slow.rank} busy {slow.ratio:.2f}x its peers' (+{slow.excess_s:.3f} s a step) over {self.watch.s.window} steps"
-        why = self.move_off(node, reason, {"cause": "compute", "rank": slow.rank, "ratio": slow.ratio, "excess_s": slow.excess_s},
-                            fallback_rank=slow.rank)
+        why = self.move_off(
+            node,
+            reason,
+            {"cause": "compute", "rank": slow.rank, "ratio": slow.ratio, "excess_s": slow.excess_s},
+            fallback_rank=slow.rank,
+        )
         if why is not None:
             self._keep(slow, node, why)
 
-    def move_off(self, node: str | None, reason: str, record: dict[str, object], fallback_rank: int | None = None) -> str | None:
+    def move_off(
+        self, node: str | None, reason: str, record: dict[str, object], fallback_rank: int | None = None
+    ) -> str | None:
         """Notice every rank of ``node`` (or ``fallback_rank`` when the node is unknown) for
         maintenance: None once done (journal ``gray_evict`` with ``record``), else why nothing moved
         (a switch or recovery in flight, no idle standby, the hourly budget spent)."""
@@ -182,19 +194,35 @@ class GrayEvictions:
         # and requeue the whole job, and a slow node is not worth that
         ranks = (self.members.ranks_of_node(node) if node else []) or ([] if fallback_rank is None else [fallback_rank])
         for rank in ranks:
-            self.ctx.submit(NoticeIn(Notice(kind="maintenance", rank=rank, source="controller", reason=reason, time=time.time())))
+            self.ctx.submit(
+                NoticeIn(Notice(kind="maintenance", rank=rank, source="controller", reason=reason, time=time.time()))
+            )
         return None
 
     def report(self) -> dict[str, object]:
         """For the summary: the settings, the evictions and each rank's largest windowed ratio."""
         s = self.watch.s
-        return {"factor": s.factor, "window": s.window, "min_excess_s": s.min_excess_s, "evictions": self.evicted,
-                "peak_ratio": {r: round(v, 3) for r, v in sorted(self.watch.peak.items())}}
+        return {
+            "factor": s.factor,
+            "window": s.window,
+            "min_excess_s": s.min_excess_s,
+            "evictions": self.evicted,
+            "peak_ratio": {r: round(v, 3) for r, v in sorted(self.watch.peak.items())},
+        }
 
     def _keep(self, slow: Slow, node: str | None, why: str) -> None:
         self.watch.suspected.discard(slow.rank)  # judged again at the next step
         if self.said.get(slow.rank) != why:
             self.said[slow.rank] = why
-            self.ctx.journal.write("gray_suspect", rank=slow.rank, node=node, ratio=slow.ratio, excess_s=slow.excess_s,
-                                   kept=why, step=self.ctx.state.step)
-            log.warning("gray: rank %d is %.2fx slower than its peers; kept on %s: %s", slow.rank, slow.ratio, node, why)
+            self.ctx.journal.write(
+                "gray_suspect",
+                rank=slow.rank,
+                node=node,
+                ratio=slow.ratio,
+                excess_s=slow.excess_s,
+                kept=why,
+                step=self.ctx.state.step,
+            )
+            log.warning(
+                "gray: rank %d is %.2fx slower than its peers; kept on %s: %s", slow.rank, slow.ratio, node, why
+            )

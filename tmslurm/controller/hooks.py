@@ -10,7 +10,8 @@ Slurm one is :class:`tmslurm.slurm.proc.hooks.SlurmHooks`.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from tmslurm.wire.messages import FaultSpec
 

@@ -16,15 +16,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from tmslurm.controller.context import Context
 from tmslurm.controller.membership import Membership
+from tmslurm.controller.planned_switches import Switches
 from tmslurm.controller.recoveries import Recoveries
 from tmslurm.controller.restarts import Restarts
 from tmslurm.controller.state import Mode
-from tmslurm.controller.switches import Switches
-from tmslurm.notices import Notice
+from tmslurm.core.notices import Notice
 from tmslurm.wire.messages import ErrorReply, NoticeRequest, OkReply, StatusReply, StatusRequest, StopRequest
 from tmslurm.wire.protocol import LineChannel
 
@@ -32,8 +33,15 @@ log = logging.getLogger(__name__)
 
 
 class Intake:
-    def __init__(self, ctx: Context, members: Membership, switches: Switches, recoveries: Recoveries,
-                 restarts: Restarts, status: Callable[[], dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        ctx: Context,
+        members: Membership,
+        switches: Switches,
+        recoveries: Recoveries,
+        restarts: Restarts,
+        status: Callable[[], dict[str, Any]],
+    ) -> None:
         self.ctx = ctx
         self.state = ctx.state
         self.members = members
@@ -53,8 +61,12 @@ class Intake:
             return
         self.ctx.journal.write("notice", **dataclasses.asdict(notice), ranks=ranks)
         if not notice.planned and notice.source == "slurm" and self.members.heartbeating(ranks):
-            log.warning("Slurm reports %s %s but its ranks %s are alive: not a failure of the run",
-                        notice.node, notice.reason, ranks)
+            log.warning(
+                "Slurm reports %s %s but its ranks %s are alive: not a failure of the run",
+                notice.node,
+                notice.reason,
+                ranks,
+            )
             self.ctx.journal.write("slurm_failure_not_confirmed", node=notice.node, ranks=ranks)
             return
         if notice.rank is None and notice.node:  # the node leaves: its standbys must not take its ranks
@@ -83,8 +95,11 @@ class Intake:
         A node that hosts ranks and standbys (a restart placed a rank on a spare's node) must not have
         its ranks moved to a standby on the same node. A busy one (joining a plan) is kept unless
         ``busy_too``: the notice waits for that plan, and then finds it a rank or idle."""
-        gone = [a for a in self.state.agents.values()
-                if a.idle_standby and a.node == notice.node and (busy_too or not a.busy)]
+        gone = [
+            a
+            for a in self.state.agents.values()
+            if a.idle_standby and a.node == notice.node and (busy_too or not a.busy)
+        ]
         for a in gone:
             self.ctx.journal.write("standby_lost", agent=a.aid, reason=notice.reason or notice.kind)
             self.members.kill(a)
@@ -110,7 +125,14 @@ class Intake:
             return ErrorReply(error=f"unknown node {msg.node!r}; this run uses: {', '.join(sorted(nodes))}")
         if msg.rank is not None and msg.rank >= self.ctx.layout.world:
             return ErrorReply(error=f"unknown rank {msg.rank!r}; valid: 0..{self.ctx.layout.world - 1}")
-        notice = Notice(kind=msg.event, node=msg.node, rank=msg.rank, source=msg.source, reason=msg.reason,
-                        deadline=msg.deadline, time=time.time())
+        notice = Notice(
+            kind=msg.event,
+            node=msg.node,
+            rank=msg.rank,
+            source=msg.source,
+            reason=msg.reason,
+            deadline=msg.deadline,
+            time=time.time(),
+        )
         self.notice(notice)
         return OkReply(accepted=dataclasses.asdict(notice))

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Union, get_args
 
-from tmslurm.notices import Notice
+from tmslurm.core.notices import Notice
 from tmslurm.wire.messages import FaultSpec, Hello, Msg, NodeVotes, NoticeRequest, StatusRequest, StopRequest
 from tmslurm.wire.protocol import GateSide
 

@@ -31,8 +31,8 @@ from __future__ import annotations
 import logging
 import statistics
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from tmslurm.controller.context import Context
 from tmslurm.controller.state import Mode
@@ -82,8 +82,11 @@ class LinkWatch:
 
     def best(self) -> dict[str, float]:
         """Each node with a full window of at least two partners: its best throughput."""
-        return {n: max(m for _, m in d) for n, d in self.samples.items()
-                if len(d) >= self.s.window and len({p for p, _ in d}) >= 2}
+        return {
+            n: max(m for _, m in d)
+            for n, d in self.samples.items()
+            if len(d) >= self.s.window and len({p for p, _ in d}) >= 2
+        }
 
     def judge(self) -> list[SlowLink]:
         best = self.best()
@@ -119,8 +122,12 @@ class Pending:
 class LinkProbes:
     """The controller's side of the link probes (``runtime.gray_evict`` and ``runtime.link_probe_s`` > 0)."""
 
-    def __init__(self, ctx: Context, move_off: Callable[[str, str, dict[str, object]], str | None],
-                 ranks_of_node: Callable[[str], list[int]]) -> None:
+    def __init__(
+        self,
+        ctx: Context,
+        move_off: Callable[[str, str, dict[str, object]], str | None],
+        ranks_of_node: Callable[[str], list[int]],
+    ) -> None:
         """``move_off(node, reason, record)``: :meth:`GrayEvictions.move_off`, None once moved, else why not."""
         rt = ctx.cfg.runtime
         self.ctx = ctx
@@ -202,8 +209,10 @@ class LinkProbes:
             self._act(slow)
 
     def _act(self, slow: SlowLink) -> None:
-        reason = (f"gray: node {slow.node}'s link moved at most {slow.best_mbps:.1f} MB/s over its last "
-                  f"{self.watch.s.window} probes, the nodes' median {slow.median_mbps:.1f} MB/s")
+        reason = (
+            f"gray: node {slow.node}'s link moved at most {slow.best_mbps:.1f} MB/s over its last "
+            f"{self.watch.s.window} probes, the nodes' median {slow.median_mbps:.1f} MB/s"
+        )
         record: dict[str, object] = {"cause": "link", "best_mbps": slow.best_mbps, "median_mbps": slow.median_mbps}
         if not self.ranks_of_node(slow.node):
             return self._keep(slow, "no rank on the node", record)
@@ -219,9 +228,18 @@ class LinkProbes:
         if self.said.get(slow.node) != why:
             self.said[slow.node] = why
             self.ctx.journal.write("link_slow", node=slow.node, kept=why, step=self.ctx.state.step, **record)
-            log.warning("gray: node %s's link is slow (%.1f MB/s, median %.1f); kept: %s", slow.node,
-                        slow.best_mbps, slow.median_mbps, why)
+            log.warning(
+                "gray: node %s's link is slow (%.1f MB/s, median %.1f); kept: %s",
+                slow.node,
+                slow.best_mbps,
+                slow.median_mbps,
+                why,
+            )
 
     def report(self) -> dict[str, object]:
-        return {"probes": self.probes, "failed": self.failed, "moved": sorted(self.moved),
-                "best_mbps": {n: round(b, 3) for n, b in sorted(self.watch.best().items())}}
+        return {
+            "probes": self.probes,
+            "failed": self.failed,
+            "moved": sorted(self.moved),
+            "best_mbps": {n: round(b, 3) for n, b in sorted(self.watch.best().items())},
+        }

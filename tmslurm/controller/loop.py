@@ -31,42 +31,53 @@ import gc
 import logging
 import queue
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from tmslurm.config import RunConfig, wants_monitors
-from tmslurm.controller.adoption import AdoptOrder, Adoption
+from tmslurm.controller.adoption import Adoption, AdoptOrder
 from tmslurm.controller.commits import Commits
-from tmslurm.controller.gray import GrayEvictions
-from tmslurm.controller.linkwatch import LinkProbes
 from tmslurm.controller.context import Context
 from tmslurm.controller.deadlines import Deadlines
+from tmslurm.controller.events import EventLog
+from tmslurm.controller.gray import GrayEvictions
 from tmslurm.controller.hooks import ClusterHooks
 from tmslurm.controller.intake import Intake
-from tmslurm.controller.items import (Batch, Disconnected, FaultAt, HelloIn, Item, MessageIn, NoticeIn, Released,
-                                      RequestIn, VotesIn)
+from tmslurm.controller.items import (
+    Batch,
+    Disconnected,
+    FaultAt,
+    HelloIn,
+    Item,
+    MessageIn,
+    NoticeIn,
+    Released,
+    RequestIn,
+    VotesIn,
+)
+from tmslurm.controller.journal import Journal
+from tmslurm.controller.linkwatch import LinkProbes
 from tmslurm.controller.membership import Membership
 from tmslurm.controller.monitors import NodeMonitors
-from tmslurm.controller.planbook import PlanBook
+from tmslurm.controller.plan_lifecycle import PlanBook
+from tmslurm.controller.planned_switches import Switches
 from tmslurm.controller.recoveries import Recoveries
+from tmslurm.controller.renewal import SpareRenewal
 from tmslurm.controller.restarts import Restarts
 from tmslurm.controller.server import ControlServer
 from tmslurm.controller.snapshot import Snapshots
+from tmslurm.controller.spawner import Spawner
 from tmslurm.controller.state import Agent, JobEnd, Mode, RunState
 from tmslurm.controller.summary import Summary
-from tmslurm.controller.switches import Switches
-from tmslurm.errors import TmslurmError
-from tmslurm.wire import messages as m
-from tmslurm.notices import Notice
-from tmslurm.rundir import RunDir
-from tmslurm.controller.events import EventLog
-from tmslurm.controller.journal import Journal
-from tmslurm.controller.renewal import SpareRenewal
-from tmslurm.controller.spawner import Spawner
-from tmslurm.signing import NoticeVerifier, load_public_key
-from tmslurm.topology import Layout
+from tmslurm.core.config import RunConfig, wants_monitors
+from tmslurm.core.errors import TmslurmError
+from tmslurm.core.notices import Notice
+from tmslurm.core.rundir import RunDir
+from tmslurm.core.signing import NoticeVerifier, load_public_key
+from tmslurm.core.topology import Layout
 from tmslurm.train.ckpt_index import latest_complete
+from tmslurm.wire import messages as m
 
 log = logging.getLogger(__name__)
 TICK_S = 0.05
@@ -88,8 +99,15 @@ class Ticker:
 
 
 class Controller:
-    def __init__(self, cfg: RunConfig, run_dir: Path, spawner: Spawner, hooks: ClusterHooks, address: dict[str, Any],
-                 adopt: AdoptOrder | None = None) -> None:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        run_dir: Path,
+        spawner: Spawner,
+        hooks: ClusterHooks,
+        address: dict[str, Any],
+        adopt: AdoptOrder | None = None,
+    ) -> None:
         layout = Layout.from_config(cfg)
         rundir = RunDir(Path(run_dir))
         self.metrics = _run_metrics(cfg, rundir, layout, hooks, adopt)
@@ -107,29 +125,51 @@ class Controller:
         self.switches = Switches(self.ctx, self.members, self.plans, self.restarts, self.recoveries)
         gray = GrayEvictions(self.ctx, self.members) if cfg.runtime.gray_evict else None
         self.commits = Commits(self.ctx, self.members, gray)
-        links = (LinkProbes(self.ctx, gray.move_off, self.members.ranks_of_node)
-                 if gray is not None and cfg.runtime.link_probe_s > 0 and wants_monitors(cfg) else None)
+        links = (
+            LinkProbes(self.ctx, gray.move_off, self.members.ranks_of_node)
+            if gray is not None and cfg.runtime.link_probe_s > 0 and wants_monitors(cfg)
+            else None
+        )
         self.summary = Summary(self.ctx, self.commits, links)
         self.intake = Intake(self.ctx, self.members, self.switches, self.recoveries, self.restarts, self.summary.status)
         self.deadlines = Deadlines(self.ctx, self.members, self.plans, self.recoveries, self.restarts, self.commits)
         self.monitors = NodeMonitors(self.ctx, self.members, self.recoveries, links)
         self.renewal = SpareRenewal(self.ctx, self.members)
         self.handlers: dict[type, Callable[[Agent, Any], None]] = {
-            m.Vote: self.commits.on_vote, m.Progress: self.commits.on_progress, m.Groups: self.commits.on_groups,
-            m.Prepared: self.switches.on_prepared, m.ShadowReady: self.switches.on_shadow_ready, m.ShadowChecked: self.switches.on_shadow_checked, m.Switched: self.switches.on_switched, m.Left: self.switches.on_left,
-            m.Joined: self._on_joined, m.JoinFailed: self.switches.on_join_failed,
-            m.Aborted: self.recoveries.on_aborted, m.Recovered: self.recoveries.on_recovered,
-            m.CommErrorReport: self.recoveries.on_comm_error, m.FaultFired: self.recoveries.on_fault,
-            m.Started: self._on_started, m.Ready: self._on_ready, m.Done: self._on_done,
+            m.Vote: self.commits.on_vote,
+            m.Progress: self.commits.on_progress,
+            m.Groups: self.commits.on_groups,
+            m.Prepared: self.switches.on_prepared,
+            m.ShadowReady: self.switches.on_shadow_ready,
+            m.ShadowChecked: self.switches.on_shadow_checked,
+            m.Switched: self.switches.on_switched,
+            m.Left: self.switches.on_left,
+            m.Joined: self._on_joined,
+            m.JoinFailed: self.switches.on_join_failed,
+            m.Aborted: self.recoveries.on_aborted,
+            m.Recovered: self.recoveries.on_recovered,
+            m.CommErrorReport: self.recoveries.on_comm_error,
+            m.FaultFired: self.recoveries.on_fault,
+            m.Started: self._on_started,
+            m.Ready: self._on_ready,
+            m.Done: self._on_done,
         }
         self.item_handlers: dict[type, Callable[[Any], None]] = {
-            HelloIn: self._on_hello, RequestIn: self._on_request, MessageIn: self._on_message,
-            Disconnected: self._on_disconnect, VotesIn: self._on_votes, NoticeIn: self._on_notice,
-            FaultAt: self._on_fault_at, Released: self._on_released, Batch: self._on_batch,
+            HelloIn: self._on_hello,
+            RequestIn: self._on_request,
+            MessageIn: self._on_message,
+            Disconnected: self._on_disconnect,
+            VotesIn: self._on_votes,
+            NoticeIn: self._on_notice,
+            FaultAt: self._on_fault_at,
+            Released: self._on_released,
+            Batch: self._on_batch,
         }
         """Queue item type -> its handler (:mod:`tmslurm.controller.items`), as ``handlers`` is for messages."""
         self.restarts.resume_after_requeue()
-        self.adoption = Adoption(self.ctx, self.members, self.commits, self.recoveries, self.switches, adopt) if adopt else None
+        self.adoption = (
+            Adoption(self.ctx, self.members, self.commits, self.recoveries, self.switches, adopt) if adopt else None
+        )
         if self.adoption is not None:
             self.adoption.restore()
         self.logged = len(state.step_log)
@@ -170,7 +210,9 @@ class Controller:
         if self.metrics is not None:
             rt = self.ctx.cfg.runtime
             bound = self.metrics.serve(rt.metrics_addr, rt.metrics_port)
-            self.ctx.journal.write("metrics" if bound else "metrics_unavailable", addr=rt.metrics_addr, port=rt.metrics_port)
+            self.ctx.journal.write(
+                "metrics" if bound else "metrics_unavailable", addr=rt.metrics_addr, port=rt.metrics_port
+            )
         if self.adoption is None:  # a restarted controller adopts the live processes instead
             for rank in range(self.ctx.layout.world):
                 self.members.spawn_worker(rank, 0)
@@ -196,7 +238,7 @@ class Controller:
 
     def _offer_snapshot(self) -> None:
         st = self.state
-        entries, self.logged = st.step_log[self.logged:], len(st.step_log)
+        entries, self.logged = st.step_log[self.logged :], len(st.step_log)
         if self.metrics is not None:
             warm: dict[str, int] = {}
             if time.monotonic() - self.metrics_warm_m >= 1.0:  # walking every agent each commit: at most 1/s
@@ -204,9 +246,19 @@ class Controller:
                 pool = self.members.warm_pool()
                 warm = {role: sum(role in roles for roles in pool.values()) for role in self.ctx.layout.roles}
             self.metrics.on_commits(entries, warm)
-        self.snapshots.offer(st.step, {"epoch": st.epoch, "epochs": st.epochs, "t": time.time(),
-                                       "last_commit_t": self.ctx.events.last_commit_t, "fired": sorted(st.fired),
-                                       "standbys_started": st.standbys_started, "incarnation": st.incarnation}, entries)
+        self.snapshots.offer(
+            st.step,
+            {
+                "epoch": st.epoch,
+                "epochs": st.epochs,
+                "t": time.time(),
+                "last_commit_t": self.ctx.events.last_commit_t,
+                "fired": sorted(st.fired),
+                "standbys_started": st.standbys_started,
+                "incarnation": st.incarnation,
+            },
+            entries,
+        )
 
     def touch(self, conn: int) -> None:
         """A line arrived on ``conn`` (called from the gate's reader thread: only stamps a time)."""
@@ -292,8 +344,13 @@ class Controller:
     def _on_ready(self, agent: Agent, msg: m.Ready) -> None:
         agent.starting = False
         agent.roles[msg.role] = msg.model_dump(exclude={"type"})
-        self.ctx.journal.write("standby_ready", agent=agent.aid, node=agent.node, **agent.roles[msg.role],
-                               largest_rank_peak_rss_mb=self.commits.largest_rank_rss())
+        self.ctx.journal.write(
+            "standby_ready",
+            agent=agent.aid,
+            node=agent.node,
+            **agent.roles[msg.role],
+            largest_rank_peak_rss_mb=self.commits.largest_rank_rss(),
+        )
         self.commits.maybe_commit()
         self.state.retry_notices = True
 
@@ -328,11 +385,13 @@ class Controller:
         server.close()
         return summary
 
-
     def _refuse_requests(self, server: ControlServer) -> None:
         """Answer every queued and later request with an error: the loop reads no more of them."""
-        why = ("the run is ending (requeued: it resumes in the next allocation)" if self.state.requeued
-               else "the run has finished; it takes no more requests")
+        why = (
+            "the run is ending (requeued: it resumes in the next allocation)"
+            if self.state.requeued
+            else "the run has finished; it takes no more requests"
+        )
         server.close_requests(why)
         while True:
             try:

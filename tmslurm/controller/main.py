@@ -1,4 +1,4 @@
-"""The controller as its own process, run (and restarted) by a supervisor (:mod:`tmslurm.supervisor`).
+"""The controller as its own process, run (and restarted) by a supervisor (:mod:`tmslurm.run.supervisor`).
 
 Contract: ``python -m tmslurm.controller.main --run-dir D --host H --listen-fd N --store-port P
 --spawn-fd M [--adopt]`` (cluster=local) reads the run's ``config.json`` and ``token``, serves on the listening
@@ -26,17 +26,17 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tmslurm.config import RunConfig, from_dict
 from tmslurm.controller.adoption import AdoptOrder
 from tmslurm.controller.hooks import ClusterHooks, LocalHooks
 from tmslurm.controller.loop import Controller
 from tmslurm.controller.server import ControlServer
-from tmslurm.errors import TmslurmError
-from tmslurm.logs import LOG_CONTEXT, setup_logging
-from tmslurm.rundir import RunDir
-from tmslurm.wire.protocol import read_token
 from tmslurm.controller.spawner import Spawner
 from tmslurm.controller.spawnpipe import PipeSpawner
+from tmslurm.core.config import RunConfig, from_dict
+from tmslurm.core.errors import TmslurmError
+from tmslurm.core.logs import LOG_CONTEXT, setup_logging
+from tmslurm.core.rundir import RunDir
+from tmslurm.wire.protocol import read_token
 
 log = logging.getLogger(__name__)
 FINISHED = 0
@@ -113,7 +113,9 @@ def _die_with_parent() -> bool:
     parent = os.getppid()
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        log.warning("prctl(PR_SET_PDEATHSIG) failed (errno %d): this controller may outlive its supervisor", ctypes.get_errno())
+        log.warning(
+            "prctl(PR_SET_PDEATHSIG) failed (errno %d): this controller may outlive its supervisor", ctypes.get_errno()
+        )
     return os.getppid() == parent != 1
 
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 import logging
 import time
 
-from tmslurm.config import to_dict
 from tmslurm.controller.context import Context
 from tmslurm.controller.state import Agent, Mode, agent_id
+from tmslurm.core.config import to_dict
 from tmslurm.wire.messages import Address, ErrorReply, Hello, Welcome
 from tmslurm.wire.protocol import LineChannel
 
@@ -39,8 +39,14 @@ class Membership:
     def hello(self, msg: Hello, conn: int, ch: LineChannel) -> Agent | None:
         if msg.rejoin is not None and self.state.mode is not Mode.ADOPTING:
             # only a restarted controller takes agents back; this one closed the connection itself (a fence)
-            self.ctx.journal.write("hello_refused", kind=msg.kind, id=msg.id, node=msg.node, reported_pid=msg.pid,
-                                   why="a rejoin, but this controller did not restart")
+            self.ctx.journal.write(
+                "hello_refused",
+                kind=msg.kind,
+                id=msg.id,
+                node=msg.node,
+                reported_pid=msg.pid,
+                why="a rejoin, but this controller did not restart",
+            )
             ch.try_send(ErrorReply(error="refused: this controller did not restart; there is nothing to rejoin"))
             ch.close()
             return None
@@ -51,23 +57,47 @@ class Membership:
             return None
         rank = self._claimed_rank(msg)
         if rank == -1:
-            self.ctx.journal.write("hello_refused", kind=msg.kind, id=msg.id, node=msg.node, reported_pid=msg.pid,
-                                   why="rejoin claims a slot it cannot hold")
+            self.ctx.journal.write(
+                "hello_refused",
+                kind=msg.kind,
+                id=msg.id,
+                node=msg.node,
+                reported_pid=msg.pid,
+                why="rejoin claims a slot it cannot hold",
+            )
             ch.try_send(ErrorReply(error=f"refused: {msg.kind} {msg.id} cannot rejoin as rank {msg.rejoin.rank}"))
             ch.close()
             return None
         self.state.expected.discard((msg.kind, msg.id))
-        agent = Agent(agent_id(msg.kind, msg.id, msg.pid, conn), msg.kind, msg.id, msg.pid, msg.node, ch, time.monotonic(), host=msg.host,
-                      starting=msg.rejoin is None)
+        agent = Agent(
+            agent_id(msg.kind, msg.id, msg.pid, conn),
+            msg.kind,
+            msg.id,
+            msg.pid,
+            msg.node,
+            ch,
+            time.monotonic(),
+            host=msg.host,
+            starting=msg.rejoin is None,
+        )
         self.state.agents[agent.aid] = agent
         self.state.conn_agent[conn] = agent.aid
         if rank is not None:
             agent.rank = rank
             self.state.slots[rank] = agent.aid
-        faults = [f for f in self.ctx.pending_faults() if msg.kind == "worker" and msg.id in f.ranks
-                  and f.when != "join"]  # a join fault is the joining standby's: it comes with its join
-        ch.try_send(Welcome(config=to_dict(self.ctx.cfg), epoch=self.state.epoch, generation=self.state.epoch,
-                            resume_step=self.state.resume_step, faults=faults, address=Address(**self.address)))
+        faults = [
+            f for f in self.ctx.pending_faults() if msg.kind == "worker" and msg.id in f.ranks and f.when != "join"
+        ]  # a join fault is the joining standby's: it comes with its join
+        ch.try_send(
+            Welcome(
+                config=to_dict(self.ctx.cfg),
+                epoch=self.state.epoch,
+                generation=self.state.epoch,
+                resume_step=self.state.resume_step,
+                faults=faults,
+                address=Address(**self.address),
+            )
+        )
         self.ctx.journal.write("agent_up", agent=agent.aid, node=agent.node, pid=agent.pid)
         return agent
 

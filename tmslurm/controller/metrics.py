@@ -20,8 +20,9 @@ Contract:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
@@ -45,8 +46,11 @@ class _CheckpointAge:
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         latest = latest_complete(self.run_dir, self.shards)
-        fam = GaugeMetricFamily("tmslurm_checkpoint_age_steps", "Committed steps since the latest complete checkpoint "
-                                "(the step itself when there is none)", labels=list(self.labels))
+        fam = GaugeMetricFamily(
+            "tmslurm_checkpoint_age_steps",
+            "Committed steps since the latest complete checkpoint (the step itself when there is none)",
+            labels=list(self.labels),
+        )
         fam.add_metric(list(self.labels.values()), self.step() - (latest or 0))
         yield fam
 
@@ -57,40 +61,74 @@ class RunMetrics:
         self.base = {"run": run, "job": job}
         names, reg = list(self.base), self.registry
         self.step = Gauge("tmslurm_step", "Last committed step", names, registry=reg).labels(**self.base)
-        self.commits = Counter("tmslurm_commits", "Steps committed (a step redone after a restart counts again)",
-                               names, registry=reg).labels(**self.base)
-        self.step_seconds = Histogram("tmslurm_step_seconds", "Step time: the slowest rank's, per commit", names,
-                                      buckets=STEP_BUCKETS, registry=reg).labels(**self.base)
-        self.commit_seconds = Histogram("tmslurm_commit_latency_seconds", "From a step's first vote reaching the "
-                                        "controller to its commit decision", names, buckets=COMMIT_BUCKETS,
-                                        registry=reg).labels(**self.base)
-        self.stall_seconds = Histogram("tmslurm_checkpoint_stall_seconds", "How long a checkpoint held the step loop "
-                                       "(the slowest rank's, per checkpointed step)", names, buckets=STEP_BUCKETS,
-                                       registry=reg).labels(**self.base)
+        self.commits = Counter(
+            "tmslurm_commits", "Steps committed (a step redone after a restart counts again)", names, registry=reg
+        ).labels(**self.base)
+        self.step_seconds = Histogram(
+            "tmslurm_step_seconds",
+            "Step time: the slowest rank's, per commit",
+            names,
+            buckets=STEP_BUCKETS,
+            registry=reg,
+        ).labels(**self.base)
+        self.commit_seconds = Histogram(
+            "tmslurm_commit_latency_seconds",
+            "From a step's first vote reaching the controller to its commit decision",
+            names,
+            buckets=COMMIT_BUCKETS,
+            registry=reg,
+        ).labels(**self.base)
+        self.stall_seconds = Histogram(
+            "tmslurm_checkpoint_stall_seconds",
+            "How long a checkpoint held the step loop (the slowest rank's, per checkpointed step)",
+            names,
+            buckets=STEP_BUCKETS,
+            registry=reg,
+        ).labels(**self.base)
         self.events = Counter("tmslurm_events", "Completed events", [*names, "kind"], registry=reg)
-        self.downtime = Histogram("tmslurm_event_downtime_seconds", "Downtime of completed events", [*names, "kind"],
-                                  buckets=DOWNTIME_BUCKETS, registry=reg)
-        self.last_parts = Gauge("tmslurm_last_event_seconds", "Downtime and parts of the last completed event",
-                                [*names, "part"], registry=reg)
-        self.warm = Gauge("tmslurm_warm_standbys", "Idle standbys warm for a shape class", [*names, "shape_class"],
-                          registry=reg)
-        self.nodes_lost = Counter("tmslurm_nodes_lost", "Nodes found dead by their monitors", names,
-                                  registry=reg).labels(**self.base)
-        self.fenced = Counter("tmslurm_ranks_fenced", "Rank processes fenced (hung, silent, or their node lost)", names,
-                              registry=reg).labels(**self.base)
-        self.given_back = Counter("tmslurm_nodes_given_back", "Nodes given back to Slurm after a switch emptied them",
-                                  names, registry=reg).labels(**self.base)
-        self.gray_evictions = Counter("tmslurm_gray_evictions", "Nodes moved off because they were slow: their ranks' "
-                                      "compute (cause=compute) or their link (cause=link)", [*names, "cause"], registry=reg)
-        self.controller_restarts = Gauge("tmslurm_controller_restarts", "Times this run's controller was restarted",
-                                         names, registry=reg).labels(**self.base)
+        self.downtime = Histogram(
+            "tmslurm_event_downtime_seconds",
+            "Downtime of completed events",
+            [*names, "kind"],
+            buckets=DOWNTIME_BUCKETS,
+            registry=reg,
+        )
+        self.last_parts = Gauge(
+            "tmslurm_last_event_seconds",
+            "Downtime and parts of the last completed event",
+            [*names, "part"],
+            registry=reg,
+        )
+        self.warm = Gauge(
+            "tmslurm_warm_standbys", "Idle standbys warm for a shape class", [*names, "shape_class"], registry=reg
+        )
+        self.nodes_lost = Counter(
+            "tmslurm_nodes_lost", "Nodes found dead by their monitors", names, registry=reg
+        ).labels(**self.base)
+        self.fenced = Counter(
+            "tmslurm_ranks_fenced", "Rank processes fenced (hung, silent, or their node lost)", names, registry=reg
+        ).labels(**self.base)
+        self.given_back = Counter(
+            "tmslurm_nodes_given_back", "Nodes given back to Slurm after a switch emptied them", names, registry=reg
+        ).labels(**self.base)
+        self.gray_evictions = Counter(
+            "tmslurm_gray_evictions",
+            "Nodes moved off because they were slow: their ranks' compute (cause=compute) or their link (cause=link)",
+            [*names, "cause"],
+            registry=reg,
+        )
+        self.controller_restarts = Gauge(
+            "tmslurm_controller_restarts", "Times this run's controller was restarted", names, registry=reg
+        ).labels(**self.base)
         self.controller_restarts.set(controller_incarnation)
         self.last_step = 0
         """The step the next commit decides (read by the checkpoint-age collector at scrape time)."""
         reg.register(_CheckpointAge(self.base, run_dir, shards, lambda: self.last_step))
         self.handlers: dict[str, Callable[[dict[str, Any]], None]] = {
-            "event": self._on_event, "node_lost": lambda e: self.nodes_lost.inc(),
-            "fenced": lambda e: self.fenced.inc(), "node_released": lambda e: self.given_back.inc(),
+            "event": self._on_event,
+            "node_lost": lambda e: self.nodes_lost.inc(),
+            "fenced": lambda e: self.fenced.inc(),
+            "node_released": lambda e: self.given_back.inc(),
             "gray_evict": self._on_gray_evict,
         }
         """Journal entry type -> what it counts."""
@@ -109,7 +147,9 @@ class RunMetrics:
             self.downtime.labels(**self.base, kind=kind).observe(down)
         for part in EVENT_PARTS:
             value = rec.get(part)
-            self.last_parts.labels(**self.base, part=part).set(value if isinstance(value, (int, float)) else float("nan"))
+            self.last_parts.labels(**self.base, part=part).set(
+                value if isinstance(value, (int, float)) else float("nan")
+            )
 
     def _on_gray_evict(self, rec: dict[str, Any]) -> None:
         cause = rec.get("cause")

@@ -33,9 +33,21 @@ from tmslurm.controller.context import Context
 from tmslurm.controller.linkwatch import LinkProbes
 from tmslurm.controller.membership import Membership
 from tmslurm.controller.recoveries import Recoveries
-from tmslurm.config import to_dict
 from tmslurm.controller.state import Agent, Mode
-from tmslurm.wire.messages import Address, Beat, ErrorReply, Exited, Finish, Hello, Probed, SinkAt, Stopped, Watch, Welcome
+from tmslurm.core.config import to_dict
+from tmslurm.wire.messages import (
+    Address,
+    Beat,
+    ErrorReply,
+    Exited,
+    Finish,
+    Hello,
+    Probed,
+    SinkAt,
+    Stopped,
+    Watch,
+    Welcome,
+)
 from tmslurm.wire.protocol import LineChannel
 
 log = logging.getLogger(__name__)
@@ -52,7 +64,9 @@ class NodeMonitor:
 
 
 class NodeMonitors:
-    def __init__(self, ctx: Context, members: Membership, recoveries: Recoveries, links: LinkProbes | None = None) -> None:
+    def __init__(
+        self, ctx: Context, members: Membership, recoveries: Recoveries, links: LinkProbes | None = None
+    ) -> None:
         self.ctx = ctx
         self.links = links
         """Link probes between the monitors (``runtime.gray_evict`` with ``runtime.link_probe_s`` > 0); None: off."""
@@ -75,8 +89,13 @@ class NodeMonitors:
         if msg.rejoin is not None and self.state.mode is not Mode.ADOPTING:
             ch.try_send(ErrorReply(error="refused: this controller did not restart; there is nothing to rejoin"))
             ch.close()
-            self.ctx.journal.write("hello_refused", kind="monitor", node=msg.node, reported_pid=msg.pid,
-                                   why="a rejoin, but this controller did not restart")
+            self.ctx.journal.write(
+                "hello_refused",
+                kind="monitor",
+                node=msg.node,
+                reported_pid=msg.pid,
+                why="a rejoin, but this controller did not restart",
+            )
             return
         if self.monitor_of(msg.node) is not None:
             ch.try_send(ErrorReply(error=f"refused: node {msg.node!r} already has a live monitor"))
@@ -84,8 +103,16 @@ class NodeMonitors:
             self.ctx.journal.write("hello_refused", kind="monitor", node=msg.node, reported_pid=msg.pid)
             return
         self.monitors[conn] = NodeMonitor(msg.node, msg.pid, ch, time.monotonic())
-        ch.try_send(Welcome(config=to_dict(self.ctx.cfg), epoch=self.state.epoch, generation=self.state.epoch,
-                            resume_step=self.state.resume_step, faults=[], address=Address(**self.members.address)))
+        ch.try_send(
+            Welcome(
+                config=to_dict(self.ctx.cfg),
+                epoch=self.state.epoch,
+                generation=self.state.epoch,
+                resume_step=self.state.resume_step,
+                faults=[],
+                address=Address(**self.members.address),
+            )
+        )
         self.ctx.journal.write("monitor_up", node=msg.node, pid=msg.pid)
         for agent in self._agents_on(msg.node):
             ch.try_send(Watch(agent=agent.aid, pid=agent.pid))
@@ -104,8 +131,12 @@ class NodeMonitors:
             return
         agent = self.state.agents.get(msg.agent)
         if agent is None or agent.node != mon.node or agent.pid != msg.pid:
-            self.ctx.journal.write("exited_ignored" if isinstance(msg, Exited) else "stopped_ignored", node=mon.node,
-                                   agent=msg.agent[:100], pid=msg.pid)
+            self.ctx.journal.write(
+                "exited_ignored" if isinstance(msg, Exited) else "stopped_ignored",
+                node=mon.node,
+                agent=msg.agent[:100],
+                pid=msg.pid,
+            )
             return
         if not agent.alive or agent.expected_exit:
             return
@@ -157,8 +188,9 @@ class NodeMonitors:
     def _node_lost(self, mon: NodeMonitor, agents: list[Agent], silent_s: float) -> None:
         now = time.time()
         log.warning("node %s lost: its monitor and %d processes silent for %.2fs", mon.node, len(agents), silent_s)
-        self.ctx.journal.write("node_lost", node=mon.node, silent_s=round(silent_s, 4), source="monitor",
-                               agents=[a.aid for a in agents])
+        self.ctx.journal.write(
+            "node_lost", node=mon.node, silent_s=round(silent_s, 4), source="monitor", agents=[a.aid for a in agents]
+        )
         self._drop(mon, "node lost")
         self.ctx.hooks.node_lost(mon.node)  # before any restart picks a node for its ranks
         ranks = []

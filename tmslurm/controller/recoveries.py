@@ -7,7 +7,7 @@ Contract (on the controller's thread):
 - Then (:meth:`_plan`) it rebuilds only the affected and dirty groups, gives each dead rank a warm
   standby and a data-parallel state source, and waits for ``recovered`` / ``joined``. Unless
   ``runtime.redo_overlap``, the ranks that send no state are held: they redo the step after the
-  ``resume`` that :class:`~tmslurm.controller.planbook.PlanBook` sends when the plan finishes. With no
+  ``resume`` that :class:`~tmslurm.controller.plan_lifecycle.PlanBook` sends when the plan finishes. With no
   switch possible it falls back to :meth:`~tmslurm.controller.restarts.Restarts.restart`.
 - A failure during a recovery replans under a newer epoch. A lost joiner cancels a planned switch
   not yet applied (the notice is retried) or fails the step otherwise.
@@ -24,14 +24,14 @@ from __future__ import annotations
 import logging
 import time
 
+from tmslurm.controller import switch_planning as sw
 from tmslurm.controller.context import Context
 from tmslurm.controller.membership import Membership
-from tmslurm.controller.planbook import PlanBook
-from tmslurm.controller.plans import Move, PlannedSwitch, Recovery
+from tmslurm.controller.plan_lifecycle import PlanBook
+from tmslurm.controller.plan_types import Move, PlannedSwitch, Recovery
 from tmslurm.controller.restarts import Restarts
 from tmslurm.controller.state import Agent, Mode
 from tmslurm.wire.messages import Abort, Aborted, CommErrorReport, FaultFired, FaultSpec, Joined, Recover, Recovered
-from tmslurm.controller import switchplan as sw
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,16 @@ class Recoveries:
         st.votes = {}
         alive = [r for r in range(self.ctx.layout.world) if r not in dead and st.rank_alive(r)]
         dead |= set(range(self.ctx.layout.world)) - set(alive)  # a set: O(N), not a list scan per rank
-        plan = Recovery(st.epoch, [Move(r, "") for r in sorted(dead)], [], cause, dead=dead, alive=alive,
-                        target_step=st.step, deadline=time.time() + 2 * self.ctx.cfg.runtime.heartbeat_timeout_s)
+        plan = Recovery(
+            st.epoch,
+            [Move(r, "") for r in sorted(dead)],
+            [],
+            cause,
+            dead=dead,
+            alive=alive,
+            target_step=st.step,
+            deadline=time.time() + 2 * self.ctx.cfg.runtime.heartbeat_timeout_s,
+        )
         plan.times["detect"] = detect_t
         if failure_t is not None:  # only an injected fault knows its instant: "failure" stays unset otherwise
             plan.times["failure"] = failure_t
@@ -114,7 +122,9 @@ class Recoveries:
             if plan.event is not None:
                 plan.event["status"] = "cancelled"
             self.state.plan = None
-            self.restarts.restart(f"{plan.reason}; {exc}", dead, "unexpected", plan.times["detect"], plan.times.get("failure"))
+            self.restarts.restart(
+                f"{plan.reason}; {exc}", dead, "unexpected", plan.times["detect"], plan.times.get("failure")
+            )
             return
         dirty = sw.dirty_groups(layout, plan.statuses)
         plan.moves = moves
@@ -124,11 +134,19 @@ class Recoveries:
         plan.dirty = sorted(dirty)
         for m in moves:
             self.state.agents[m.joiner].busy = True
-        msgs = self.ctx.with_join_faults(sw.recovery_messages(layout, plan, plan.alive, hold=not self.ctx.cfg.runtime.redo_overlap))
+        msgs = self.ctx.with_join_faults(
+            sw.recovery_messages(layout, plan, plan.alive, hold=not self.ctx.cfg.runtime.redo_overlap)
+        )
         plan.waiting = {k if isinstance(k, str) else f"r{k}" for k in msgs}
         plan.held = sorted(k for k, v in msgs.items() if isinstance(v, Recover) and v.hold)
-        self.ctx.journal.write("recover", epoch=plan.epoch, moves=[m.__dict__ for m in moves], groups=plan.groups, dirty=plan.dirty,
-                               held=plan.held)
+        self.ctx.journal.write(
+            "recover",
+            epoch=plan.epoch,
+            moves=[m.__dict__ for m in moves],
+            groups=plan.groups,
+            dirty=plan.dirty,
+            held=plan.held,
+        )
         for key, msg in msgs.items():
             self.ctx.send_to(key, msg)
 
@@ -149,16 +167,31 @@ class Recoveries:
         del st.dropped_joins[agent.aid]
         plan, rank = st.plan, msg.rank
         adopt = isinstance(plan, Recovery) and rank in plan.dead and not st.rank_alive(rank)
-        self.ctx.journal.write("late_join", agent=agent.aid, rank=rank, epoch=msg.epoch, node=agent.node,
-                               outcome="adopted" if adopt else "fenced")
+        self.ctx.journal.write(
+            "late_join",
+            agent=agent.aid,
+            rank=rank,
+            epoch=msg.epoch,
+            node=agent.node,
+            outcome="adopted" if adopt else "fenced",
+        )
         if not adopt:
-            log.warning("%s joined rank %d in dropped epoch %d, which another process serves: fencing it", agent.aid, rank, msg.epoch)
+            log.warning(
+                "%s joined rank %d in dropped epoch %d, which another process serves: fencing it",
+                agent.aid,
+                rank,
+                msg.epoch,
+            )
             self.members.kill(agent)
             self.ctx.journal.write("fenced", agent=agent.aid, rank=rank, node=agent.node, cause="late join")
             self.members.replenish()
             return
-        log.warning("%s finished joining rank %d in dropped epoch %d: it owns the rank; recovering again with it",
-                    agent.aid, rank, msg.epoch)
+        log.warning(
+            "%s finished joining rank %d in dropped epoch %d: it owns the rank; recovering again with it",
+            agent.aid,
+            rank,
+            msg.epoch,
+        )
         old = st.agent_of(rank)
         if old is not None and old is not agent:
             old.expected_exit = True
@@ -190,8 +223,18 @@ class Recoveries:
         if fault.kind in ("power_off", "partition"):
             for rank in ranks:
                 self.state.fault_t[rank] = t
-        self.ctx.journal.write("fault", index=fault.index, kind=fault.kind, rank=fault.rank, node=nodes[0], nodes=list(nodes),
-                               ranks=ranks, amount=fault.amount or None, via="lab", at=t)
+        self.ctx.journal.write(
+            "fault",
+            index=fault.index,
+            kind=fault.kind,
+            rank=fault.rank,
+            node=nodes[0],
+            nodes=list(nodes),
+            ranks=ranks,
+            amount=fault.amount or None,
+            via="lab",
+            at=t,
+        )
 
     def disconnect(self, agent: Agent | None) -> None:
         if agent is None or not agent.alive:

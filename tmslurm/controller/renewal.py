@@ -54,8 +54,11 @@ class SpareRenewal:
             if a.ident in idents and a.idle_standby and a.aid not in self.state.retiring:
                 self.state.retiring.add(a.aid)
                 self.ctx.journal.write("standby_renewing", agent=a.aid, node=a.node)
-                log.info("standby %s on %s: its spare allocation ends within slurm.spare_renew_s; asking for a fresh one",
-                         a.aid, a.node)
+                log.info(
+                    "standby %s on %s: its spare allocation ends within slurm.spare_renew_s; asking for a fresh one",
+                    a.aid,
+                    a.node,
+                )
         self.members.replenish()
 
     def _retire(self) -> None:
@@ -75,8 +78,11 @@ class SpareRenewal:
 
     def _fresh_warm(self) -> int:
         roles = set(self.ctx.layout.roles)
-        return sum(1 for a in self.state.standbys()
-                   if a.idle_standby and not a.busy and a.aid not in self.state.retiring and set(a.roles) >= roles)
+        return sum(
+            1
+            for a in self.state.standbys()
+            if a.idle_standby and not a.busy and a.aid not in self.state.retiring and set(a.roles) >= roles
+        )
 
     def _let_go(self, agent: Agent, warm: int) -> None:
         self.state.retiring.discard(agent.aid)

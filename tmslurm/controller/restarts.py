@@ -35,18 +35,19 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tmslurm.controller.context import Context
 from tmslurm.controller.items import Released
-from tmslurm.controller.snapshot import read_snapshot, read_steps
-from tmslurm.controller.membership import Membership
-from tmslurm.controller.planbook import PlanBook
-from tmslurm.controller.state import CheckpointThen, JobEnd, Mode
-from tmslurm.wire.messages import Started
 from tmslurm.controller.journal import journalled, read_journal
+from tmslurm.controller.membership import Membership
+from tmslurm.controller.plan_lifecycle import PlanBook
+from tmslurm.controller.snapshot import read_snapshot, read_steps
+from tmslurm.controller.state import CheckpointThen, JobEnd, Mode
 from tmslurm.train.ckpt_index import latest_complete
+from tmslurm.wire.messages import Started
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,9 @@ class Restarts:
         """When a rank of a restart was last seen waiting for a spare allocation: the start deadline
         of :meth:`_check_started` counts from then too (a rank placed late starts late)."""
 
-    def restart(self, cause: str, ranks: list[int], trigger: str, detect_t: float, failure_t: float | None = None) -> None:
+    def restart(
+        self, cause: str, ranks: list[int], trigger: str, detect_t: float, failure_t: float | None = None
+    ) -> None:
         mode = self.ctx.cfg.runtime.restart_mode
         if mode == "requeue_restart" and self.ctx.hooks.can_requeue():
             self.requeue(cause, ranks, trigger, detect_t, failure_t, exclude=[])
@@ -72,19 +75,33 @@ class Restarts:
         self._stop_all_ranks()
         self.state.epoch = self.state.new_epoch()
         k = latest_complete(self.ctx.rundir.path, self.ctx.layout.shard_names) or 0
-        rec = self._record("restart" if mode == "tmslurm" else mode, trigger, cause, ranks, detect_t, failure_t, target, k,
-                           node=nodes)
+        rec = self._record(
+            "restart" if mode == "tmslurm" else mode, trigger, cause, ranks, detect_t, failure_t, target, k, node=nodes
+        )
         rec["stop_s"] = time.time() - t0
         self.ctx.events.hold(rec)
-        self.ctx.journal.write("restart", epoch=self.state.epoch, cause=cause, from_step=k, lost_steps=target - k,
-                               incarnation=self.state.incarnation + 1)  # the processes about to start
+        self.ctx.journal.write(
+            "restart",
+            epoch=self.state.epoch,
+            cause=cause,
+            from_step=k,
+            lost_steps=target - k,
+            incarnation=self.state.incarnation + 1,
+        )  # the processes about to start
         log.warning("restarting every rank from checkpoint step %d (%s)", k, cause)
         failed = self._respawn_all(k)
         if failed and self.ctx.hooks.can_requeue():  # no node left for them in this job: Slurm allocates anew
             self.ctx.events.drop(rec)
             log.warning("ranks %s have no node to restart on in this job: requeueing it", failed)
-            self.requeue(f"{cause}; no node in this job for ranks {failed}", ranks, trigger, detect_t, failure_t,
-                         exclude=[], kind="no_node_requeue")
+            self.requeue(
+                f"{cause}; no node in this job for ranks {failed}",
+                ranks,
+                trigger,
+                detect_t,
+                failure_t,
+                exclude=[],
+                kind="no_node_requeue",
+            )
         elif failed:  # never hang: end the run with what it has, the checkpoint stays for a resume
             log.error("ranks %s cannot be restarted anywhere; ending the run (resume with train.resume_from)", failed)
             self.state.failed_reason = f"no node to restart ranks {failed}"
@@ -98,12 +115,35 @@ class Restarts:
         agents = (self.state.agent_of(r) for r in ranks)
         return ",".join(sorted({a.node for a in agents if a is not None and a.node}))
 
-    def _record(self, kind: str, trigger: str, cause: str, ranks: list[int], detect_t: float, failure_t: float | None,
-                target: int, from_step: int, node: str = "") -> dict[str, Any]:
-        rec = {"kind": kind, "trigger": trigger, "cause": cause, "epoch": self.state.epoch, "ranks": ranks, "node": node,
-               "standby": "", "notice_t": failure_t or detect_t, "last_commit_t": self.ctx.events.last_commit_t,
-               "detect_s": max(0.0, detect_t - (failure_t or detect_t)), "from_checkpoint_step": from_step,
-               "lost_steps": target - from_step, "target_step": target, "status": "switched", "switched_t": time.time()}
+    def _record(
+        self,
+        kind: str,
+        trigger: str,
+        cause: str,
+        ranks: list[int],
+        detect_t: float,
+        failure_t: float | None,
+        target: int,
+        from_step: int,
+        node: str = "",
+    ) -> dict[str, Any]:
+        rec = {
+            "kind": kind,
+            "trigger": trigger,
+            "cause": cause,
+            "epoch": self.state.epoch,
+            "ranks": ranks,
+            "node": node,
+            "standby": "",
+            "notice_t": failure_t or detect_t,
+            "last_commit_t": self.ctx.events.last_commit_t,
+            "detect_s": max(0.0, detect_t - (failure_t or detect_t)),
+            "from_checkpoint_step": from_step,
+            "lost_steps": target - from_step,
+            "target_step": target,
+            "status": "switched",
+            "switched_t": time.time(),
+        }
         self.ctx.events.items.append(rec)  # held (journalled) by the caller once its record is complete
         return rec
 
@@ -133,8 +173,14 @@ class Restarts:
         return failed
 
     def on_started(self, msg: Started) -> None:
-        rec = next((r for r in reversed(self.ctx.events.items)
-                    if r.get("from_checkpoint_step") is not None and r["status"] == "switched"), None)
+        rec = next(
+            (
+                r
+                for r in reversed(self.ctx.events.items)
+                if r.get("from_checkpoint_step") is not None and r["status"] == "switched"
+            ),
+            None,
+        )
         if rec is None or msg.step != rec["from_checkpoint_step"]:
             return
         rec["group_setup_s"] = max(rec.get("group_setup_s", 0.0), msg.groups_s)
@@ -146,8 +192,16 @@ class Restarts:
             self.state.retry_notices = True  # a notice the restart cancelled or kept waiting is planned now
 
     # ---- requeue ------------------------------------------------------------------------------
-    def requeue(self, cause: str, ranks: list[int], trigger: str, detect_t: float, failure_t: float | None,
-                exclude: list[str], kind: str | None = None) -> None:
+    def requeue(
+        self,
+        cause: str,
+        ranks: list[int],
+        trigger: str,
+        detect_t: float,
+        failure_t: float | None,
+        exclude: list[str],
+        kind: str | None = None,
+    ) -> None:
         """Stop every rank, save the open event, and requeue the job (``kind`` ``job_end_resubmit``:
         submit the next job instead, which starts when this one has ended)."""
         t0 = time.time()
@@ -156,15 +210,31 @@ class Restarts:
         self._stop_all_ranks()
         if kind is None:
             kind = "requeue_restart" if self.ctx.cfg.runtime.restart_mode == "requeue_restart" else "batch_host_requeue"
-        saved = {"cause": cause, "ranks": ranks, "trigger": trigger, "detect_t": detect_t, "failure_t": failure_t,
-                 "target_step": st.step, "last_commit_t": self.ctx.events.last_commit_t, "step_log": st.step_log,
-                 "events": self.ctx.events.items, "stop_s": time.time() - t0, "requeue_t": time.time(),
-                 "exclude": exclude, "fired": sorted(st.fired), "kind": kind, "node": nodes,
-                 "job_id": self.ctx.hooks.status().get("main_job_id")}
+        saved = {
+            "cause": cause,
+            "ranks": ranks,
+            "trigger": trigger,
+            "detect_t": detect_t,
+            "failure_t": failure_t,
+            "target_step": st.step,
+            "last_commit_t": self.ctx.events.last_commit_t,
+            "step_log": st.step_log,
+            "events": self.ctx.events.items,
+            "stop_s": time.time() - t0,
+            "requeue_t": time.time(),
+            "exclude": exclude,
+            "fired": sorted(st.fired),
+            "kind": kind,
+            "node": nodes,
+            "job_id": self.ctx.hooks.status().get("main_job_id"),
+        }
         self.ctx.rundir.requeue.write_text(json.dumps(saved, default=str))
         self.ctx.journal.write("requeue", cause=cause, target_step=st.step, exclude=exclude, kind=kind)
-        log.warning("%s the job (%s); it resumes from the latest checkpoint",
-                    "resubmitting" if kind == "job_end_resubmit" else "requeueing", cause)
+        log.warning(
+            "%s the job (%s); it resumes from the latest checkpoint",
+            "resubmitting" if kind == "job_end_resubmit" else "requeueing",
+            cause,
+        )
         st.requeued = True
         st.mode = Mode.FINISHED
         self.ctx.rundir.job_ending.unlink(missing_ok=True)  # the end is recorded in full: nothing to tell
@@ -188,15 +258,25 @@ class Restarts:
         st.fired = set(saved.get("fired", []))
         self.ctx.events.items = saved["events"]
         self.ctx.events.last_commit_t = saved["last_commit_t"]
-        rec = self._record(saved["kind"], saved["trigger"], saved["cause"], saved["ranks"], saved["detect_t"],
-                           saved["failure_t"], saved["target_step"], st.step, node=str(saved.get("node") or ""))
+        rec = self._record(
+            saved["kind"],
+            saved["trigger"],
+            saved["cause"],
+            saved["ranks"],
+            saved["detect_t"],
+            saved["failure_t"],
+            saved["target_step"],
+            st.step,
+            node=str(saved.get("node") or ""),
+        )
         rec["stop_s"] = saved["stop_s"]
         rec["requeue_t"] = saved["requeue_t"]
         rec["from_job_id"] = saved.get("job_id")
         rec["reschedule_s"] = time.time() - saved["requeue_t"]
         st.restart_t = time.time()
-        self.ctx.journal.write("resumed_after_requeue", from_step=st.step, redo_steps=rec["lost_steps"],
-                               reschedule_s=rec["reschedule_s"])
+        self.ctx.journal.write(
+            "resumed_after_requeue", from_step=st.step, redo_steps=rec["lost_steps"], reschedule_s=rec["reschedule_s"]
+        )
         for held in [r for r in self.ctx.events.items if r["status"] == "switched"]:  # carried over, and this one
             self.ctx.events.hold(held)
 
@@ -215,11 +295,18 @@ class Restarts:
         rec = self._record("job_end_unfinished", "planned", cause, [], t, t, target, st.step)
         rec["reschedule_s"] = time.time() - t
         st.restart_t = time.time()
-        self.ctx.journal.write("resumed_after_unfinished_end", from_step=st.step, redo_steps=target - st.step,
-                               last_committed=target)
+        self.ctx.journal.write(
+            "resumed_after_unfinished_end", from_step=st.step, redo_steps=target - st.step, last_committed=target
+        )
         self.ctx.events.hold(rec)
-        log.warning("the previous job ended (%s) after step %d before its checkpoint was complete: resuming "
-                    "from checkpoint step %d, redoing %d steps", told.get("reason"), target, st.step, target - st.step)
+        log.warning(
+            "the previous job ended (%s) after step %d before its checkpoint was complete: resuming "
+            "from checkpoint step %d, redoing %d steps",
+            told.get("reason"),
+            target,
+            st.step,
+            target - st.step,
+        )
 
     def _resume_after_lost_controller(self) -> bool:
         """A node monitor requeued the job because its controller was lost (``controller-lost.json``):
@@ -232,20 +319,32 @@ class Restarts:
         journal = self._take_back_history()
         target, snap = self._last_commit()
         st.fired = set(snap.get("fired", [])) | set(journalled(journal, ("fault", "fault_firing"), "index"))
-        why = claim.get("why", f"unknown: the claim was cut off, {claim['unreadable']}" if "unreadable" in claim else "?")
+        why = claim.get(
+            "why", f"unknown: the claim was cut off, {claim['unreadable']}" if "unreadable" in claim else "?"
+        )
         cause = f"controller lost ({why}); requeued by the monitor of {claim.get('node', '?')}"
         t = float(claim["t"])  # _take_note guarantees a number
-        rec = self._record("controller_lost_requeue", "unexpected", cause, [], t, snap.get("last_commit_t"), target,
-                           st.step)
+        rec = self._record(
+            "controller_lost_requeue", "unexpected", cause, [], t, snap.get("last_commit_t"), target, st.step
+        )
         rec["reschedule_s"] = time.time() - t
         rec["requeue_rc"] = claim.get("requeue_rc")
         rec["requeue_t"] = t
         st.restart_t = time.time()
-        self.ctx.journal.write("resumed_after_lost_controller", from_step=st.step, redo_steps=target - st.step,
-                               last_committed=target, reschedule_s=rec["reschedule_s"], node=claim.get("node"))
+        self.ctx.journal.write(
+            "resumed_after_lost_controller",
+            from_step=st.step,
+            redo_steps=target - st.step,
+            last_committed=target,
+            reschedule_s=rec["reschedule_s"],
+            node=claim.get("node"),
+        )
         self.ctx.events.hold(rec)
-        log.warning("the previous incarnation lost its controller after step %d; resuming from checkpoint step %d",
-                    target, st.step)
+        log.warning(
+            "the previous incarnation lost its controller after step %d; resuming from checkpoint step %d",
+            target,
+            st.step,
+        )
         return True
 
     def _take_back_history(self) -> list[dict[str, Any]]:
@@ -277,8 +376,11 @@ class Restarts:
             except OSError as stat_exc:
                 log.warning("ignoring %s: unreadable (%s) and cannot be stat'ed (%s)", path, exc, stat_exc)
                 return None
-            log.warning("%s is unreadable (%s): its writer was cut off; taking it as written at its mtime, cause "
-                        "unknown", path, exc)
+            log.warning(
+                "%s is unreadable (%s): its writer was cut off; taking it as written at its mtime, cause unknown",
+                path,
+                exc,
+            )
         path.rename(archive(float(note["t"])))
         return note
 
@@ -305,7 +407,9 @@ class Restarts:
             return
         self.state.checkpoint_then = CheckpointThen("restart", reason, t, ranks=list(ranks))
         self.ctx.journal.write("checkpoint_then_restart", ranks=ranks, reason=reason)
-        log.warning("no warm standby for ranks %s (%s): checkpoint at the next step, then restart from it", ranks, reason)
+        log.warning(
+            "no warm standby for ranks %s (%s): checkpoint at the next step, then restart from it", ranks, reason
+        )
 
     def checkpoint_and_end(self, end: JobEnd, reason: str) -> None:
         """The main job is ending: checkpoint at the next step boundary, then (:meth:`_end_job`)
@@ -321,10 +425,12 @@ class Restarts:
         step = then.checkpoint_step if then is not None else None
         st.checkpoint_then = CheckpointThen("end", reason, time.time(), checkpoint_step=step, end=end)
         action = self.ctx.cfg.slurm.on_limit if end is JobEnd.TIME_LIMIT else "wait for Slurm"
-        self.ctx.rundir.job_ending.write_text(json.dumps({"t": time.time(), "end": end.value, "reason": reason,
-                                                          "step": st.step}))
-        self.ctx.journal.write("job_ending", end=end.value, reason=reason, then=action,
-                               superseded=then.action if then else None)
+        self.ctx.rundir.job_ending.write_text(
+            json.dumps({"t": time.time(), "end": end.value, "reason": reason, "step": st.step})
+        )
+        self.ctx.journal.write(
+            "job_ending", end=end.value, reason=reason, then=action, superseded=then.action if then else None
+        )
         log.warning("the job is ending (%s): checkpoint at the next step boundary, then %s", reason, action)
 
     def tick(self) -> None:
@@ -338,8 +444,9 @@ class Restarts:
             return
         self.state.checkpoint_then = None
         if then.action == "requeue":
-            self.requeue(f"batch host {then.node} leaving: {then.reason}", [], "planned", then.t, then.t,
-                         exclude=[then.node])
+            self.requeue(
+                f"batch host {then.node} leaving: {then.reason}", [], "planned", then.t, then.t, exclude=[then.node]
+            )
         elif then.action == "end":
             self._end_job(then)
         else:
@@ -352,9 +459,15 @@ class Restarts:
         if not late or self.state.mode.ending:
             return
         st = self.state
-        log.error("ranks %s found no spare allocation to restart on within %.0fs; ending the run (resume with "
-                  "train.resume_from)", late, self.ctx.cfg.runtime.connect_timeout_s)
-        st.failed_reason = f"no node to restart ranks {late} (no spare allocation started within runtime.connect_timeout_s)"
+        log.error(
+            "ranks %s found no spare allocation to restart on within %.0fs; ending the run (resume with "
+            "train.resume_from)",
+            late,
+            self.ctx.cfg.runtime.connect_timeout_s,
+        )
+        st.failed_reason = (
+            f"no node to restart ranks {late} (no spare allocation started within runtime.connect_timeout_s)"
+        )
         self.ctx.journal.write("run_failed", reason=st.failed_reason)
         self._stop_all_ranks()
         st.mode = Mode.FINISHED
@@ -366,17 +479,31 @@ class Restarts:
         st, limit, now = self.state, self.ctx.cfg.runtime.connect_timeout_s, time.time()
         if waiting:
             self.placed_t = now
-        if (st.restart_t is None or st.mode is not Mode.RUNNING or st.plan is not None or st.requeued
-                or now - max(st.restart_t, self.placed_t) <= limit):
+        if (
+            st.restart_t is None
+            or st.mode is not Mode.RUNNING
+            or st.plan is not None
+            or st.requeued
+            or now - max(st.restart_t, self.placed_t) <= limit
+        ):
             return
-        missing = [r for r in range(self.ctx.layout.world) if r not in waiting and not st.rank_alive(r)
-                   and r not in st.started]
+        missing = [
+            r for r in range(self.ctx.layout.world) if r not in waiting and not st.rank_alive(r) and r not in st.started
+        ]
         if not missing:
             return
-        log.warning("ranks %s did not start within %.0fs of the restart (runtime.connect_timeout_s): restarting "
-                    "again", missing, limit)
-        self.restart(f"ranks {missing} did not start within runtime.connect_timeout_s={limit:g}s of the restart",
-                     missing, "unexpected", now, st.restart_t)
+        log.warning(
+            "ranks %s did not start within %.0fs of the restart (runtime.connect_timeout_s): restarting again",
+            missing,
+            limit,
+        )
+        self.restart(
+            f"ranks {missing} did not start within runtime.connect_timeout_s={limit:g}s of the restart",
+            missing,
+            "unexpected",
+            now,
+            st.restart_t,
+        )
 
     def _end_job(self, then: CheckpointThen) -> None:
         if then.end is JobEnd.SIGTERM:  # Slurm requeues (preemption) or ends (scancel) the job itself

@@ -13,15 +13,15 @@ and no tensors, and nothing read from it is ever unpickled. :meth:`serve` starts
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
-
+from typing import Any
 
 from tmslurm.controller.gate import Gate
 from tmslurm.controller.gateauth import GateLimits
 from tmslurm.controller.items import Item
 from tmslurm.controller.journal import Journal
-from tmslurm.signing import NoticeVerifier
+from tmslurm.core.signing import NoticeVerifier
 
 
 @dataclass
@@ -34,12 +34,12 @@ class ControlServer:
     gate: Gate | None = None
 
     @classmethod
-    def open(cls, host: str) -> "ControlServer":
+    def open(cls, host: str) -> ControlServer:
         store = open_store(host)
         return cls(store, store.port, socket.create_server((host, 0)), host)
 
     @classmethod
-    def inherit(cls, host: str, listen_fd: int, store_port: int) -> "ControlServer":
+    def inherit(cls, host: str, listen_fd: int, store_port: int) -> ControlServer:
         """Serve on a listening socket a supervisor holds (and keeps across controller restarts)."""
         return cls(None, store_port, socket.socket(fileno=listen_fd), host)
 
@@ -47,8 +47,14 @@ class ControlServer:
     def address(self) -> dict[str, Any]:
         return {"host": self.host, "port": self.sock.getsockname()[1], "store_port": self.store_port}
 
-    def serve(self, token: str, verifier: NoticeVerifier | None, journal: Journal,
-              submit: Callable[[Item], None], touch: Callable[[int], None]) -> None:
+    def serve(
+        self,
+        token: str,
+        verifier: NoticeVerifier | None,
+        journal: Journal,
+        submit: Callable[[Item], None],
+        touch: Callable[[int], None],
+    ) -> None:
         self.gate = Gate(self.sock, token, verifier, journal, submit, touch, GateLimits())
         self.gate.start()
 

@@ -25,7 +25,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from tmslurm.jsonfile import write_json_atomic
+from tmslurm.core.jsonfile import write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,6 @@ class Snapshots:
             write_json_atomic(self.path, item)
         except OSError as exc:
             log.error("cannot write %s: %s", self.path, exc)
-
 
     def _append(self, entries: list[dict[str, Any]]) -> None:
         try:

@@ -10,7 +10,7 @@ With :func:`wants_monitors`, the first process placed on a node also starts that
 (``cluster=local``); the Slurm spawner in
 ``tmslurm.slurm`` implements the same interface with ``srun`` steps. Agent output goes to
 ``<run_dir>/logs/<who>.log``. With ``runtime.fork_agents`` (the default) :class:`LocalSpawner` forks
-ranks and standbys from a zygote that imported torch once (:mod:`tmslurm.controller.forked`); they
+ranks and standbys from a zygote that imported torch once (:mod:`tmslurm.controller.zygote_client`); they
 are its own children all the same, and fresh processes where the zygote cannot be used.
 """
 
@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from tmslurm.config import RunConfig, wants_monitors
-from tmslurm.controller.forked import Forked, Zygote
-from tmslurm.rundir import RunDir
+from tmslurm.controller.zygote_client import Forked, Zygote
+from tmslurm.core.config import RunConfig, wants_monitors
+from tmslurm.core.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +37,12 @@ class Spawner(Protocol):
     def fence(self, kind: str, ident: int) -> None: ...
     def stop_all(self, grace_s: float = 0.0) -> None:
         """End every process/step/job this spawner started, after up to ``grace_s`` for them to exit on their own."""
+
     def node_of_rank(self, rank: int) -> str: ...
     def pending_standbys(self) -> list[int]:
         """Standby ids whose allocation was asked for and may still start (a queued spare job): a
         restarted controller keeps expecting them. [] where every live one is listed by the supervisor."""
+
     def take_lost_standbys(self) -> list[int]:
         """Standby ids asked for whose allocation is known to be gone without them: a submission that
         failed (a Slurm outage), a spare job that ended. Each is returned once; the controller stops
@@ -94,13 +96,20 @@ class LocalSpawner:
             proc = self.zygote.spawn(argv, agent_env(self.cfg), log_path)
         if proc is None:
             with open(log_path, "ab") as logf:
-                proc = subprocess.Popen([sys.executable, "-m", "tmslurm.agent.main", *argv], stdout=logf,
-                                        stderr=subprocess.STDOUT, env=agent_env(self.cfg), start_new_session=True)
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "tmslurm.agent.main", *argv],
+                    stdout=logf,
+                    stderr=subprocess.STDOUT,
+                    env=agent_env(self.cfg),
+                    start_new_session=True,
+                )
         self.procs.append(proc)
         return proc
 
     def spawn_worker(self, rank: int, incarnation: int) -> bool:
-        self.handles[("worker", rank)] = self._start(f"rank{rank}.{incarnation}", ["--rank", str(rank)], self.node_of_rank(rank))
+        self.handles[("worker", rank)] = self._start(
+            f"rank{rank}.{incarnation}", ["--rank", str(rank)], self.node_of_rank(rank)
+        )
         return True
 
     def spawn_standby(self, index: int) -> None:

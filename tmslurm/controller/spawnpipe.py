@@ -16,12 +16,12 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from tmslurm.config import RunConfig
 from tmslurm.controller.spawner import Spawner, local_node
+from tmslurm.core.config import RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class StopAll(_Req):
     grace_s: Annotated[float, Field(ge=0.0, le=3600.0)]
 
 
-SpawnRequest = Annotated[Union[SpawnWorker, SpawnStandby, Fence, StopAll], Field(discriminator="op")]
+SpawnRequest = Annotated[SpawnWorker | SpawnStandby | Fence | StopAll, Field(discriminator="op")]
 _REQUEST: TypeAdapter[SpawnRequest] = TypeAdapter(SpawnRequest)
 
 

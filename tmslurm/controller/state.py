@@ -15,9 +15,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from tmslurm.controller.plans import PlannedSwitch, Recovery
+from tmslurm.controller.plan_types import PlannedSwitch, Recovery
+from tmslurm.core.notices import Notice
 from tmslurm.wire.messages import Done, Started
-from tmslurm.notices import Notice
 from tmslurm.wire.protocol import LineChannel
 
 

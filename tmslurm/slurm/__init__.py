@@ -4,6 +4,6 @@ submission, the spawn record, and the failure lab's fault injector. It is a libr
 entry points and the implementations of the controller's interfaces are in :mod:`tmslurm.slurm.proc`,
 and nothing here imports them, the agent or the controller.
 
-Nothing here imports torch. Every deliberate failure is a :class:`tmslurm.errors.SlurmError` (or
-its subclass :class:`tmslurm.errors.SlurmParseError` when Slurm printed something unparseable).
+Nothing here imports torch. Every deliberate failure is a :class:`tmslurm.core.errors.SlurmError` (or
+its subclass :class:`tmslurm.core.errors.SlurmParseError` when Slurm printed something unparseable).
 """

@@ -1,6 +1,6 @@
 """What tmslurm asks of Slurm: the :class:`SlurmClient` interface both backends implement.
 
-Contract: every method raises :class:`~tmslurm.errors.SlurmError` when Slurm cannot answer (with
+Contract: every method raises :class:`~tmslurm.core.errors.SlurmError` when Slurm cannot answer (with
 :data:`HINT` in the message); expected "absent" answers (an unknown job) are not errors.
 """
 
@@ -46,8 +46,7 @@ class SlurmClient(abc.ABC):
         """Accounting rows of the job and its steps, keyed by sacct field name."""
 
     @abc.abstractmethod
-    def submit(self, script_path: str | os.PathLike, args: Sequence[str],
-               script_args: Sequence[str] = ()) -> str:
+    def submit(self, script_path: str | os.PathLike, args: Sequence[str], script_args: Sequence[str] = ()) -> str:
         """``sbatch --parsable <args> <script> <script_args>``; returns the job id."""
 
     @abc.abstractmethod

@@ -10,8 +10,8 @@ Contract:
   its schema differs in 24.11). Its subprocesses always get ``SLURM_TIME_FORMAT=standard`` so
   times parse the same everywhere.
 - Failures: a missing command, a non-zero exit or a timeout raise
-  :class:`~tmslurm.errors.SlurmError` with the command line, the exit code, the tail of stderr and
-  a hint; unparseable output raises :class:`~tmslurm.errors.SlurmParseError` (a SlurmError).
+  :class:`~tmslurm.core.errors.SlurmError` with the command line, the exit code, the tail of stderr and
+  a hint; unparseable output raises :class:`~tmslurm.core.errors.SlurmParseError` (a SlurmError).
   Expected "absent" answers are not errors: ``job()`` of an unknown job is None, ``nodes(names)``
   skips names Slurm does not know (logged), empty outputs are empty lists.
 - :func:`make_client` picks the pyslurm backend only when pyslurm is importable and built for the
@@ -29,7 +29,7 @@ import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
 
-from tmslurm.errors import ConfigError, SlurmError
+from tmslurm.core.errors import ConfigError, SlurmError
 from tmslurm.slurm import parse
 from tmslurm.slurm.api import HINT, SlurmClient
 from tmslurm.slurm.parse import JobInfo, NodeInfo, Reservation
@@ -111,8 +111,7 @@ class CliSlurmClient(SlurmClient):
 
     # -- actions ---------------------------------------------------------------------------------
 
-    def submit(self, script_path: str | os.PathLike, args: Sequence[str],
-               script_args: Sequence[str] = ()) -> str:
+    def submit(self, script_path: str | os.PathLike, args: Sequence[str], script_args: Sequence[str] = ()) -> str:
         cmd = ["sbatch", "--parsable", *args, str(script_path), *script_args]
         return parse.parse_sbatch_parsable(self._run(cmd).stdout, cmd=shlex.join(cmd))
 
@@ -128,7 +127,9 @@ class CliSlurmClient(SlurmClient):
             self._run(args, cwd=scratch)
 
     def update_job_excludes(self, job_id: str | int, nodes: Sequence[str]) -> None:
-        self._run(["scontrol", "update", f"jobid={job_id}", f"ExcNodeList={parse.compress_hostlist(nodes) if nodes else ''}"])
+        self._run(
+            ["scontrol", "update", f"jobid={job_id}", f"ExcNodeList={parse.compress_hostlist(nodes) if nodes else ''}"]
+        )
 
     def update_node(self, name: str, state: str, reason: str | None = None) -> None:
         args = ["scontrol", "update", f"nodename={name}", f"state={state}"]
@@ -141,24 +142,35 @@ class CliSlurmClient(SlurmClient):
     def _environ(self) -> dict[str, str]:
         return {**os.environ, **self._extra_env, "SLURM_TIME_FORMAT": "standard"}
 
-    def _run(self, args: list[str], ok_codes: tuple[int, ...] = (0,),
-             cwd: str | None = None) -> subprocess.CompletedProcess:
+    def _run(
+        self, args: list[str], ok_codes: tuple[int, ...] = (0,), cwd: str | None = None
+    ) -> subprocess.CompletedProcess:
         """Run ``args``; raise SlurmError for a missing command, a timeout or an exit not in ok_codes."""
         log.debug("running %s", shlex.join(args))
         try:
-            proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True, env=self._environ(), cwd=cwd,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=self._environ(),
+                cwd=cwd,
+                start_new_session=True,
+            )
         except (FileNotFoundError, PermissionError) as exc:
-            raise SlurmError(f"`{shlex.join(args)}` could not start ({exc.strerror}: "
-                             f"{args[0]!r} not found or not executable on PATH); {HINT}") from None
+            raise SlurmError(
+                f"`{shlex.join(args)}` could not start ({exc.strerror}: "
+                f"{args[0]!r} not found or not executable on PATH); {HINT}"
+            ) from None
         with proc:
             try:
                 out, err = proc.communicate(timeout=self.timeout_s)
             except subprocess.TimeoutExpired:
                 _kill_group(proc)
-                raise SlurmError(f"`{shlex.join(args)}` timed out after {self.timeout_s:g}s "
-                                 f"(timeout_s); {HINT}") from None
+                raise SlurmError(
+                    f"`{shlex.join(args)}` timed out after {self.timeout_s:g}s (timeout_s); {HINT}"
+                ) from None
         done = subprocess.CompletedProcess(args, proc.returncode, out, err)
         if done.returncode not in ok_codes:
             raise self._failed(args, done)
@@ -194,16 +206,16 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.communicate()
 
 
-def make_client(prefer: str = "auto", *, timeout_s: float = 10.0,
-                env: Mapping[str, str] | None = None) -> SlurmClient:
+def make_client(prefer: str = "auto", *, timeout_s: float = 10.0, env: Mapping[str, str] | None = None) -> SlurmClient:
     """The pyslurm backend when asked for (``pyslurm``/``auto``) and usable, else the CLI backend.
 
     ``prefer="pyslurm"`` falls back to the CLI too (with a warning) when pyslurm is missing or
     built for another Slurm release: the CLI backend always works where Slurm's commands do.
     """
     if prefer not in BACKENDS:
-        raise ConfigError(f"unknown Slurm client backend {prefer!r}; valid: {', '.join(BACKENDS)} "
-                          "(override slurm.client=...)")
+        raise ConfigError(
+            f"unknown Slurm client backend {prefer!r}; valid: {', '.join(BACKENDS)} (override slurm.client=...)"
+        )
     cli = CliSlurmClient(timeout_s=timeout_s, env=env)
     if prefer == "cli":
         log.info("Slurm client: CLI backend (asked for)")
@@ -217,4 +229,3 @@ def make_client(prefer: str = "auto", *, timeout_s: float = 10.0,
     level = logging.WARNING if prefer == "pyslurm" else logging.INFO
     log.log(level, "Slurm client: CLI backend (pyslurm not used: %s)", why)
     return cli
-

@@ -3,7 +3,7 @@
 Contract: pure functions; the reference behaviour is Slurm's own ``scontrol show hostnames`` and
 ``scontrol show hostlist`` (recorded from 22.05, see tests/unit/test_slurm_parse.py). One deliberate
 difference: text after a bracket group (``n[1-2]-ib``) is accepted, which 22.05 rejects. An invalid
-expression raises :class:`~tmslurm.errors.SlurmParseError` quoting it; nothing else is raised.
+expression raises :class:`~tmslurm.core.errors.SlurmParseError` quoting it; nothing else is raised.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from tmslurm.errors import SlurmParseError
+from tmslurm.core.errors import SlurmParseError
 
 
 def expand_hostlist(expr: str) -> list[str]:

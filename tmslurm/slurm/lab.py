@@ -21,11 +21,11 @@ import re
 import shlex
 import subprocess
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
-from tmslurm.config import RunConfig
-from tmslurm.errors import SlurmError
+from tmslurm.core.config import RunConfig
+from tmslurm.core.errors import SlurmError
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +54,9 @@ def lab_fault_argv(kind: str, nodes: list[str], amount: str) -> list[str]:
     return [LAB_FAULTS[kind], *nodes, *([amount] if amount else [])]
 
 
-def inject_lab_fault(cfg: RunConfig, kind: str, nodes: list[str], amount: str,
-                     fired: Callable[[float, list[str]], None]) -> None:
+def inject_lab_fault(
+    cfg: RunConfig, kind: str, nodes: list[str], amount: str, fired: Callable[[float, list[str]], None]
+) -> None:
     threading.Thread(target=_run, args=(cfg, kind, nodes, amount, fired), name=f"lab-{kind}", daemon=True).start()
 
 

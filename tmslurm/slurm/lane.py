@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ class Lane:
     def __init__(self, name: str = "slurm-lane", inline: bool = False) -> None:
         self.name = name
         self.inline = inline
-        self.items: "queue.Queue[tuple[Callable[[], None], str]]" = queue.Queue()
+        self.items: queue.Queue[tuple[Callable[[], None], str]] = queue.Queue()
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         if not inline:
             self.thread.start()

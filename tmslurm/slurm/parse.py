@@ -4,7 +4,7 @@ Contract:
 - Every parser takes the command's stdout as text (and, for messages, the command line that made
   it) and returns plain dataclasses, tuples or dicts. Nothing here runs a process or reads a file.
 - Empty output (and Slurm's ``No nodes|jobs|reservations in the system``) is valid: no rows.
-- Malformed or unexpected output raises :class:`~tmslurm.errors.SlurmParseError` whose message
+- Malformed or unexpected output raises :class:`~tmslurm.core.errors.SlurmParseError` whose message
   names the command and quotes the offending line (truncated). A parser never lets a bare
   ``KeyError``/``IndexError``/``ValueError`` escape.
 - Times are printed by Slurm in the local time zone without an offset (``SLURM_TIME_FORMAT=standard``,
@@ -40,9 +40,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import NamedTuple
 
-from tmslurm.errors import SlurmParseError
+from tmslurm.core.errors import SlurmParseError
 from tmslurm.slurm.hostlist import compress_hostlist, expand_hostlist  # noqa: F401 (re-exported)
-
 
 # ----------------------------------------------------------------------------------------------
 # Data
@@ -51,8 +50,7 @@ from tmslurm.slurm.hostlist import compress_hostlist, expand_hostlist  # noqa: F
 OK, MAINTENANCE, FAILURE = "ok", "maintenance", "failure"
 
 FAILURE_STATES = frozenset(
-    {"DOWN", "NOT_RESPONDING", "FAIL", "FAILING", "POWERED_DOWN", "POWERING_DOWN", "ERROR", "INVAL",
-     "FUTURE"}
+    {"DOWN", "NOT_RESPONDING", "FAIL", "FAILING", "POWERED_DOWN", "POWERING_DOWN", "ERROR", "INVAL", "FUTURE"}
 )
 MAINTENANCE_STATES = frozenset(
     {"DRAIN", "DRAINING", "DRAINED", "REBOOT_REQUESTED", "REBOOT_ISSUED", "MAINT", "POWER_DOWN"}
@@ -60,21 +58,50 @@ MAINTENANCE_STATES = frozenset(
 
 # State suffixes of sinfo's compact/long formats (man sinfo, NODE STATE CODES).
 _SUFFIX_FLAGS = {
-    "*": "NOT_RESPONDING", "~": "POWERED_DOWN", "#": "POWERING_UP", "!": "POWER_DOWN",
-    "%": "POWERING_DOWN", "$": "MAINT", "@": "REBOOT_REQUESTED", "^": "REBOOT_ISSUED",
+    "*": "NOT_RESPONDING",
+    "~": "POWERED_DOWN",
+    "#": "POWERING_UP",
+    "!": "POWER_DOWN",
+    "%": "POWERING_DOWN",
+    "$": "MAINT",
+    "@": "REBOOT_REQUESTED",
+    "^": "REBOOT_ISSUED",
     "-": "PLANNED",
 }
 # sinfo %t abbreviations -> Slurm's long names.
 _COMPACT = {
-    "ALLOC": "ALLOCATED", "MIX": "MIXED", "COMP": "COMPLETING", "DRNG": "DRAINING",
-    "UNK": "UNKNOWN", "FUTR": "FUTURE", "RESV": "RESERVED", "NPC": "PERFCTRS", "POW_DN": "POWER_DOWN",
-    "POW_UP": "POWERING_UP", "NO_RESPOND": "NOT_RESPONDING",
+    "ALLOC": "ALLOCATED",
+    "MIX": "MIXED",
+    "COMP": "COMPLETING",
+    "DRNG": "DRAINING",
+    "UNK": "UNKNOWN",
+    "FUTR": "FUTURE",
+    "RESV": "RESERVED",
+    "NPC": "PERFCTRS",
+    "POW_DN": "POWER_DOWN",
+    "POW_UP": "POWERING_UP",
+    "NO_RESPOND": "NOT_RESPONDING",
 }
 _SUFFIX_CHARS = "".join(_SUFFIX_FLAGS)
 _STATE_WORD = re.compile(r"^[A-Z][A-Z_]*$")
 # Slurm's base states, then the long names sinfo uses as a whole state; the first found is the base.
-_BASE_ORDER = ("DOWN", "IDLE", "ALLOCATED", "MIXED", "ERROR", "FUTURE", "UNKNOWN", "DRAINED",
-               "DRAINING", "FAIL", "FAILING", "MAINT", "RESERVED", "PLANNED", "POWERED_DOWN")
+_BASE_ORDER = (
+    "DOWN",
+    "IDLE",
+    "ALLOCATED",
+    "MIXED",
+    "ERROR",
+    "FUTURE",
+    "UNKNOWN",
+    "DRAINED",
+    "DRAINING",
+    "FAIL",
+    "FAILING",
+    "MAINT",
+    "RESERVED",
+    "PLANNED",
+    "POWERED_DOWN",
+)
 _MAX_QUOTE = 160
 
 
@@ -183,7 +210,7 @@ def parse_state(text: str) -> tuple[str, frozenset[str]]:
     flags: set[str] = set()
     for token in text.strip().split("+"):
         stripped = token.rstrip(_SUFFIX_CHARS)
-        flags.update(_SUFFIX_FLAGS[sym] for sym in token[len(stripped):])
+        flags.update(_SUFFIX_FLAGS[sym] for sym in token[len(stripped) :])
         word = _COMPACT.get(stripped.upper(), stripped.upper())
         if not _STATE_WORD.match(word):
             raise ValueError(f"bad node state {text!r}")
@@ -226,8 +253,19 @@ def _state_words(word: str) -> frozenset[str]:
 
 _KEY_VALUE = re.compile(r"^([A-Za-z][A-Za-z0-9_/:.]*)=(.*)$", re.S)
 # Keys whose value may contain spaces; in multi-line output each sits alone on its line.
-_FREE_TEXT = ("Reason", "Comment", "Extra", "OS", "Command", "WorkDir", "StdErr", "StdIn", "StdOut",
-              "AdminComment", "SystemComment")
+_FREE_TEXT = (
+    "Reason",
+    "Comment",
+    "Extra",
+    "OS",
+    "Command",
+    "WorkDir",
+    "StdErr",
+    "StdIn",
+    "StdOut",
+    "AdminComment",
+    "SystemComment",
+)
 _EMPTY = re.compile(r"^No \w+ in the system$")
 _NULL = ("", "(null)", "None", "N/A")
 
@@ -315,12 +353,20 @@ def parse_jobs(text: str, cmd: str = "scontrol show job") -> list[JobInfo]:
         node_list = _null(f.get("NodeList", ""))
         if not f["Restarts"].isdigit() or f.get("Requeue", "0") not in ("0", "1"):
             raise parse_error(cmd, line, "Restarts must be a count and Requeue 0 or 1")
-        jobs.append(JobInfo(
-            job_id=f["JobId"], state=f["JobState"], node_list=node_list,
-            nodes=_nodes(node_list, cmd, line), batch_host=_null(f.get("BatchHost", "")) or None,
-            restarts=int(f["Restarts"]), requeue=f.get("Requeue") == "1",
-            reason=_null(f.get("Reason", "")), raw=f, end_time=_end_time(f, cmd, line),
-        ))
+        jobs.append(
+            JobInfo(
+                job_id=f["JobId"],
+                state=f["JobState"],
+                node_list=node_list,
+                nodes=_nodes(node_list, cmd, line),
+                batch_host=_null(f.get("BatchHost", "")) or None,
+                restarts=int(f["Restarts"]),
+                requeue=f.get("Requeue") == "1",
+                reason=_null(f.get("Reason", "")),
+                raw=f,
+                end_time=_end_time(f, cmd, line),
+            )
+        )
     return jobs
 
 
@@ -347,8 +393,12 @@ def _times(start: str, end: str, cmd: str, line: str) -> tuple[datetime, datetim
     except ValueError:
         t0 = t1 = None
     if t0 is None or t1 is None:
-        raise parse_error(cmd, line, f"bad start/end time {start!r}/{end!r} (need YYYY-MM-DDTHH:MM:SS;"
-                                     " is SLURM_TIME_FORMAT set to something else?)")
+        raise parse_error(
+            cmd,
+            line,
+            f"bad start/end time {start!r}/{end!r} (need YYYY-MM-DDTHH:MM:SS;"
+            " is SLURM_TIME_FORMAT set to something else?)",
+        )
     return t0, t1
 
 
@@ -360,8 +410,11 @@ def parse_reservations(text: str, cmd: str = "scontrol show res") -> list[Reserv
         start, end = _times(f["StartTime"], f["EndTime"], cmd, line)
         node_list = _null(f["Nodes"])
         flags = frozenset(x.strip().upper() for x in _null(f.get("Flags", "")).split(",") if x.strip())
-        out.append(Reservation(f["ReservationName"], start, end, _nodes(node_list, cmd, line), flags,
-                               node_list, f.get("State", ""), f))
+        out.append(
+            Reservation(
+                f["ReservationName"], start, end, _nodes(node_list, cmd, line), flags, node_list, f.get("State", ""), f
+            )
+        )
     return out
 
 
@@ -378,8 +431,11 @@ def sinfo_node_args(widths: tuple[int, int, int] = SINFO_NODE_WIDTHS) -> list[st
     return ["-N", "-h", "-O", f"NodeList:{w1},StateComplete:{w2},Reason:{w3}"]
 
 
-def parse_sinfo_nodes(text: str, widths: tuple[int, int, int] = SINFO_NODE_WIDTHS,
-                      cmd: str = "sinfo -N -h -O NodeList,StateComplete,Reason") -> list[SinfoNode]:
+def parse_sinfo_nodes(
+    text: str,
+    widths: tuple[int, int, int] = SINFO_NODE_WIDTHS,
+    cmd: str = "sinfo -N -h -O NodeList,StateComplete,Reason",
+) -> list[SinfoNode]:
     """Parse fixed-width ``sinfo -N -h -O NodeList:W1,StateComplete:W2,Reason:W3`` rows.
 
     ``-O`` left-justifies each value in its column and cuts what does not fit (default width 20,
@@ -392,7 +448,7 @@ def parse_sinfo_nodes(text: str, widths: tuple[int, int, int] = SINFO_NODE_WIDTH
     for line in text.splitlines():
         if not line.strip():
             continue
-        node, state, reason = line[:w1], line[w1:w1 + w2], line[w1 + w2:].strip()
+        node, state, reason = line[:w1], line[w1 : w1 + w2], line[w1 + w2 :].strip()
         if not node.strip() or " " in node.strip() or not state.strip() or " " in state.strip():
             raise parse_error(cmd, line, f"expected columns NodeList:{w1},StateComplete:{w2},Reason")
         if not node.endswith(" ") or (len(state) == w2 and not state.endswith(" ")):
@@ -416,8 +472,7 @@ def parse_sinfo_reservations(text: str, cmd: str = "sinfo -T") -> list[Reservati
             raise parse_error(cmd, line, "expected RESV_NAME STATE START_TIME END_TIME DURATION NODELIST")
         start, end = _times(cols[2], cols[3], cmd, line)
         node_list = _null(cols[5]) if len(cols) == 6 else ""
-        out.append(Reservation(cols[0], start, end, _nodes(node_list, cmd, line), frozenset(),
-                               node_list, cols[1]))
+        out.append(Reservation(cols[0], start, end, _nodes(node_list, cmd, line), frozenset(), node_list, cols[1]))
     return out
 
 
@@ -437,8 +492,9 @@ SQUEUE_FORMAT = "%i|%T|%N|%D|%r"
 SQUEUE_FIELDS = ("job_id", "state", "node_list", "num_nodes", "reason")
 
 
-def parse_squeue(text: str, fields: tuple[str, ...] = SQUEUE_FIELDS,
-                 cmd: str = f"squeue -h -o {SQUEUE_FORMAT}") -> list[dict[str, str]]:
+def parse_squeue(
+    text: str, fields: tuple[str, ...] = SQUEUE_FIELDS, cmd: str = f"squeue -h -o {SQUEUE_FORMAT}"
+) -> list[dict[str, str]]:
     """Parse ``squeue -h -o`` with ``|``-joined fields; the last field may itself contain ``|``."""
     rows = []
     for line in text.splitlines():

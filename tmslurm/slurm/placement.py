@@ -19,10 +19,11 @@ Contract:
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
-from tmslurm.config import RunConfig
+from tmslurm.core.config import RunConfig
 
 log = logging.getLogger(__name__)
 UNSET = ("", "(null)", "N/A", "None")
@@ -72,8 +73,13 @@ def _gres(tres_per_node: str | None) -> str | None:
 
 def placement_of(raw: Mapping[str, str]) -> Placement:
     """The placement of a job from its ``scontrol show job`` fields."""
-    return Placement(partition=_field(raw, "Partition"), account=_field(raw, "Account"), qos=_field(raw, "QOS"),
-                     constraint=_field(raw, "Features"), gres=_gres(_field(raw, "TresPerNode")))
+    return Placement(
+        partition=_field(raw, "Partition"),
+        account=_field(raw, "Account"),
+        qos=_field(raw, "QOS"),
+        constraint=_field(raw, "Features"),
+        gres=_gres(_field(raw, "TresPerNode")),
+    )
 
 
 def placement_from_config(cfg: RunConfig) -> Placement:

@@ -7,7 +7,7 @@ Contract:
   carries 25.11 now, which does not talk to a 22.05 or 24.11 controller). It never raises.
 - :class:`PyslurmClient` reads nodes, a job and reservations through pyslurm and delegates every
   other method (job_record, accounted_job, sacct, submit, cancel, update_job_nodelist, update_job_excludes, update_node, version) to the CLI
-  backend it is given. pyslurm failures become :class:`~tmslurm.errors.SlurmError`.
+  backend it is given. pyslurm failures become :class:`~tmslurm.core.errors.SlurmError`.
 
 API mapping (pyslurm >= 23.2 "new" API, read from the pyslurm sources; NOT exercised against a
 live controller here, since no pyslurm build matching the local Slurm exists on this machine):
@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from types import ModuleType
 
-from tmslurm.errors import SlurmError
+from tmslurm.core.errors import SlurmError
 from tmslurm.slurm import parse
 from tmslurm.slurm.api import HINT, SlurmClient
 from tmslurm.slurm.parse import JobInfo, NodeInfo, Reservation
@@ -68,8 +68,10 @@ def available(version_source: SlurmClient) -> tuple[bool, str]:
     except SlurmError as exc:
         return False, f"cannot read the Slurm version to compare with pyslurm {py_version}: {exc}"
     if _major_minor(py_version) != _major_minor(slurm_version):
-        return False, (f"pyslurm {py_version} is built for Slurm {_major_minor(py_version)}, "
-                       f"but this cluster runs Slurm {slurm_version}")
+        return False, (
+            f"pyslurm {py_version} is built for Slurm {_major_minor(py_version)}, "
+            f"but this cluster runs Slurm {slurm_version}"
+        )
     return True, f"pyslurm {py_version} matches Slurm {slurm_version}"
 
 
@@ -94,10 +96,16 @@ class PyslurmClient(SlurmClient):
                 return None
             raise SlurmError(f"pyslurm Job.load({job_id}) failed: {exc}; {HINT}") from None
         node_list = job.allocated_nodes or ""
-        return JobInfo(job_id=str(job.id), state=str(job.state), node_list=node_list,
-                       nodes=parse.expand_hostlist(node_list), batch_host=job.batch_host or None,
-                       restarts=int(job.requeue_count or 0), requeue=bool(job.is_requeueable),
-                       reason=job.state_reason or "")
+        return JobInfo(
+            job_id=str(job.id),
+            state=str(job.state),
+            node_list=node_list,
+            nodes=parse.expand_hostlist(node_list),
+            batch_host=job.batch_host or None,
+            restarts=int(job.requeue_count or 0),
+            requeue=bool(job.is_requeueable),
+            reason=job.state_reason or "",
+        )
 
     def job_record(self, job_id: str | int) -> JobRecord | None:
         return self._cli.job_record(job_id)
@@ -114,8 +122,7 @@ class PyslurmClient(SlurmClient):
     def sacct(self, job_id: str | int) -> list[dict[str, str]]:
         return self._cli.sacct(job_id)
 
-    def submit(self, script_path: str | os.PathLike, args: Sequence[str],
-               script_args: Sequence[str] = ()) -> str:
+    def submit(self, script_path: str | os.PathLike, args: Sequence[str], script_args: Sequence[str] = ()) -> str:
         return self._cli.submit(script_path, args, script_args)
 
     def cancel(self, job_id: str | int) -> None:
@@ -151,9 +158,14 @@ def _node_info(node) -> NodeInfo:
 
 def _reservation(resv) -> Reservation:
     node_list = resv.nodes or ""
-    return Reservation(resv.name, datetime.fromtimestamp(resv.start_time),
-                       datetime.fromtimestamp(resv.end_time), parse.expand_hostlist(node_list),
-                       frozenset(_flag_names(resv.flags)), node_list)
+    return Reservation(
+        resv.name,
+        datetime.fromtimestamp(resv.start_time),
+        datetime.fromtimestamp(resv.end_time),
+        parse.expand_hostlist(node_list),
+        frozenset(_flag_names(resv.flags)),
+        node_list,
+    )
 
 
 def _flag_names(flags) -> list[str]:

@@ -11,10 +11,10 @@ Contract:
 - :func:`parse_job_record` (``scontrol show job J``, multi-line: ``Comment=`` sits alone on its line)
   and :func:`parse_sacct_record` (``sacct -X -j J --parsable2 -o SACCT_RECORD_FIELDS``) give a
   :class:`JobRecord`, or None when the output holds no such job; malformed output raises
-  :class:`~tmslurm.errors.SlurmParseError`. Nothing here runs a process.
+  :class:`~tmslurm.core.errors.SlurmParseError`. Nothing here runs a process.
 - :func:`run_dir_of` derives the run directory from a record: the tag's ``dir=``, else (an older
   tmslurm job) submitit's output file ``<run_dir>/submitit/<id>_0_log.out`` when that directory has
-  the tag's run name. It raises :class:`~tmslurm.errors.TmslurmError` naming the job for a job that
+  the tag's run name. It raises :class:`~tmslurm.core.errors.TmslurmError` naming the job for a job that
   is not a tmslurm job or whose record does not say where its run is.
 - :func:`resolve_job` asks Slurm through a :class:`~tmslurm.slurm.api.SlurmClient` (any
   :class:`RecordSource`): slurmctld first,
@@ -29,11 +29,10 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 from urllib.parse import quote, unquote
 
-from typing import Protocol
-
-from tmslurm.errors import SlurmError, TmslurmError
+from tmslurm.core.errors import SlurmError, TmslurmError
 from tmslurm.slurm.parse import parse_error, scontrol_records
 
 _JOB_ID = re.compile(r"^\d+(?:[_+]\d+)?$")
@@ -86,8 +85,13 @@ def parse_job_record(text: str, job_id: str, cmd: str = "scontrol show job") -> 
     line, f = next(((line, f) for line, f in records if f.get("JobId") == job_id), records[0])
     if "JobState" not in f:
         raise parse_error(cmd, line, "record lacks JobState (truncated output?)")
-    return JobRecord(f["JobId"], f["JobState"], _value(f.get("Comment", "")), _value(f.get("WorkDir", "")),
-                     _value(f.get("StdOut", "")))
+    return JobRecord(
+        f["JobId"],
+        f["JobState"],
+        _value(f.get("Comment", "")),
+        _value(f.get("WorkDir", "")),
+        _value(f.get("StdOut", "")),
+    )
 
 
 def parse_sacct_record(text: str, job_id: str, cmd: str = "sacct --parsable2") -> JobRecord | None:
@@ -114,15 +118,19 @@ def run_dir_of(record: JobRecord) -> Path:
     tag = parse_run_tag(record.comment)
     if tag is None:
         said = f"its comment is {record.comment!r}" if record.comment else "it has no comment"
-        raise TmslurmError(f"Slurm job {record.job_id} is not a tmslurm job ({said}; tmslurm jobs carry "
-                           "'tmslurm run=<name> dir=<run dir>'). Pass the run directory instead")
+        raise TmslurmError(
+            f"Slurm job {record.job_id} is not a tmslurm job ({said}; tmslurm jobs carry "
+            "'tmslurm run=<name> dir=<run dir>'). Pass the run directory instead"
+        )
     if tag.dir is not None:
         return tag.dir
     out = Path(record.std_out) if record.std_out else None
     if out is not None and out.is_absolute() and out.parent.name == "submitit" and out.parent.parent.name == tag.name:
         return out.parent.parent
-    raise TmslurmError(f"Slurm job {record.job_id} belongs to run {tag.name!r}, but its record does not say where "
-                       "the run directory is (a tmslurm older than dir= in the comment). Pass the run directory instead")
+    raise TmslurmError(
+        f"Slurm job {record.job_id} belongs to run {tag.name!r}, but its record does not say where "
+        "the run directory is (a tmslurm older than dir= in the comment). Pass the run directory instead"
+    )
 
 
 class RecordSource(Protocol):
@@ -143,8 +151,10 @@ def resolve_job(client: RecordSource, job_id: str) -> Path:
         raise TmslurmError(f"cannot ask Slurm about job {job_id}: {exc}") from None
     path = run_dir_of(record)
     if not path.is_dir():
-        raise TmslurmError(f"Slurm job {job_id} belongs to the run directory {path}, which does not exist on this "
-                           "machine (a file system it does not mount?)")
+        raise TmslurmError(
+            f"Slurm job {job_id} belongs to the run directory {path}, which does not exist on this "
+            "machine (a file system it does not mount?)"
+        )
     return path
 
 
@@ -153,12 +163,16 @@ def _accounted(client: RecordSource, job_id: str) -> JobRecord:
     try:
         record = client.accounted_job(job_id)
     except SlurmError as exc:
-        raise TmslurmError(f"Slurm job {job_id} is unknown to slurmctld, and accounting could not be asked: {exc}") from None
+        raise TmslurmError(
+            f"Slurm job {job_id} is unknown to slurmctld, and accounting could not be asked: {exc}"
+        ) from None
     if record is None:
         raise TmslurmError(f"Slurm job {job_id} is unknown to Slurm (neither slurmctld nor accounting knows it)")
     if not record.comment:
-        raise TmslurmError(f"Slurm job {job_id} has ended and accounting keeps no comment for it (slurmdbd stores "
-                           "comments only with AccountingStoreFlags=job_comment). Pass the run directory instead")
+        raise TmslurmError(
+            f"Slurm job {job_id} has ended and accounting keeps no comment for it (slurmdbd stores "
+            "comments only with AccountingStoreFlags=job_comment). Pass the run directory instead"
+        )
     return record
 
 

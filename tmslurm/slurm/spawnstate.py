@@ -11,7 +11,7 @@ that have a monitor.
 - :class:`RecordWriter` writes the newest record to ``spawner.json`` off the caller's thread
   (atomically: a temporary file, then ``os.replace``); a failed write is logged and the next offer
   writes again.
-- :func:`read_record` reads it back: None when there is none, :class:`~tmslurm.errors.TmslurmError`
+- :func:`read_record` reads it back: None when there is none, :class:`~tmslurm.core.errors.TmslurmError`
   naming the file when it is not a valid record.
 - :func:`live_processes` says which ranks and standbys still run, from the record and what Slurm
   lists (:func:`slurm_listing`); when Slurm cannot be asked it returns None and the caller decides.
@@ -28,7 +28,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tmslurm.errors import TmslurmError
+from tmslurm.core.errors import TmslurmError
 
 log = logging.getLogger(__name__)
 
@@ -122,10 +122,12 @@ def slurm_listing(jobs: list[str], timeout_s: float = 15.0) -> tuple[set[str], s
         return set(), set()
     ids = ",".join(jobs)
     try:
-        running = subprocess.run(["squeue", "-h", "-j", ids, "-t", "R", "-o", "%i"], capture_output=True, text=True,
-                                 timeout=timeout_s)
-        steps = subprocess.run(["squeue", "-h", "-s", "-j", ids, "-o", "%i %j"], capture_output=True, text=True,
-                               timeout=timeout_s)
+        running = subprocess.run(
+            ["squeue", "-h", "-j", ids, "-t", "R", "-o", "%i"], capture_output=True, text=True, timeout=timeout_s
+        )
+        steps = subprocess.run(
+            ["squeue", "-h", "-s", "-j", ids, "-o", "%i %j"], capture_output=True, text=True, timeout=timeout_s
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         log.warning("cannot list the run's jobs and steps: %s", exc)
         return None
@@ -157,8 +159,10 @@ def live_processes(record: SpawnRecord, listing: tuple[set[str], set[tuple[str, 
         return sorted([("worker", r) for r in record.rank_steps] + standbys)
     jobs, steps = listing
     workers = [("worker", r) for r, (job, name) in record.rank_steps.items() if (job, name) in steps]
-    return sorted(workers + [("standby", s.index * rpn + i) for s in record.spares.values() if s.job_id in jobs
-                             for i in range(rpn)])
+    return sorted(
+        workers
+        + [("standby", s.index * rpn + i) for s in record.spares.values() if s.job_id in jobs for i in range(rpn)]
+    )
 
 
 def record_jobs(record: SpawnRecord) -> list[str]:
@@ -166,9 +170,8 @@ def record_jobs(record: SpawnRecord) -> list[str]:
     return [record.main_job_id, *record.spares]
 
 
-
 class SlurmOwner:
-    """The supervisor's :class:`~tmslurm.supervisor.Owner` on Slurm: reads ``spawner.json``.
+    """The supervisor's :class:`~tmslurm.run.supervisor.Owner` on Slurm: reads ``spawner.json``.
 
     Slurm, not this process, holds the steps and spare jobs; the controller launches and fences them.
     :meth:`alive` says which ranks and standbys still run (for ``adopt.json``); :meth:`stop_all`

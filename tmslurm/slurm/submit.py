@@ -14,19 +14,19 @@ submission failure raises SlurmError (sbatch's message).
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import signal
-import logging
-import sys
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 from submitit.core.utils import FailedJobError
 
-from tmslurm.config import RunConfig, num_nodes, wants_monitors
-from tmslurm.errors import ConfigError, SlurmError
+from tmslurm.core.config import RunConfig, num_nodes, wants_monitors
+from tmslurm.core.errors import ConfigError, SlurmError
 from tmslurm.slurm.placement import Placement, placement_from_config
 from tmslurm.slurm.runtag import run_comment
 
@@ -47,7 +47,9 @@ def time_minutes(text: str, override: str = "slurm.time") -> int:
             minutes = parts[0]
         minutes += int(days) * 1440 if days else 0
     except ValueError:
-        raise ConfigError(f"{override}={text!r} is not a Slurm time (D-HH:MM:SS, HH:MM:SS, MM:SS or MM). Fix: pass {override}=00:30:00") from None
+        raise ConfigError(
+            f"{override}={text!r} is not a Slurm time (D-HH:MM:SS, HH:MM:SS, MM:SS or MM). Fix: pass {override}=00:30:00"
+        ) from None
     return max(1, math.ceil(minutes))  # never shorter than asked
 
 
@@ -59,19 +61,41 @@ def _extra_args(args: list[str]) -> dict[str, Any]:
     return out
 
 
-def executor(run_dir: Path, cfg: RunConfig, *, name: str, nodes: int, placement: Placement,
-             extra: dict[str, Any] | None = None, exclude: str | None = None, srun_args: list[str] | None = None,
-             setup: list[str] | None = None, minutes: int | None = None) -> Any:
+def executor(
+    run_dir: Path,
+    cfg: RunConfig,
+    *,
+    name: str,
+    nodes: int,
+    placement: Placement,
+    extra: dict[str, Any] | None = None,
+    exclude: str | None = None,
+    srun_args: list[str] | None = None,
+    setup: list[str] | None = None,
+    minutes: int | None = None,
+) -> Any:
     """A submitit executor. Parameters, later ones winning: --no-kill --exclusive, the placement,
     ``slurm.extra_args``, ``extra``."""
     import submitit
 
     ex = submitit.AutoExecutor(folder=str(Path(run_dir) / "submitit"), cluster="slurm")
-    params: dict[str, Any] = {"no_kill": True, "exclusive": True, "comment": run_comment(run_dir),
-                              **placement.sbatch_params(), **_extra_args(cfg.slurm.extra_args), **(extra or {})}
+    params: dict[str, Any] = {
+        "no_kill": True,
+        "exclusive": True,
+        "comment": run_comment(run_dir),
+        **placement.sbatch_params(),
+        **_extra_args(cfg.slurm.extra_args),
+        **(extra or {}),
+    }
     minutes = time_minutes(cfg.slurm.time) if minutes is None else minutes
-    kwargs: dict[str, Any] = dict(name=name, timeout_min=minutes, slurm_partition=placement.partition,
-                                  nodes=nodes, tasks_per_node=1, slurm_additional_parameters=params)
+    kwargs: dict[str, Any] = dict(
+        name=name,
+        timeout_min=minutes,
+        slurm_partition=placement.partition,
+        nodes=nodes,
+        tasks_per_node=1,
+        slurm_additional_parameters=params,
+    )
     if exclude:
         kwargs["slurm_exclude"] = exclude
     if srun_args:
@@ -97,9 +121,16 @@ def main_executor(run_dir: Path, cfg: RunConfig, placement: Placement | None = N
     extra: dict[str, Any] = {"requeue": True, "signal": f"USR1@{cfg.slurm.signal_lead_s}"}
     if after is not None:
         extra["dependency"] = f"afterany:{after}"
-    return executor(run_dir, cfg, name="tmslurm-main", nodes=num_nodes(cfg.parallel), extra=extra,
-                    placement=placement or placement_from_config(cfg), srun_args=["--nodes=1", "--ntasks=1"],
-                    setup=[BATCH_SHELL_KEEPS_TERM])
+    return executor(
+        run_dir,
+        cfg,
+        name="tmslurm-main",
+        nodes=num_nodes(cfg.parallel),
+        extra=extra,
+        placement=placement or placement_from_config(cfg),
+        srun_args=["--nodes=1", "--ntasks=1"],
+        setup=[BATCH_SHELL_KEEPS_TERM],
+    )
 
 
 def main_sbatch_text(run_dir: Path, cfg: RunConfig, after: str | None = None) -> str:
@@ -120,10 +151,12 @@ def spare_minutes(cfg: RunConfig) -> int:
     minutes = time_minutes(cfg.slurm.spare_time or cfg.slurm.time, override)
     lead = cfg.slurm.spare_renew_s
     if lead is not None and not 60 <= lead <= minutes * 30:
-        raise ConfigError(f"slurm.spare_renew_s={lead} must be at least 60 and at most half a spare's "
-                          f"time limit ({override}: {minutes} min), or every spare is renewed as soon as it starts. "
-                          f"Fix: pass slurm.spare_renew_s={max(60, min(RENEW_S, minutes * 30))}, a longer {override}, "
-                          "or leave slurm.spare_renew_s unset.")
+        raise ConfigError(
+            f"slurm.spare_renew_s={lead} must be at least 60 and at most half a spare's "
+            f"time limit ({override}: {minutes} min), or every spare is renewed as soon as it starts. "
+            f"Fix: pass slurm.spare_renew_s={max(60, min(RENEW_S, minutes * 30))}, a longer {override}, "
+            "or leave slurm.spare_renew_s unset."
+        )
     return minutes
 
 
@@ -135,12 +168,21 @@ def spare_renew_lead(cfg: RunConfig) -> int | None:
     return RENEW_S if spare_minutes(cfg) * 60 >= 2 * RENEW_S else None
 
 
-def spare_executor(run_dir: Path, cfg: RunConfig, job_index: int, exclude: list[str], placement: Placement | None = None) -> Any:
+def spare_executor(
+    run_dir: Path, cfg: RunConfig, job_index: int, exclude: list[str], placement: Placement | None = None
+) -> Any:
     """A spare: one node, ``slurm.spare_time`` (else ``slurm.time``), --no-requeue (a lost spare just
     ends and is replaced), bad nodes excluded, the main job's placement, then ``slurm.spare_args``."""
-    return executor(run_dir, cfg, name=f"tmslurm-spare{job_index}", nodes=1, minutes=spare_minutes(cfg),
-                    extra={"no_requeue": True, **_extra_args(cfg.slurm.spare_args)},
-                    placement=placement or placement_from_config(cfg), exclude=",".join(exclude) if exclude else None)
+    return executor(
+        run_dir,
+        cfg,
+        name=f"tmslurm-spare{job_index}",
+        nodes=1,
+        minutes=spare_minutes(cfg),
+        extra={"no_requeue": True, **_extra_args(cfg.slurm.spare_args)},
+        placement=placement or placement_from_config(cfg),
+        exclude=",".join(exclude) if exclude else None,
+    )
 
 
 def spare_sbatch_text(run_dir: Path, cfg: RunConfig, exclude: list[str], placement: Placement | None = None) -> str:
@@ -149,8 +191,14 @@ def spare_sbatch_text(run_dir: Path, cfg: RunConfig, exclude: list[str], placeme
     return text.replace(str(Path(run_dir)), "RUN_DIR")
 
 
-def submit_spare(run_dir: Path, cfg: RunConfig, job_index: int, first_standby: int, exclude: list[str],
-                 placement: Placement | None = None) -> str:
+def submit_spare(
+    run_dir: Path,
+    cfg: RunConfig,
+    job_index: int,
+    first_standby: int,
+    exclude: list[str],
+    placement: Placement | None = None,
+) -> str:
     """Submit spare job ``job_index``; its id. :class:`SlurmError` when sbatch fails (the job may still
     exist: slurmctld can accept a request whose sbatch already gave up; without its submitit
     pickle such a job ends by itself within a minute)."""
@@ -171,7 +219,11 @@ def spare_main(run_dir: str, first_standby: int, count: int, monitor: bool = Tru
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     env = dict(os.environ)
     agent = [sys.executable, "-m", "tmslurm.agent.main", "--run-dir", run_dir]
-    watcher = [subprocess.Popen([sys.executable, "-m", "tmslurm.slurm.proc.orphan", "--run-dir", run_dir], env=env)] if monitor else []
+    watcher = (
+        [subprocess.Popen([sys.executable, "-m", "tmslurm.slurm.proc.orphan", "--run-dir", run_dir], env=env)]
+        if monitor
+        else []
+    )
     procs = [subprocess.Popen([*agent, "--standby", str(first_standby + i)], env=env) for i in range(count)]
     rc = max(p.wait() for p in procs)
     for p in watcher:  # it ends on "finish"; a spare whose standbys all ended needs no monitor either

@@ -28,8 +28,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from tmslurm.errors import ConfigError, SlurmError
-from tmslurm.notices import Notice
+from tmslurm.core.errors import ConfigError, SlurmError
+from tmslurm.core.notices import Notice
 from tmslurm.slurm.parse import FAILURE, MAINTENANCE, NodeInfo, Reservation, classify
 
 log = logging.getLogger(__name__)
@@ -79,8 +79,7 @@ class NodeWatch:
             self._roles = dict(nodes_of_interest)
             self._reported = {n: r for n, r in self._reported.items() if n in self._roles}
 
-    def observe(self, nodes: Iterable[NodeInfo], reservations: Iterable[Reservation],
-                now: float) -> list[Notice]:
+    def observe(self, nodes: Iterable[NodeInfo], reservations: Iterable[Reservation], now: float) -> list[Notice]:
         """The notices for the transitions seen in this observation, sorted by node name."""
         with self._lock:
             seen = {n.name: n for n in nodes if n.name in self._roles}
@@ -93,8 +92,7 @@ class NodeWatch:
                     notices.append(notice)
             return notices
 
-    def _maint_windows(self, reservations: Iterable[Reservation],
-                       now: float) -> dict[str, tuple[float, Reservation]]:
+    def _maint_windows(self, reservations: Iterable[Reservation], now: float) -> dict[str, tuple[float, Reservation]]:
         """Watched node -> (start epoch, reservation) of its earliest relevant MAINT reservation."""
         windows: dict[str, tuple[float, Reservation]] = {}
         for resv in reservations:
@@ -118,23 +116,38 @@ class NodeWatch:
         if prev is not None and not _escalates(prev, event.kind, effective):
             return None
         self._reported[name] = _Reported(event.kind, effective)
-        log.info("node %s (%s): %s, state %s, deadline %s: %s", name, self._roles[name], event.kind,
-                 event.slurm_state or "-", event.deadline, event.reason)
-        return Notice(kind=event.kind, node=name, source="slurm", reason=event.reason,
-                      deadline=event.deadline, slurm_state=event.slurm_state, time=now,
-                      role=self._roles[name])
+        log.info(
+            "node %s (%s): %s, state %s, deadline %s: %s",
+            name,
+            self._roles[name],
+            event.kind,
+            event.slurm_state or "-",
+            event.deadline,
+            event.reason,
+        )
+        return Notice(
+            kind=event.kind,
+            node=name,
+            source="slurm",
+            reason=event.reason,
+            deadline=event.deadline,
+            slurm_state=event.slurm_state,
+            time=now,
+            role=self._roles[name],
+        )
 
 
-def _event_for(node: NodeInfo | None, window: tuple[float, Reservation] | None,
-               now: float) -> _Event | None:
+def _event_for(node: NodeInfo | None, window: tuple[float, Reservation] | None, now: float) -> _Event | None:
     state = node.state if node is not None else ""
     kind = classify(node) if node is not None else "ok"
     if kind in (FAILURE, MAINTENANCE):
         return _Event(kind, None, node.reason or f"Slurm node state {state}", state)
     if window is not None:
         start, resv = window
-        reason = (f"maintenance reservation {resv.name} on {resv.node_list or ','.join(resv.nodes)}"
-                  f" from {resv.start_time.isoformat()} to {resv.end_time.isoformat()}")
+        reason = (
+            f"maintenance reservation {resv.name} on {resv.node_list or ','.join(resv.nodes)}"
+            f" from {resv.start_time.isoformat()} to {resv.end_time.isoformat()}"
+        )
         return _Event(MAINTENANCE, start if start > now else now, reason, state)
     return None
 
@@ -155,9 +168,16 @@ class SlurmWatcher:
     ``error_log_interval_s`` while Slurm keeps failing, and one line when it recovers.
     """
 
-    def __init__(self, client, watch: NodeWatch, interval_s: float,
-                 on_notice: Callable[[Notice], None], *, error_log_interval_s: float = 60.0,
-                 clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        client,
+        watch: NodeWatch,
+        interval_s: float,
+        on_notice: Callable[[Notice], None],
+        *,
+        error_log_interval_s: float = 60.0,
+        clock: Callable[[], float] = time.time,
+    ):
         if interval_s <= 0:
             raise ConfigError(f"watcher interval_s must be > 0, got {interval_s}")
         self._client = client

@@ -5,7 +5,7 @@ every ``nn.ModuleList`` in the module (transformer blocks, for the reference mod
 models alike), or the module's own children where it has none. While the step loop runs
 ``with points.armed(stop):``, ``stop()`` is called before each layer's forward and, in the backward,
 when the gradient of each layer's output is ready (just before that layer's backward). ``stop`` raises
-to abandon the step (the worker's raises :class:`~tmslurm.errors.CommAborted` once the controller has
+to abandon the step (the worker's raises :class:`~tmslurm.core.errors.CommAborted` once the controller has
 said ``abort``); the exception leaves the forward or the backward and reaches the caller, which drops
 the gradients. Nothing is applied in a forward or backward, so stopping there loses only that step's
 work, which an aborted step loses anyway. Disarmed (outside ``armed``, or ``stop=None``), every hook
@@ -24,8 +24,9 @@ is still before the kernels that follow it.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn

@@ -33,7 +33,8 @@ import ctypes
 import ctypes.util
 import functools
 import logging
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -112,7 +113,7 @@ def _rebind(slots: list[Slot | None], buffer: torch.Tensor, copy: bool) -> None:
         where, t = slot
         slots[i] = None
         n = t.numel() * t.element_size()
-        view = buffer[offset:offset + n].view(t.dtype).view(t.shape)
+        view = buffer[offset : offset + n].view(t.dtype).view(t.shape)
         if copy:
             view.copy_(t)
         if isinstance(where, torch.nn.Parameter):

@@ -22,7 +22,7 @@ completion is signalled by an ``Event`` set last.
 
 Failure: an error of the background write (or of ``meta.json``) is logged at ERROR with the step and
 shard (run and rank come from the log context) and raised as
-:class:`~tmslurm.errors.CheckpointError` by the next :meth:`wait` or :meth:`save`; the failed shard
+:class:`~tmslurm.core.errors.CheckpointError` by the next :meth:`wait` or :meth:`save`; the failed shard
 has no ``meta.json``, so it is never resumed from.
 """
 
@@ -38,7 +38,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import AsyncStager
 
-from tmslurm.errors import CheckpointError
+from tmslurm.core.errors import CheckpointError
 from tmslurm.train import checkpoint
 from tmslurm.train.checkpoint import Snapshot
 from tmslurm.train.schedule import StageRunner
@@ -74,7 +74,9 @@ class _InFlight:
     def start(self) -> None:
         assert self.snap is not None
         try:
-            future = dcp.async_save(self.snap.state, checkpoint_id=str(self.path), no_dist=True, async_stager=_AlreadyStaged())
+            future = dcp.async_save(
+                self.snap.state, checkpoint_id=str(self.path), no_dist=True, async_stager=_AlreadyStaged()
+            )
         except (Exception, CheckpointException) as exc:  # CheckpointException derives from BaseException
             self._fail(exc)
             return
@@ -118,7 +120,9 @@ class AsyncCheckpointer:
         busy_step = self.pending.step if self.pending is not None and self.in_flight else None
         waited = self.wait()
         if busy_step is not None:
-            log.info("checkpoint step=%d waited %.3f s for the previous save (step %d) to finish", step, waited, busy_step)
+            log.info(
+                "checkpoint step=%d waited %.3f s for the previous save (step %d) to finish", step, waited, busy_step
+            )
         snap = checkpoint.snapshot(runner, step, stage)
         self.pending = _InFlight(checkpoint.shard_path(self.run_dir, snap), snap)
         self.pending.start()
@@ -133,8 +137,9 @@ class AsyncCheckpointer:
         pending.done.wait()
         if pending.error is not None:
             exc = pending.error
-            raise CheckpointError(f"background checkpoint step={pending.step} {pending.shard} to {pending.path} "
-                                  f"failed: {describe(exc)}") from exc
+            raise CheckpointError(
+                f"background checkpoint step={pending.step} {pending.shard} to {pending.path} failed: {describe(exc)}"
+            ) from exc
         return time.monotonic() - t0
 
     @property

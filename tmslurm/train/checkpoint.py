@@ -7,7 +7,7 @@ data-parallel rank 0 only, without any process group (``no_dist=True``). A check
 when every shard has its ``meta.json``; :func:`latest_complete` finds the newest complete one.
 :func:`load_stage` restores model and optimizer in place and checks the parameter digest; a missing
 directory, an unreadable/corrupt DCP file or a digest mismatch raises
-:class:`~tmslurm.errors.CheckpointError` naming the file. Saving never touches the live tensors:
+:class:`~tmslurm.core.errors.CheckpointError` naming the file. Saving never touches the live tensors:
 :func:`snapshot` copies them to CPU at the step boundary, and :func:`write_meta` (which computes both
 digests from that copy) is called only once the DCP files are written, so a shard without
 ``meta.json`` is never taken for complete. The asynchronous variant is
@@ -33,11 +33,11 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from tmslurm.errors import CheckpointError
-from tmslurm.jsonfile import write_json_atomic
-from tmslurm.rundir import RunDir
+from tmslurm.core.errors import CheckpointError
+from tmslurm.core.jsonfile import write_json_atomic
+from tmslurm.core.rundir import RunDir
+from tmslurm.core.topology import Layout
 from tmslurm.train.ckpt_index import latest_complete  # noqa: F401  (re-exported)
-from tmslurm.topology import Layout
 from tmslurm.train.schedule import StageRunner, named_digest
 from tmslurm.train.zero import ZeroStageRunner
 
@@ -66,7 +66,9 @@ def _flat_state(runner: StageRunner) -> dict[str, torch.Tensor]:
         st = opt.get(i, {})
         for key in _optim_keys(runner):
             if key == "step":
-                out[f"optim/{i}/step"] = torch.as_tensor(st.get("step", torch.tensor(0.0)), dtype=torch.float32).reshape(())
+                out[f"optim/{i}/step"] = torch.as_tensor(
+                    st.get("step", torch.tensor(0.0)), dtype=torch.float32
+                ).reshape(())
             else:
                 out[f"optim/{i}/{key}"] = st.get(key, torch.zeros_like(p))
     return out
@@ -114,9 +116,15 @@ def shard_path(run_dir: str | Path, snap: Snapshot) -> Path:
 
 def write_meta(path: Path, snap: Snapshot) -> None:
     """Mark the shard complete: call only after its DCP files are fully written (atomic replace)."""
-    model = {k[len("model/"):]: v for k, v in snap.state.items() if k.startswith("model/")}
-    meta = {"step": snap.step, "stage": snap.stage, "data_step": snap.step, "digest": named_digest(model),
-            "state_digest": state_digest(snap.state), "has_optim_state": snap.has_optim_state}
+    model = {k[len("model/") :]: v for k, v in snap.state.items() if k.startswith("model/")}
+    meta = {
+        "step": snap.step,
+        "stage": snap.stage,
+        "data_step": snap.step,
+        "digest": named_digest(model),
+        "state_digest": state_digest(snap.state),
+        "has_optim_state": snap.has_optim_state,
+    }
     write_json_atomic(path / "meta.json", meta)
 
 
@@ -146,8 +154,10 @@ def load_stage(run_dir: str | Path, step: int, stage: int | str, runner: StageRu
         log.info("checkpoint step=%d %s (dp rank %d's slice) loaded from %s", step, stage, runner.dp_rank, path)
         return
     if not (path / "meta.json").exists() and any(path.glob("slice*of*")):
-        raise CheckpointError(f"checkpoint {path} holds optimizer slices of a parallel.zero=1 run; this run has "
-                              f"parallel.zero=0. Fix: pass parallel.zero=1 to resume it.")
+        raise CheckpointError(
+            f"checkpoint {path} holds optimizer slices of a parallel.zero=1 run; this run has "
+            f"parallel.zero=0. Fix: pass parallel.zero=1 to resume it."
+        )
     state, meta = load_dir(path, {k: torch.empty_like(v) for k, v in _flat_state(runner).items()})
     _restore(runner, state, bool(meta.get("has_optim_state", True)))
     log.info("checkpoint step=%d stage=%s loaded from %s", step, stage, path)
@@ -166,18 +176,24 @@ def load_dir(path: Path, template: dict[str, torch.Tensor]) -> tuple[dict[str, t
         dcp.load(template, checkpoint_id=str(path), no_dist=True)
     except (Exception, CheckpointException) as exc:  # CheckpointException derives from BaseException
         files = ", ".join(sorted(p.name for p in path.iterdir()))
-        raise CheckpointError(f"checkpoint {path} cannot be loaded ({files}): {type(exc).__name__}: {str(exc)[:300]}") from None
+        raise CheckpointError(
+            f"checkpoint {path} cannot be loaded ({files}): {type(exc).__name__}: {str(exc)[:300]}"
+        ) from None
     if state_digest(template) != meta.get("state_digest"):
-        raise CheckpointError(f"checkpoint {path}: the loaded tensors do not match the digest in {meta_file} (corrupt data file)")
+        raise CheckpointError(
+            f"checkpoint {path}: the loaded tensors do not match the digest in {meta_file} (corrupt data file)"
+        )
     return template, meta
 
 
 def _restore(runner: StageRunner, state: dict[str, torch.Tensor], has_optim: bool) -> None:
-    runner.module.load_state_dict({k[len("model/"):]: v for k, v in state.items() if k.startswith("model/")})
+    runner.module.load_state_dict({k[len("model/") :]: v for k, v in state.items() if k.startswith("model/")})
     if not has_optim:
         return
     sd: dict[str, Any] = runner.optimizer.state_dict()
-    sd["state"] = {i: {k: state[f"optim/{i}/{k}"].clone() for k in _optim_keys(runner)} for i in range(len(runner.params))}
+    sd["state"] = {
+        i: {k: state[f"optim/{i}/{k}"].clone() for k in _optim_keys(runner)} for i in range(len(runner.params))
+    }
     runner.optimizer.load_state_dict(sd)
 
 
@@ -201,8 +217,12 @@ def load_slices(path: Path, runner: ZeroStageRunner) -> None:
     else:
         parts = [load_dir(saved[d][0], _template(saved[d][0], old_chunk))[0] for d in range(total)]
         own, ward = (_recut(parts, runner, d) for d in (runner.dp_rank, runner.buddy_dp))
-    runner.load_state({"own": {"param": own["slice/param"], "optim": _optim_sd(runner, own)},
-                       "ward": {"optim": _optim_sd(runner, ward)}})
+    runner.load_state(
+        {
+            "own": {"param": own["slice/param"], "optim": _optim_sd(runner, own)},
+            "ward": {"optim": _optim_sd(runner, ward)},
+        }
+    )
 
 
 def _template(path: Path, chunk: int) -> dict[str, torch.Tensor]:
@@ -216,16 +236,20 @@ def _template(path: Path, chunk: int) -> dict[str, torch.Tensor]:
     for key, md in meta.items():
         size = getattr(md, "size", None)
         if size is None or (len(size) and tuple(size) != (chunk,)):
-            raise CheckpointError(f"checkpoint {path}: {key} has shape {size}, a slice of this model has ({chunk},) "
-                                  f"(saved from another model?)")
+            raise CheckpointError(
+                f"checkpoint {path}: {key} has shape {size}, a slice of this model has ({chunk},) "
+                f"(saved from another model?)"
+            )
         out[key] = torch.empty(size, dtype=md.properties.dtype)
     return out
 
 
 def _saved_slices(path: Path) -> dict[int, tuple[Path, int]]:
     if (path / "meta.json").exists():
-        raise CheckpointError(f"checkpoint {path} was written at parallel.zero=0 (whole optimizer per rank); this run "
-                              f"has parallel.zero=1. Fix: pass parallel.zero=0 to resume it.")
+        raise CheckpointError(
+            f"checkpoint {path} was written at parallel.zero=0 (whole optimizer per rank); this run "
+            f"has parallel.zero=1. Fix: pass parallel.zero=0 to resume it."
+        )
     saved: dict[int, tuple[Path, int]] = {}
     for d in sorted(path.glob("slice*of*")):
         index, _, total = d.name.removeprefix("slice").partition("of")
@@ -234,7 +258,9 @@ def _saved_slices(path: Path) -> dict[int, tuple[Path, int]]:
     if not saved:
         raise CheckpointError(f"checkpoint {path} is missing (no slice directories)")
     if len({t for _, t in saved.values()}) > 1:
-        raise CheckpointError(f"checkpoint {path} mixes slices of several data-parallel sizes: {sorted(p.name for p, _ in saved.values())}")
+        raise CheckpointError(
+            f"checkpoint {path} mixes slices of several data-parallel sizes: {sorted(p.name for p, _ in saved.values())}"
+        )
     return saved
 
 
@@ -245,10 +271,10 @@ def _recut(parts: list[dict[str, torch.Tensor]], runner: ZeroStageRunner, dp_ran
         if first.dim() == 0:
             out[key] = first
             continue
-        whole = torch.cat([p[key] for p in parts])[:runner.numel]
+        whole = torch.cat([p[key] for p in parts])[: runner.numel]
         padded = torch.zeros(runner.chunk * runner.dp, dtype=whole.dtype)
-        padded[:runner.numel] = whole
-        out[key] = padded[dp_rank * runner.chunk:(dp_rank + 1) * runner.chunk].clone()
+        padded[: runner.numel] = whole
+        out[key] = padded[dp_rank * runner.chunk : (dp_rank + 1) * runner.chunk].clone()
     return out
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tmslurm.rundir import RunDir
+from tmslurm.core.rundir import RunDir
 
 
 def latest_complete(run_dir: str | Path, shards: int | list[str]) -> int | None:

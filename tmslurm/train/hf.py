@@ -32,9 +32,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from tmslurm.config import ModelConfig, TrainConfig
-from tmslurm.errors import ConfigError
-from tmslurm.hfconfig import HFModel, read_hf_config
+from tmslurm.core.config import ModelConfig, TrainConfig
+from tmslurm.core.errors import ConfigError
+from tmslurm.core.hfconfig import HFModel, read_hf_config
 from tmslurm.train.data import TokenCorpus, load_corpus
 from tmslurm.train.model import CorpusLM
 from tmslurm.train.task import StageSpec
@@ -47,7 +47,9 @@ def _transformers():
     try:
         import transformers
     except ImportError:
-        raise ConfigError("train.task=tmslurm.train.hf:CausalLMTask needs transformers. Fix: pip install 'tmslurm[hf]'.") from None
+        raise ConfigError(
+            "train.task=tmslurm.train.hf:CausalLMTask needs transformers. Fix: pip install 'tmslurm[hf]'."
+        ) from None
     return transformers
 
 
@@ -117,15 +119,19 @@ class CausalLMTask(CorpusLM):
 
     def __init__(self, model: ModelConfig, train: TrainConfig) -> None:
         if model.hf_config is None:
-            raise ConfigError("train.task=tmslurm.train.hf:CausalLMTask needs a model. Fix: pass "
-                              "model.hf_config=<config.json or a preset: llama-tiny, gpt2-tiny>.")
+            raise ConfigError(
+                "train.task=tmslurm.train.hf:CausalLMTask needs a model. Fix: pass "
+                "model.hf_config=<config.json or a preset: llama-tiny, gpt2-tiny>."
+            )
         self.m = model
         self.t = train
         self.hf = read_hf_config(model.hf_config)
         ids = _token_ids(train.data_path, model.hf_tokenizer)
         if len(ids) and int(ids.max()) >= self.hf.vocab:
-            raise ConfigError(f"token id {int(ids.max())} is outside the model's vocab_size={self.hf.vocab}. Fix: pass "
-                              "model.hf_tokenizer=<the model's tokenizer.json>, or use a config with a larger vocab_size.")
+            raise ConfigError(
+                f"token id {int(ids.max())} is outside the model's vocab_size={self.hf.vocab}. Fix: pass "
+                "model.hf_tokenizer=<the model's tokenizer.json>, or use a config with a larger vocab_size."
+            )
         self.corpus = TokenCorpus(ids, model.seq_len, train.micro_batch_size, train.seed)
 
     def _stage_config(self, n_blocks: int, blocks: range):
@@ -171,8 +177,10 @@ class CausalLMTask(CorpusLM):
             done |= fill(stage.head, HEAD)
         missed = [name for name, p in stage.named_parameters() if id(p) not in done]
         if missed:
-            raise ConfigError(f"model.hf_config={self.m.hf_config!r}: CausalLMTask does not know how to initialise "
-                              f"{', '.join(missed[:4])}. Fix: use a plain {self.hf.model_type} config.")
+            raise ConfigError(
+                f"model.hf_config={self.m.hf_config!r}: CausalLMTask does not know how to initialise "
+                f"{', '.join(missed[:4])}. Fix: use a plain {self.hf.model_type} config."
+            )
 
     def activation_shape(self, micro_batch_size: int) -> tuple[int, ...]:
         return (micro_batch_size, self.m.seq_len, self.hf.width)

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tmslurm.config import ModelConfig, TrainConfig
+from tmslurm.core.config import ModelConfig, TrainConfig
 from tmslurm.train.data import ByteCorpus, TokenCorpus
 from tmslurm.train.task import StageSpec
 from tmslurm.train.tp import TPGroup, copy_to_tp, reduce_from_tp, shard_cols, shard_rows, unshard_cols, unshard_rows
@@ -71,8 +71,14 @@ class Block(nn.Module):
 
 
 # Parameters cut by TP: name suffix -> (dimension kind, parts). Everything else is replicated.
-_SHARDED = {"qkv.weight": ("rows", 3), "qkv.bias": ("rows", 3), "fc.weight": ("rows", 1), "fc.bias": ("rows", 1),
-            "proj.weight": ("cols", 1), "out.weight": ("cols", 1)}
+_SHARDED = {
+    "qkv.weight": ("rows", 3),
+    "qkv.bias": ("rows", 3),
+    "fc.weight": ("rows", 1),
+    "fc.bias": ("rows", 1),
+    "proj.weight": ("cols", 1),
+    "out.weight": ("cols", 1),
+}
 
 
 def _shard_of(name: str, full: torch.Tensor, rank: int, size: int) -> torch.Tensor:

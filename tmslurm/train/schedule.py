@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
@@ -29,7 +30,9 @@ from tmslurm.train.task import StageSpec, Task
 
 
 class StageRunner:
-    def __init__(self, task: Task, spec: StageSpec, dp_rank: int, dp: int, micro_batches: int, device: torch.device) -> None:
+    def __init__(
+        self, task: Task, spec: StageSpec, dp_rank: int, dp: int, micro_batches: int, device: torch.device
+    ) -> None:
         self.task = task
         self.spec = spec
         self.dp_rank = dp_rank
@@ -45,8 +48,9 @@ class StageRunner:
         """This step's reduced flat gradient (``.grad`` are views of it), from ``compute`` until ``apply`` or
         ``drop``: what a shadow follows."""
 
-    def compute(self, step: int, comm: StageComm, midstep: Callable[[], None] | None = None,
-                stop: Stop | None = None) -> float | None:
+    def compute(
+        self, step: int, comm: StageComm, midstep: Callable[[], None] | None = None, stop: Stop | None = None
+    ) -> float | None:
         """Forward + backward + reduction of one step; returns the step loss on the last stage.
 
         ``midstep`` (fault injection) is called between the forward and the backward passes. ``stop`` is

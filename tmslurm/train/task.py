@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import torch
 
-from tmslurm.errors import ConfigError
+from tmslurm.core.errors import ConfigError
 from tmslurm.train.tp import TPGroup
 
 
@@ -75,5 +75,7 @@ def load_task(cfg: Any) -> Task:
     try:
         cls = getattr(importlib.import_module(module_name), cls_name)
     except (ImportError, AttributeError, ValueError) as exc:
-        raise ConfigError(f"train.task={spec!r} cannot be imported ({exc}). Fix: pass train.task=package.module:ClassName") from None
+        raise ConfigError(
+            f"train.task={spec!r} cannot be imported ({exc}). Fix: pass train.task=package.module:ClassName"
+        ) from None
     return cls(cfg.model, cfg.train)

@@ -31,7 +31,7 @@ but not bit-identical to zero=0: a reduce-scatter sums in another order than an 
 optimizer runs over one flat tensor.
 
 Failure behaviour: a Task whose optimizer has more than one parameter group, or whose parameters
-mix dtypes, is refused with a :class:`~tmslurm.errors.ConfigError` naming ``parallel.zero``. A
+mix dtypes, is refused with a :class:`~tmslurm.core.errors.ConfigError` naming ``parallel.zero``. A
 communication failure propagates from the StageComm as in :class:`StageRunner`, and nothing is
 applied.
 """
@@ -40,13 +40,14 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
 
 from tmslurm.comm.stage_comm import StageComm
-from tmslurm.errors import ConfigError
+from tmslurm.core.errors import ConfigError
 from tmslurm.train.abortpoints import Stop
 from tmslurm.train.schedule import StageRunner, optimizer_slots, state_digest, tensor_bytes
 from tmslurm.train.task import StageSpec, Task
@@ -61,16 +62,22 @@ class _Holder(nn.Module):
 
 
 class ZeroStageRunner(StageRunner):
-    def __init__(self, task: Task, spec: StageSpec, dp_rank: int, dp: int, micro_batches: int, device: torch.device) -> None:
+    def __init__(
+        self, task: Task, spec: StageSpec, dp_rank: int, dp: int, micro_batches: int, device: torch.device
+    ) -> None:
         super().__init__(task, spec, dp_rank, dp, micro_batches, device)
         if len(self.optimizer.param_groups) != 1:
-            raise ConfigError(f"parallel.zero=1 steps one flat slice per rank, but the Task's optimizer has "
-                              f"{len(self.optimizer.param_groups)} parameter groups. Fix: pass parallel.zero=0, or give "
-                              f"the Task one parameter group.")
+            raise ConfigError(
+                f"parallel.zero=1 steps one flat slice per rank, but the Task's optimizer has "
+                f"{len(self.optimizer.param_groups)} parameter groups. Fix: pass parallel.zero=0, or give "
+                f"the Task one parameter group."
+            )
         dtypes = {p.dtype for p in self.params}
         if len(dtypes) != 1:
-            raise ConfigError(f"parallel.zero=1 needs one parameter dtype per stage; got {sorted(map(str, dtypes))}. "
-                              f"Fix: pass parallel.zero=0.")
+            raise ConfigError(
+                f"parallel.zero=1 needs one parameter dtype per stage; got {sorted(map(str, dtypes))}. "
+                f"Fix: pass parallel.zero=0."
+            )
         self.numel = sum(p.numel() for p in self.params)
         self.chunk = -(-self.numel // dp)
         self.flat = torch.zeros(self.chunk * dp, dtype=dtypes.pop(), device=device)
@@ -78,8 +85,8 @@ class ZeroStageRunner(StageRunner):
         with torch.no_grad():
             for p in self.params:
                 n = p.numel()
-                self.flat[offset:offset + n].copy_(p.data.reshape(-1))
-                p.data = self.flat[offset:offset + n].view_as(p)
+                self.flat[offset : offset + n].copy_(p.data.reshape(-1))
+                p.data = self.flat[offset : offset + n].view_as(p)
                 offset += n
         self.own = nn.Parameter(self._slice(dp_rank))
         self.ward = nn.Parameter(self._slice(dp_rank ^ 1))
@@ -111,21 +118,22 @@ class ZeroStageRunner(StageRunner):
         offset = 0
         for p in self.params:
             n = p.numel()
-            p.data = flat[offset:offset + n].view_as(p)
+            p.data = flat[offset : offset + n].view_as(p)
             offset += n
         self.own.data = self._slice(self.dp_rank)
         self.ward.data = self._slice(self.buddy_dp)
 
     def _slice(self, dp_rank: int) -> torch.Tensor:
-        return self.flat[dp_rank * self.chunk:(dp_rank + 1) * self.chunk]
+        return self.flat[dp_rank * self.chunk : (dp_rank + 1) * self.chunk]
 
     @property
     def buddy_dp(self) -> int:
         return self.dp_rank ^ 1
 
     # ---- the step -----------------------------------------------------------------------------
-    def compute(self, step: int, comm: StageComm, midstep: Callable[[], None] | None = None,
-                stop: Stop | None = None) -> float | None:
+    def compute(
+        self, step: int, comm: StageComm, midstep: Callable[[], None] | None = None, stop: Stop | None = None
+    ) -> float | None:
         self._gather(comm)
         return super().compute(step, comm, midstep, stop)
 
@@ -150,7 +158,7 @@ class ZeroStageRunner(StageRunner):
         for p in self.params:
             n = p.numel()
             if p.grad is not None:
-                grads[offset:offset + n].copy_(p.grad.reshape(-1))
+                grads[offset : offset + n].copy_(p.grad.reshape(-1))
             p.grad = None
             offset += n
         own = comm.reduce_scatter(grads)
@@ -218,8 +226,10 @@ class ZeroStageRunner(StageRunner):
     # ---- state ------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         self._join_ward()
-        return {"own": {"param": self.own.detach(), "optim": self.optimizer.state_dict()},
-                "ward": {"optim": self.ward_optimizer.state_dict()}}
+        return {
+            "own": {"param": self.own.detach(), "optim": self.optimizer.state_dict()},
+            "ward": {"optim": self.ward_optimizer.state_dict()},
+        }
 
     def state_for(self, dp_rank: int) -> dict[str, Any]:
         """The state of data-parallel rank ``dp_rank`` of this stage: this rank's or its buddy's."""
@@ -227,9 +237,13 @@ class ZeroStageRunner(StageRunner):
         if dp_rank == self.dp_rank:
             return self.state()
         if dp_rank != self.buddy_dp:
-            raise ValueError(f"dp rank {self.dp_rank} holds no state of dp rank {dp_rank} (its buddy is {self.buddy_dp})")
-        return {"own": {"param": self.ward.detach(), "optim": self.ward_optimizer.state_dict()},
-                "ward": {"optim": self.optimizer.state_dict()}}
+            raise ValueError(
+                f"dp rank {self.dp_rank} holds no state of dp rank {dp_rank} (its buddy is {self.buddy_dp})"
+            )
+        return {
+            "own": {"param": self.ward.detach(), "optim": self.ward_optimizer.state_dict()},
+            "ward": {"optim": self.optimizer.state_dict()},
+        }
 
     def load_state(self, state: dict[str, Any]) -> None:
         self._join_ward()
@@ -251,7 +265,9 @@ class ZeroStageRunner(StageRunner):
 
     def optimizer_bytes(self) -> int:
         self._join_ward()
-        return tensor_bytes(self.optimizer.state_dict()["state"]) + tensor_bytes(self.ward_optimizer.state_dict()["state"])
+        return tensor_bytes(self.optimizer.state_dict()["state"]) + tensor_bytes(
+            self.ward_optimizer.state_dict()["state"]
+        )
 
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
         """The own slice as a flat dict (what a checkpoint of this slice saves)."""

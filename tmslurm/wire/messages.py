@@ -9,7 +9,7 @@ Contract:
   ``>= 0``; strings are bounded. A ``type`` that names no message is refused too.
 - :func:`decode_agent`, :func:`decode_first` and :func:`decode_controller` take the decoded JSON
   object and return the typed message, or raise :class:`BadMessage` (a
-  :class:`~tmslurm.errors.ProtocolError`) with one line naming the first bad fields. They raise
+  :class:`~tmslurm.core.errors.ProtocolError`) with one line naming the first bad fields. They raise
   nothing else, whatever the input. :func:`encode` turns a message into one JSON line.
 - A sender builds every message as its model (agents, monitors and relays send nothing else); each
   model's ``type`` is its default, so ``Vote(step=..., ...)`` is a whole vote. A received line
@@ -29,7 +29,7 @@ from typing import Annotated, Any, Literal, NamedTuple, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from tmslurm.errors import ProtocolError
+from tmslurm.core.errors import ProtocolError
 
 MAX_COUNT = 2**31
 Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
@@ -117,8 +117,9 @@ class RelayHello(Msg):
     node: Name
 
 
-FirstMessage = Annotated[Union[Hello, RelayHello, StatusRequest, StopRequest, NoticeRequest, SignedNotice],
-                         Field(discriminator="type")]
+FirstMessage = Annotated[
+    Hello | RelayHello | StatusRequest | StopRequest | NoticeRequest | SignedNotice, Field(discriminator="type")
+]
 Request = Union[StatusRequest, StopRequest, NoticeRequest, SignedNotice]
 
 
@@ -199,17 +200,37 @@ class NodeVotes(Msg):
     ckpt: list[Seconds | None]
 
     @model_validator(mode="after")
-    def _columns(self) -> "NodeVotes":
+    def _columns(self) -> NodeVotes:
         n = len(self.rank)
-        if not len(self.loss) == len(self.dt) == len(self.peak_rss_mb) == len(self.digest) == len(self.busy) == len(self.ckpt) == n:
+        if (
+            not len(self.loss)
+            == len(self.dt)
+            == len(self.peak_rss_mb)
+            == len(self.digest)
+            == len(self.busy)
+            == len(self.ckpt)
+            == n
+        ):
             raise ValueError("every column must have one entry per rank")
         return self
 
     def rows(self) -> list[StepVote]:
         new = tuple.__new__  # what StepVote._make does, without a Python call per row
         n = len(self.rank)
-        return [new(StepVote, t) for t in zip(self.rank, repeat(self.step, n), repeat(self.epoch, n), self.loss, self.dt,
-                                               self.peak_rss_mb, self.digest, self.busy, self.ckpt)]
+        return [
+            new(StepVote, t)
+            for t in zip(
+                self.rank,
+                repeat(self.step, n),
+                repeat(self.epoch, n),
+                self.loss,
+                self.dt,
+                self.peak_rss_mb,
+                self.digest,
+                self.busy,
+                self.ckpt,
+            )
+        ]
 
 
 class Progress(_StepReport):
@@ -335,12 +356,17 @@ class BuddyCost(Msg):
     max_ms: Millis
 
     @classmethod
-    def of(cls, seconds: list[float]) -> "BuddyCost | None":
+    def of(cls, seconds: list[float]) -> BuddyCost | None:
         if not seconds:
             return None
         ms = sorted(x * 1e3 for x in seconds)
-        return cls(n=len(ms), mean_ms=sum(ms) / len(ms), p50_ms=ms[len(ms) // 2], p90_ms=ms[int(0.9 * (len(ms) - 1))],
-                   max_ms=ms[-1])
+        return cls(
+            n=len(ms),
+            mean_ms=sum(ms) / len(ms),
+            p50_ms=ms[len(ms) // 2],
+            p90_ms=ms[int(0.9 * (len(ms) - 1))],
+            max_ms=ms[-1],
+        )
 
 
 class Done(Msg):
@@ -452,9 +478,31 @@ class Probed(Msg):
     """No seconds because the bytes took longer than the probe's timeout (a slow link, not a cut one)."""
 
 
-AgentMessage = Annotated[Union[Heartbeat, Started, Groups, Vote, Progress, Prepared, Switched, Left, ShadowReady, ShadowChecked, Aborted, Recovered,
-                               CommErrorReport, FaultFired, Done, Ready, Joined, JoinFailed, Exited, Stopped, SinkAt, Probed],
-                         Field(discriminator="type")]
+AgentMessage = Annotated[
+    Heartbeat
+    | Started
+    | Groups
+    | Vote
+    | Progress
+    | Prepared
+    | Switched
+    | Left
+    | ShadowReady
+    | ShadowChecked
+    | Aborted
+    | Recovered
+    | CommErrorReport
+    | FaultFired
+    | Done
+    | Ready
+    | Joined
+    | JoinFailed
+    | Exited
+    | Stopped
+    | SinkAt
+    | Probed,
+    Field(discriminator="type"),
+]
 
 
 # ---- controller -> agent / requester ------------------------------------------------------------
@@ -530,7 +578,12 @@ class Rejoin(Msg):
         """Its last decision moved the slot it serves to a joiner (a planned switch): it hands its
         state over and exits, so it serves that slot no longer."""
         d = self.decision
-        return self.rank is not None and d is not None and d.switch is not None and any(m.rank == self.rank for m in d.switch.moves)
+        return (
+            self.rank is not None
+            and d is not None
+            and d.switch is not None
+            and any(m.rank == self.rank for m in d.switch.moves)
+        )
 
 
 class Abort(Msg):
@@ -640,8 +693,25 @@ class StatusReply(Msg):
     status: dict[str, Any]
 
 
-ControllerMessage = Annotated[Union[Welcome, Decision, Abort, Prepare, Join, Activate, Recover, Resume, Cancel, Finish, Beat,
-                                    Watch, ProbeLink, ErrorReply, OkReply, StatusReply], Field(discriminator="type")]
+ControllerMessage = Annotated[
+    Welcome
+    | Decision
+    | Abort
+    | Prepare
+    | Join
+    | Activate
+    | Recover
+    | Resume
+    | Cancel
+    | Finish
+    | Beat
+    | Watch
+    | ProbeLink
+    | ErrorReply
+    | OkReply
+    | StatusReply,
+    Field(discriminator="type"),
+]
 
 Hello.model_rebuild()  # its ``rejoin`` names Rejoin, defined after it
 _AGENT: TypeAdapter[Any] = TypeAdapter(AgentMessage)

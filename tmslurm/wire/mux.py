@@ -20,7 +20,7 @@ Contract:
 - Controller -> relay: ``@<k>,<k>,... <line>`` (deliver ``line`` to each of these subs; a decision
   goes to a node's ranks as one frame) and ``!<k>`` (close sub ``k``).
 - :func:`parse_up` and :func:`parse_down` split one frame (without or with its newline) and raise
-  :class:`~tmslurm.errors.ProtocolError` on anything else; they never raise another error.
+  :class:`~tmslurm.core.errors.ProtocolError` on anything else; they never raise another error.
   :class:`SubChannel` is the controller's channel to one sub: a
   :class:`~tmslurm.wire.protocol.GateSide` like a :class:`~tmslurm.wire.protocol.GateChannel`,
   through the relay's connection.
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tmslurm.errors import ProtocolError
+from tmslurm.core.errors import ProtocolError
 from tmslurm.wire.protocol import GateChannel, GateSide
 
 MAX_SUB = 1 << 20
@@ -159,8 +159,12 @@ COLUMNS = ("rank", "loss", "dt", "peak_rss_mb", "digest", "busy", "ckpt")
 def up_votes(subs: list[int], votes: list[dict[str, Any]]) -> bytes:
     """The frame of these subs' votes (decoded ``vote`` objects of one step and epoch)."""
     first = votes[0]
-    body = {"type": "votes", "step": first["step"], "epoch": first["epoch"],
-            **{c: [v.get(c) for v in votes] for c in COLUMNS}}
+    body = {
+        "type": "votes",
+        "step": first["step"],
+        "epoch": first["epoch"],
+        **{c: [v.get(c) for v in votes] for c in COLUMNS},
+    }
     return b"V" + b",".join(b"%d" % k for k in subs) + b" " + json.dumps(body, separators=(",", ":")).encode() + b"\n"
 
 
@@ -171,11 +175,15 @@ def is_vote(obj: Any) -> bool:
     if not (isinstance(obj, dict) and obj.get("type") == "vote" and set(obj) <= VOTE_KEYS and REQUIRED <= set(obj)):
         return False
     loss, digest, busy, ckpt = obj.get("loss"), obj.get("digest"), obj.get("busy"), obj.get("ckpt")
-    return (all(_count(obj[k]) for k in ("step", "epoch", "rank"))
-            and _amount(obj["dt"]) and _amount(obj["peak_rss_mb"]) and (busy is None or _amount(busy))
-            and (ckpt is None or _amount(ckpt))
-            and (loss is None or type(loss) in (int, float))
-            and (digest is None or (type(digest) is str and 1 <= len(digest) <= 128)))
+    return (
+        all(_count(obj[k]) for k in ("step", "epoch", "rank"))
+        and _amount(obj["dt"])
+        and _amount(obj["peak_rss_mb"])
+        and (busy is None or _amount(busy))
+        and (ckpt is None or _amount(ckpt))
+        and (loss is None or type(loss) in (int, float))
+        and (digest is None or (type(digest) is str and 1 <= len(digest) <= 128))
+    )
 
 
 def _count(x: Any) -> bool:

@@ -14,7 +14,7 @@ implement it: :class:`Channel` (a direct connection with its own reader: an agen
 last two are a :class:`GateSide`, which adds :meth:`GateSide.send_now` (a reply that never waits
 for the peer). A socket channel sends whole lines under a lock (safe from several threads).
 
-:meth:`Channel.recv` returns ``None`` on EOF and raises :class:`~tmslurm.errors.ProtocolError` on a
+:meth:`Channel.recv` returns ``None`` on EOF and raises :class:`~tmslurm.core.errors.ProtocolError` on a
 line that is not a JSON object with a string ``type``, :class:`LineTooLong` on a line over its limit
 (the rest of that line is discarded, so the stream stays in sync) and :class:`ReadTimeout` when the
 socket's timeout passes. The gate reads a :class:`GateChannel`'s socket itself, with
@@ -34,8 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tmslurm.errors import AuthError, ProtocolError, TmslurmError
-from tmslurm.rundir import RunDir
+from tmslurm.core.errors import AuthError, ProtocolError, TmslurmError
+from tmslurm.core.rundir import RunDir
 from tmslurm.wire.messages import Msg
 
 MAX_LINE = 1 << 20
@@ -151,7 +151,7 @@ class Channel(SocketChannel):
     def _readline(self, limit: int) -> bytes:
         try:
             return self._rfile.readline(limit)
-        except socket.timeout:
+        except TimeoutError:
             raise ReadTimeout("no complete line in time") from None
         except (OSError, ValueError):
             return b""
@@ -224,7 +224,9 @@ def connect(host: str, port: int, timeout_s: float = 10.0) -> Channel:
             return Channel(sock)
         except OSError as exc:
             if time.monotonic() > deadline:
-                raise TmslurmError(f"controller at {host}:{port} is unreachable: {exc}. Is the run still alive? (tmslurm status RUN_DIR)") from None
+                raise TmslurmError(
+                    f"controller at {host}:{port} is unreachable: {exc}. Is the run still alive? (tmslurm status RUN_DIR)"
+                ) from None
             time.sleep(0.1)
 
 
@@ -260,14 +262,19 @@ def controller_address(run_dir: Path, timeout_s: float = 60.0) -> dict[str, Any]
             return json.loads(path.read_text())
         except (OSError, ValueError):
             if time.monotonic() > deadline:
-                raise TmslurmError(f"{path} did not appear within {timeout_s:.0f}s: the controller is not running") from None
+                raise TmslurmError(
+                    f"{path} did not appear within {timeout_s:.0f}s: the controller is not running"
+                ) from None
             time.sleep(0.05)
 
 
 def request(run_dir: Path, msg: dict[str, Any], token: str | None = None, timeout_s: float = 10.0) -> dict[str, Any]:
     """One authenticated request/reply to a run's controller (used by the CLI and admin hooks)."""
-    return exchange(controller_address(run_dir, timeout_s=1.0), {**msg, "token": token if token is not None else read_token(run_dir)},
-                    timeout_s)
+    return exchange(
+        controller_address(run_dir, timeout_s=1.0),
+        {**msg, "token": token if token is not None else read_token(run_dir)},
+        timeout_s,
+    )
 
 
 def exchange(addr: dict[str, Any], msg: Msg | dict[str, Any], timeout_s: float = 10.0) -> dict[str, Any]:

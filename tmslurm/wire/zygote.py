@@ -1,6 +1,6 @@
 """What the controller's spawner and an agent zygote share: the fork request and the command-line room.
 
-Contract: the spawner (:mod:`tmslurm.controller.forked`) writes one :class:`ForkRequest` as a JSON
+Contract: the spawner (:mod:`tmslurm.controller.zygote_client`) writes one :class:`ForkRequest` as a JSON
 line per agent to the zygote's standard input; the zygote (:mod:`tmslurm.agent.zygote`) validates
 each line with it (unknown fields, wrong types and an empty ``argv`` are refused) and forks nothing
 for a bad one. The zygote is started with :data:`CMDLINE_ROOM` bytes of padding on its command

@@ -31,7 +31,7 @@ from typing import Any
 
 from tmslurm.controller.main import begin, build, finish
 from tmslurm.controller.state import JobEnd
-from tmslurm.errors import SlurmError, TmslurmError
+from tmslurm.core.errors import SlurmError, TmslurmError
 from tmslurm.slurm.client import make_client
 from tmslurm.slurm.placement import Placement, placement_from_config, placement_of
 from tmslurm.slurm.proc.hooks import SlurmHooks
@@ -59,12 +59,21 @@ def main(argv: list[str] | None = None) -> int:
     if start.args.resume_own:
         cfg.train.resume_from = str(rd.path)
     client = make_client(cfg.slurm.backend)
-    spawner = SlurmSpawner(rd.path, cfg, client, job_id, nodes, record=record, placement=_placement(client, job_id, cfg))
+    spawner = SlurmSpawner(
+        rd.path, cfg, client, job_id, nodes, record=record, placement=_placement(client, job_id, cfg)
+    )
     watch = NodeWatch({n: "main" for n in spawner.main_nodes})
     ctl, server = build(start, spawner, SlurmHooks(client, spawner, watch, job_id, nodes[0]))
-    signal.signal(signal.SIGUSR1, lambda signum, frame: ctl.job_ending(JobEnd.TIME_LIMIT, "the job's time limit is near (SIGUSR1)"))
-    signal.signal(signal.SIGTERM, lambda signum, frame: ctl.job_ending(
-        JobEnd.SIGTERM, "SIGTERM from Slurm: the job is preempted, cancelled or past its time limit"))
+    signal.signal(
+        signal.SIGUSR1,
+        lambda signum, frame: ctl.job_ending(JobEnd.TIME_LIMIT, "the job's time limit is near (SIGUSR1)"),
+    )
+    signal.signal(
+        signal.SIGTERM,
+        lambda signum, frame: ctl.job_ending(
+            JobEnd.SIGTERM, "SIGTERM from Slurm: the job is preempted, cancelled or past its time limit"
+        ),
+    )
     watcher = SlurmWatcher(client, watch, cfg.slurm.poll_interval_s, on_notice=lambda n: _on_slurm_notice(ctl, n))
     if cfg.slurm.watch:
         watcher.start()

@@ -23,9 +23,10 @@ from __future__ import annotations
 import logging
 import subprocess
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from tmslurm.errors import SlurmError
+from tmslurm.core.errors import SlurmError
 from tmslurm.slurm.client import SlurmClient
 from tmslurm.slurm.lab import LAB_FAULTS, inject_lab_fault
 from tmslurm.slurm.proc.spawner import SlurmSpawner
@@ -40,7 +41,9 @@ WAITING_POLL_S = 1.0
 
 
 class SlurmHooks:
-    def __init__(self, client: SlurmClient, spawner: SlurmSpawner, watch: NodeWatch, job_id: str, batch_host: str) -> None:
+    def __init__(
+        self, client: SlurmClient, spawner: SlurmSpawner, watch: NodeWatch, job_id: str, batch_host: str
+    ) -> None:
         self.client = client
         self.spawner = spawner
         self.watch = watch
@@ -117,11 +120,15 @@ class SlurmHooks:
         from tmslurm.slurm.proc.job import submit_next
 
         try:
-            job_id = submit_next(self.spawner.run_dir, self.spawner.cfg, after=self.job_id,
-                                 placement=self.spawner.placement)
+            job_id = submit_next(
+                self.spawner.run_dir, self.spawner.cfg, after=self.job_id, placement=self.spawner.placement
+            )
         except SlurmError as exc:
-            log.error("cannot resubmit the run: %s; resume it by hand (tmslurm-launch ... train.resume_from=%s)",
-                      exc, self.spawner.run_dir)
+            log.error(
+                "cannot resubmit the run: %s; resume it by hand (tmslurm-launch ... train.resume_from=%s)",
+                exc,
+                self.spawner.run_dir,
+            )
             return
         log.warning("next job %s submitted; it starts when job %s has ended", job_id, self.job_id)
 

@@ -3,7 +3,7 @@
 Contract: ``python -m tmslurm.slurm.proc.job [--run-dir D] [OVERRIDE ...]`` (what
 ``scripts/tmslurm.sbatch`` runs) or :func:`main_job` (what ``tmslurm-launch cluster=slurm`` submits)
 runs inside the main allocation, on its batch host. It runs the supervisor
-(:class:`~tmslurm.supervisor.Supervisor`: it holds the control socket and the rendezvous store and
+(:class:`~tmslurm.run.supervisor.Supervisor`: it holds the control socket and the rendezvous store and
 restarts a controller that dies, up to ``runtime.controller_restarts`` times), whose child
 controller (:mod:`tmslurm.slurm.proc.ctlmain`) starts one ``--no-kill`` step per rank, the spare jobs,
 and a :class:`~tmslurm.slurm.watcher.SlurmWatcher` over the job's and the spares' nodes whose notices drive planned switches (drain, reboot ASAP, maintenance reservation) and
@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tmslurm.config import RunConfig, compose_config, from_dict, num_nodes
-from tmslurm.errors import SlurmError, TmslurmError
-from tmslurm.rundir import RunDir
+from tmslurm.core.config import RunConfig, compose_config, from_dict, num_nodes
+from tmslurm.core.errors import SlurmError, TmslurmError
+from tmslurm.core.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def _advertise_host(client: Any, node: str) -> str:
 
 def main_job(run_dir: str) -> dict[str, Any]:
     """Entry of the main job's single batch task (submitted by tmslurm-launch)."""
-    from tmslurm.logs import setup_logging
+    from tmslurm.core.logs import setup_logging
 
     setup_logging()
     cfg = from_dict(json.loads(RunDir(Path(run_dir)).config.read_text()))
@@ -56,11 +56,11 @@ def run_in_allocation(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
     """Run the supervisor here (the batch host) until the run ends; the summary (``failed`` and no
     final hash when the run ended without one)."""
     from tmslurm.controller.server import open_store
+    from tmslurm.core.topology import Layout
+    from tmslurm.run.supervisor import Child, Supervisor
     from tmslurm.slurm.client import make_client
     from tmslurm.slurm.proc.spawner import job_nodes
     from tmslurm.slurm.spawnstate import SlurmOwner
-    from tmslurm.supervisor import Child, Supervisor
-    from tmslurm.topology import Layout
     from tmslurm.train.ckpt_index import latest_complete
 
     job_id = os.environ["SLURM_JOB_ID"]
@@ -71,9 +71,15 @@ def run_in_allocation(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
         log.info("resuming from the run directory's latest checkpoint (requeued job)")
     rundir.spawner.unlink(missing_ok=True)  # a previous job incarnation's steps are gone with it
     host = _advertise_host(make_client(cfg.slurm.backend), nodes[0])
-    child = Child(module="tmslurm.slurm.proc.ctlmain", pipe=False, args=("--resume-own",) if resume else (),
-                  advert={"main_job_id": job_id})
-    sup = Supervisor(cfg, run_dir, SlurmOwner(rundir.spawner), socket.create_server((host, 0)), open_store(host), host, child)
+    child = Child(
+        module="tmslurm.slurm.proc.ctlmain",
+        pipe=False,
+        args=("--resume-own",) if resume else (),
+        advert={"main_job_id": job_id},
+    )
+    sup = Supervisor(
+        cfg, run_dir, SlurmOwner(rundir.spawner), socket.create_server((host, 0)), open_store(host), host, child
+    )
     # SIGUSR1: the time limit is near. Slurm sends it to this process (the batch shell, --signal=B:)
     # or to every step's processes (--signal=, through submitit): either way the controller gets it.
     signal.signal(signal.SIGUSR1, lambda signum, frame: sup.forward(signum))
@@ -111,8 +117,11 @@ def _label(job_id: str, run_dir: Path) -> None:
     from tmslurm.slurm.runtag import run_comment
 
     try:
-        subprocess.run(["scontrol", "update", f"jobid={job_id}", f"comment={run_comment(run_dir)}"],
-                       capture_output=True, timeout=15)
+        subprocess.run(
+            ["scontrol", "update", f"jobid={job_id}", f"comment={run_comment(run_dir)}"],
+            capture_output=True,
+            timeout=15,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         log.warning("cannot set job %s's comment: %s", job_id, exc)
 
@@ -145,23 +154,25 @@ def submit_next(run_dir: Path, cfg: RunConfig, *, after: str, placement: Any) ->
 
 
 def launch_slurm(cfg: RunConfig) -> str:
-    from tmslurm.runprep import prepare_run_dir
+    from tmslurm.run.prepare import prepare_run_dir
     from tmslurm.wire.protocol import write_token
 
     run_dir = prepare_run_dir(cfg)
     write_token(run_dir)
     job_id = submit_main(run_dir, cfg)
     RunDir(run_dir).jobs.write_text(json.dumps({"main_job_id": job_id, "submitted_t": time.time()}))
-    print(f"main job {job_id}: {num_nodes(cfg.parallel)} nodes, dp={cfg.parallel.dp} pp={cfg.parallel.pp}, "
-          f"{cfg.standby.count} spare job(s) submitted by the run itself")
+    print(
+        f"main job {job_id}: {num_nodes(cfg.parallel)} nodes, dp={cfg.parallel.dp} pp={cfg.parallel.pp}, "
+        f"{cfg.standby.count} spare job(s) submitted by the run itself"
+    )
     print(f"run directory: {run_dir}")
     print(f"watch it:      tmslurm status {run_dir}")
     return job_id
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tmslurm.runprep import prepare_run_dir, warn_unprotected
-    from tmslurm.logs import setup_logging
+    from tmslurm.core.logs import setup_logging
+    from tmslurm.run.prepare import prepare_run_dir, warn_unprotected
     from tmslurm.wire.protocol import write_token
 
     argv = list(sys.argv[1:] if argv is None else argv)

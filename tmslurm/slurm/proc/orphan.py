@@ -33,21 +33,27 @@ import sys
 import time
 from pathlib import Path
 
-from tmslurm.errors import ProtocolError, SlurmError, TmslurmError
-from tmslurm.jsonfile import write_json_atomic
-from tmslurm.logs import LOG_CONTEXT, setup_logging
-from tmslurm.rundir import RunDir
 from tmslurm.agent.link import hello, node_name
 from tmslurm.agent.monitor import run_monitor
+from tmslurm.core.errors import ProtocolError, SlurmError, TmslurmError
+from tmslurm.core.jsonfile import write_json_atomic
+from tmslurm.core.logs import LOG_CONTEXT, setup_logging
+from tmslurm.core.rundir import RunDir
+from tmslurm.slurm.client import SlurmClient, make_client
 from tmslurm.wire.messages import StatusRequest
 from tmslurm.wire.protocol import Channel, read_token
-from tmslurm.slurm.client import SlurmClient, make_client
 
 log = logging.getLogger(__name__)
 
 
-def requeue_orphaned_job(run_dir: Path, node: str, why: str, scontrol: str = "scontrol", max_wait_s: float = 900.0,
-                         client: SlurmClient | None = None) -> bool:
+def requeue_orphaned_job(
+    run_dir: Path,
+    node: str,
+    why: str,
+    scontrol: str = "scontrol",
+    max_wait_s: float = 900.0,
+    client: SlurmClient | None = None,
+) -> bool:
     """Requeue the main job whose controller was lost, if this monitor is the one to do it."""
     rd, job = RunDir(run_dir), os.environ.get("SLURM_JOB_ID")
     try:
@@ -77,8 +83,13 @@ def requeue_orphaned_job(run_dir: Path, node: str, why: str, scontrol: str = "sc
         write_json_atomic(rd.controller_lost, claim)
     except OSError as exc:
         log.error("cannot add the requeue's result to %s: %s", rd.controller_lost, exc)
-    log.warning("the controller of job %s was lost (%s): requeue rc=%s %s", job, why, claim["requeue_rc"],
-                claim["requeue_output"])
+    log.warning(
+        "the controller of job %s was lost (%s): requeue rc=%s %s",
+        job,
+        why,
+        claim["requeue_rc"],
+        claim["requeue_output"],
+    )
     return claim["requeue_rc"] == 0
 
 
@@ -115,8 +126,10 @@ def controller_gone(run_dir: Path, job_id: str, max_wait_s: float, client: Slurm
         if _batch_host_gone(client or make_client("cli"), job_id):
             return True
         if time.monotonic() > deadline:
-            log.error("the controller is unreachable but Slurm still counts its host alive after %.0fs: not requeueing",
-                      max_wait_s)
+            log.error(
+                "the controller is unreachable but Slurm still counts its host alive after %.0fs: not requeueing",
+                max_wait_s,
+            )
             return False
         time.sleep(2.0)
 
@@ -144,8 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     LOG_CONTEXT.update(run=args.run_dir.name, who="monitor")
     node = node_name(args.node)
     try:
-        link, welcome = hello(args.run_dir, "monitor", 0, node,
-                              on_lost=lambda why: requeue_orphaned_job(args.run_dir, node, why))
+        link, welcome = hello(
+            args.run_dir, "monitor", 0, node, on_lost=lambda why: requeue_orphaned_job(args.run_dir, node, why)
+        )
     except TmslurmError as exc:
         log.error("%s", exc)
         return 2

@@ -33,19 +33,20 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from tmslurm.config import RunConfig, wants_monitors
-from tmslurm.errors import SlurmError
-from tmslurm.rundir import RunDir
 from tmslurm.controller.spawner import agent_env, wait_for_exit
+from tmslurm.core.config import RunConfig, wants_monitors
+from tmslurm.core.errors import SlurmError
+from tmslurm.core.rundir import RunDir
 from tmslurm.slurm.client import SlurmClient
 from tmslurm.slurm.hostlist import expand_hostlist
 from tmslurm.slurm.lane import Lane
 from tmslurm.slurm.parse import OK, classify
-from tmslurm.slurm.spawnstate import RecordWriter, Spare, SpawnRecord
 from tmslurm.slurm.placement import Placement, placement_from_config
+from tmslurm.slurm.spawnstate import RecordWriter, Spare, SpawnRecord
 from tmslurm.slurm.submit import spare_renew_lead, submit_spare
 
 log = logging.getLogger(__name__)
@@ -56,9 +57,19 @@ RESUBMIT_AFTER_S = 15.0
 
 
 class SlurmSpawner:
-    def __init__(self, run_dir: Path, cfg: RunConfig, client: SlurmClient, job_id: str, nodes: list[str], *,
-                 background: Callable[[Callable[[], None], str], None] | None = None, lane: Lane | None = None,
-                 record: SpawnRecord | None = None, placement: Placement | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        cfg: RunConfig,
+        client: SlurmClient,
+        job_id: str,
+        nodes: list[str],
+        *,
+        background: Callable[[Callable[[], None], str], None] | None = None,
+        lane: Lane | None = None,
+        record: SpawnRecord | None = None,
+        placement: Placement | None = None,
+    ) -> None:
         self.placement = placement or placement_from_config(cfg)
         """Where spares go (and a resubmitted main job): the main job's own placement."""
         self.background = background or _daemon_thread  # runs Slurm commands the caller must not wait for
@@ -109,11 +120,17 @@ class SlurmSpawner:
 
     def record(self) -> SpawnRecord:
         with self.lock:
-            return SpawnRecord(main_job_id=self.job_id, ranks_per_node=self.rpn, rank_node=dict(self.rank_node),
-                               rank_steps=dict(self.rank_steps), spares={j: Spare(**s) for j, s in self.spares.items()},
-                               main_nodes=list(self.main_nodes), bad_nodes=sorted(self.bad_nodes),
-                               unconfirmed=sorted(self.unconfirmed),
-                               monitored=sorted(self.monitored))
+            return SpawnRecord(
+                main_job_id=self.job_id,
+                ranks_per_node=self.rpn,
+                rank_node=dict(self.rank_node),
+                rank_steps=dict(self.rank_steps),
+                spares={j: Spare(**s) for j, s in self.spares.items()},
+                main_nodes=list(self.main_nodes),
+                bad_nodes=sorted(self.bad_nodes),
+                unconfirmed=sorted(self.unconfirmed),
+                monitored=sorted(self.monitored),
+            )
 
     def _changed(self) -> None:
         """Hand the new record to the writer (``spawner.json``, off this thread)."""
@@ -132,13 +149,36 @@ class SlurmSpawner:
             with self.lock:
                 self.rank_steps[int(args[1])] = (job_id, f"tmslurm-{who}")
         log_path = RunDir(self.run_dir).log(who)
-        cmd = ["srun", f"--jobid={job_id}", "-N1", "-n1", f"-w{node}", "--no-kill", "--kill-on-bad-exit=0", "--overlap",
-               f"--job-name=tmslurm-{who}", "--output", str(log_path), sys.executable, "-m", module,
-               "--run-dir", str(self.run_dir), *args]
-        env = {k: v for k, v in agent_env(self.cfg).items() if not k.startswith(("SLURM_STEP", "SLURM_NTASKS", "SLURM_NPROCS",
-                                                                                  "SLURM_NNODES", "SLURM_TASKS_PER", "SLURM_CPU"))}
+        cmd = [
+            "srun",
+            f"--jobid={job_id}",
+            "-N1",
+            "-n1",
+            f"-w{node}",
+            "--no-kill",
+            "--kill-on-bad-exit=0",
+            "--overlap",
+            f"--job-name=tmslurm-{who}",
+            "--output",
+            str(log_path),
+            sys.executable,
+            "-m",
+            module,
+            "--run-dir",
+            str(self.run_dir),
+            *args,
+        ]
+        env = {
+            k: v
+            for k, v in agent_env(self.cfg).items()
+            if not k.startswith(
+                ("SLURM_STEP", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NNODES", "SLURM_TASKS_PER", "SLURM_CPU")
+            )
+        }
         with open(log_path.with_suffix(".srun"), "ab") as err:
-            self.steps.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env, start_new_session=True))
+            self.steps.append(
+                subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env, start_new_session=True)
+            )
         self._changed()
 
     def spawn_worker(self, rank: int, incarnation: int) -> bool:
@@ -152,8 +192,11 @@ class SlurmSpawner:
         with self.lock:
             self.waiting.pop(rank, None)  # an earlier restart's wait is over: this one places it
             in_main, suspect = node in self.main_nodes, node in self.ever_bad or node in self.bad_nodes
-            spares = any(s.get("node") is None or (s["node"] not in self.bad_nodes and (
-                not s.get("used_for_restart") or s["node"] == node)) for s in self.spares.values())
+            spares = any(
+                s.get("node") is None
+                or (s["node"] not in self.bad_nodes and (not s.get("used_for_restart") or s["node"] == node))
+                for s in self.spares.values()
+            )
         self.lane.submit(self.still_bad, "refresh-bad-nodes")
         if in_main and not suspect:  # a node that never failed here: still the main job's, start at once
             self._srun(self.job_id, node, f"rank{rank}.{incarnation}", ["--rank", str(rank)])
@@ -233,7 +276,10 @@ class SlurmSpawner:
                 if rank is None:
                     return
                 node, bad = self.rank_node[rank], self.bad_nodes
-                up = any(s.get("node") and s["node"] not in bad and not s.get("used_for_restart") for s in self.spares.values())
+                up = any(
+                    s.get("node") and s["node"] not in bad and not s.get("used_for_restart")
+                    for s in self.spares.values()
+                )
                 if node in self.main_nodes and (node not in bad or not up):
                     incarnation, _ = self.waiting.pop(rank)
                     home = True
@@ -245,9 +291,21 @@ class SlurmSpawner:
                 self._srun(self.job_id, node, f"rank{rank}.{incarnation}", ["--rank", str(rank)])
                 continue
             with self.lock:
-                spare = next((s for s in self.spares.values() if s.get("node") == node and node not in bad
-                              and s.get("used_for_restart")), None) or next(
-                    (s for s in self.spares.values() if s.get("node") and s["node"] not in bad and not s.get("used_for_restart")), None)
+                spare = next(
+                    (
+                        s
+                        for s in self.spares.values()
+                        if s.get("node") == node and node not in bad and s.get("used_for_restart")
+                    ),
+                    None,
+                ) or next(
+                    (
+                        s
+                        for s in self.spares.values()
+                        if s.get("node") and s["node"] not in bad and not s.get("used_for_restart")
+                    ),
+                    None,
+                )
                 if spare is None:
                     return
                 incarnation, _ = self.waiting.pop(rank)
@@ -289,11 +347,13 @@ class SlurmSpawner:
     def _submit_spare(self, index: int, job_index: int) -> None:
         exclude = self.still_bad()
         try:
-            job_id = submit_spare(self.run_dir, self.cfg, job_index, first_standby=index, exclude=exclude,
-                                  placement=self.placement)
+            job_id = submit_spare(
+                self.run_dir, self.cfg, job_index, first_standby=index, exclude=exclude, placement=self.placement
+            )
         except SlurmError as exc:
-            log.error("cannot submit spare job %d: %s; the controller asks again in %.0fs", job_index, exc,
-                      RESUBMIT_AFTER_S)
+            log.error(
+                "cannot submit spare job %d: %s; the controller asks again in %.0fs", job_index, exc, RESUBMIT_AFTER_S
+            )
             with self.lock:
                 self._lose_standbys(job_index, time.monotonic())
             return
@@ -373,7 +433,11 @@ class SlurmSpawner:
         """A pending spare submitted while a node was bad would never run there once it is repaired
         (a small cluster, or the node it is waiting for): drop healed nodes from its exclusions."""
         with self.lock:
-            pending = {j: list(s.get("exclude") or []) for j, s in self.spares.items() if s["node"] is None and s.get("exclude")}
+            pending = {
+                j: list(s.get("exclude") or [])
+                for j, s in self.spares.items()
+                if s["node"] is None and s.get("exclude")
+            }
         if not pending:
             return
         bad = set(self.still_bad())
@@ -439,7 +503,9 @@ class SlurmSpawner:
 
     def _kill_step(self, job: str, name: str) -> None:
         try:
-            out = subprocess.run(["squeue", "-h", "-s", "-j", job, "-o", "%i %j"], capture_output=True, text=True, timeout=15)
+            out = subprocess.run(
+                ["squeue", "-h", "-s", "-j", job, "-o", "%i %j"], capture_output=True, text=True, timeout=15
+            )
             steps = [line.split()[0] for line in out.stdout.splitlines() if line.split()[1:2] == [name]]
             for step in steps:
                 subprocess.run(["scancel", "--signal=KILL", step], capture_output=True, timeout=15)

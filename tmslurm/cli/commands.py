@@ -1,0 +1,162 @@
+"""The ``tmslurm`` command: ``status``, ``notify``, ``report``.
+
+``status RUN_DIR`` (or ``status --job JOBID``: any Slurm job of the run, resolved by
+:func:`tmslurm.slurm.runtag.resolve_job`) prints the run once (:mod:`tmslurm.cli.status_view`), or with
+``--watch`` refreshes a live view every ``--interval`` seconds until the run finishes or Ctrl-C
+(exit 0 both ways; an unreachable controller is shown and retried).
+
+Contract: every sub-command prints a readable result (or ``--json``) and exits 0, or prints one
+``error:`` line and exits non-zero: 2 for bad input (unknown node, bad deadline, wrong token),
+3 when the run's controller cannot be reached. ``notify`` signs with the cluster admin's Ed25519
+private key (``--private-key-file``) or authenticates with the run's token (``RUN_DIR/token``, or
+``--token``). ``keygen`` writes a new admin key pair.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+from tmslurm.core.errors import TmslurmError
+
+
+def _status(args: argparse.Namespace) -> int:
+    from tmslurm.cli.run_status import RunStatus, fetch
+    from tmslurm.cli.status_view import Watch, format_status
+
+    run_dir = _status_run_dir(args)
+    if args.watch:
+        if args.json:
+            raise TmslurmError("--watch and --json do not combine: --json prints one status")
+        watch = Watch(
+            lambda: RunStatus.from_dict(fetch(run_dir, args.token, timeout_s=5.0)),
+            sys.stdout,
+            interval_s=args.interval,
+            tty=sys.stdout.isatty(),
+        )
+        # Ctrl-C ends the watch (exit 0) even where SIGINT came in ignored: a shell without job control
+        # starts background commands so, and Python then installs no KeyboardInterrupt handler
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            return watch.run()
+        except BrokenPipeError:  # its reader went away (| head): the watch is over
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+            return 0
+    status = fetch(run_dir, args.token)
+    if args.json:
+        print(json.dumps(status, indent=1, default=str))
+        return 0
+    print(format_status(RunStatus.from_dict(status)))
+    return 0
+
+
+def _status_run_dir(args: argparse.Namespace) -> Path:
+    """RUN_DIR, or the run directory of Slurm job ``--job`` (exactly one of them)."""
+    if (args.run_dir is None) == (args.job is None):
+        raise TmslurmError("give a run directory or --job JOBID (one of them)")
+    if args.job is not None:
+        from tmslurm.slurm.client import CliSlurmClient
+        from tmslurm.slurm.runtag import resolve_job
+
+        return resolve_job(CliSlurmClient(), args.job)
+    path = Path(args.run_dir)
+    if not path.is_dir():
+        raise TmslurmError(f"{path} is not a run directory (no such directory)")
+    return path
+
+
+def _notify(args: argparse.Namespace) -> int:
+    from tmslurm.cli.notify import notify
+
+    results = notify(args)
+    for line in results:
+        print(line)
+    return 0
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    from tmslurm.core.signing import generate_keypair
+
+    try:
+        generate_keypair(Path(args.private), Path(args.public))
+    except OSError as exc:
+        raise TmslurmError(f"cannot write the key pair: {exc}") from None
+    print(f"private key {args.private} (0600), public key {args.public} (0644)")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from tmslurm.cli.report import write_report
+
+    kwargs = {k: v for k, v in (("downtime_json", args.downtime_json), ("scaling_json", args.scaling_json)) if v}
+    path = write_report(Path(args.run_dir), Path(args.out) if args.out else None, **kwargs)
+    print(f"report written to {path}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="tmslurm", description="tmslurm user and admin commands")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    st = sub.add_parser("status", help="show a run: jobs, ranks, standbys, step, events")
+    st.add_argument("run_dir", nargs="?", default=None, help="the run directory (or --job)")
+    st.add_argument(
+        "--job",
+        default=None,
+        metavar="JOBID",
+        help="a Slurm job id of the run (main job or a spare) instead of RUN_DIR, from any directory",
+    )
+    st.add_argument("--json", action="store_true")
+    st.add_argument(
+        "--watch", action="store_true", help="refresh a compact view until the run finishes (Ctrl-C ends it)"
+    )
+    st.add_argument(
+        "--interval", type=float, default=2.0, metavar="S", help="--watch refresh interval, seconds (default 2)"
+    )
+    st.add_argument("--token", default=None)
+    st.set_defaults(fn=_status)
+    no = sub.add_parser("notify", help="deliver a maintenance or failure notice (admin hook)")
+    no.add_argument("--node", default=None, help="the node that must leave or has failed")
+    no.add_argument("--rank", type=int, default=None, help="a training rank instead of a node (needs --run-dir)")
+    no.add_argument("--event", required=True, choices=["maintenance", "failure"])
+    no.add_argument("--deadline", default=None, help="ISO time, +90s/+5m/+1h, now, or epoch seconds")
+    no.add_argument("--reason", default="")
+    no.add_argument(
+        "--run-dir",
+        action="append",
+        default=None,
+        help="run directory (repeatable); default: every run under --runs-root",
+    )
+    no.add_argument("--runs-root", default="runs", help="where to look for runs using the node")
+    no.add_argument("--token", default=None, help="the run token (default: RUN_DIR/token)")
+    no.add_argument(
+        "--private-key-file",
+        default=None,
+        help="the cluster admin's Ed25519 private key: sign the notice (instead of run tokens)",
+    )
+    no.set_defaults(fn=_notify)
+    kg = sub.add_parser("keygen", help="write a new admin key pair for signed notices (private 0600, public 0644)")
+    kg.add_argument("--private", required=True, help="private key file to create (keep it root-only)")
+    kg.add_argument(
+        "--public", required=True, help="public key file to create (runs read it: runtime.admin_public_key_file)"
+    )
+    kg.set_defaults(fn=_keygen)
+    rp = sub.add_parser("report", help="write a markdown report with plots for a run")
+    rp.add_argument("run_dir")
+    rp.add_argument("--out", default=None)
+    rp.add_argument("--downtime-json", default=None)
+    rp.add_argument("--scaling-json", default=None)
+    rp.set_defaults(fn=_report)
+    return ap
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except TmslurmError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3 if "unreachable" in str(exc) or "not running" in str(exc) else 2
