@@ -67,6 +67,58 @@ def test_no_import_from_a_lower_layer_to_a_higher_one(importer, imported):
     assert bad == []
 
 
+# the role packages around the process folders (docs/architecture.md, "The tree")
+ROLE_PACKAGES = ("core", "cli", "run", "tools")
+PROCESS_PACKAGES = ("wire", "comm", "train", "agent", "controller", "slurm")
+LOOSE_MODULES_MAX = 6
+
+
+def test_few_modules_are_left_loose_and_every_role_package_states_its_contract():
+    loose = sorted(p.name for p in ROOT.glob("*.py"))
+    assert len(loose) <= LOOSE_MODULES_MAX, f"{loose}: put a module in the package of its role"
+    for pkg in ROLE_PACKAGES + PROCESS_PACKAGES:
+        init = ROOT / pkg / "__init__.py"
+        assert init.exists() and ast.get_docstring(ast.parse(init.read_text())), f"{pkg}/ states no contract"
+    assert {p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()} <= set(
+        ROLE_PACKAGES + PROCESS_PACKAGES
+    ), "a new package: name its role in test_layering and docs/architecture.md"
+
+
+def _importers_of(package: str) -> list[str]:
+    return sorted(
+        f"{a} -> {b}"
+        for a, targets in _graph().items()
+        if not _under(a, package)
+        for b in targets
+        if _under(b, package)
+    )
+
+
+def test_core_imports_no_process_and_no_role_code():
+    """core/ holds what every process shares: it may use the wire messages, nothing above them."""
+    above = [p for p in ROLE_PACKAGES + PROCESS_PACKAGES if p not in ("core", "wire")]
+    bad = sorted(
+        f"{a} -> {b}"
+        for a, targets in _graph().items()
+        if _under(a, "tmslurm.core")
+        for b in targets
+        if any(_under(b, f"tmslurm.{p}") for p in above)
+    )
+    assert bad == []
+
+
+def test_commands_and_tools_sit_on_top():
+    """Nothing a run's processes import is a command or a checking tool; the API may use the commands."""
+    cli = [x for x in _importers_of("tmslurm.cli") if not x.startswith(("tmslurm.tools", "tmslurm.api "))]
+    assert cli == []
+    assert _importers_of("tmslurm.tools") == []
+
+
+def test_only_the_commands_and_the_batch_step_start_runs():
+    allowed = ("tmslurm.cli", "tmslurm.slurm.proc", "tmslurm.api", "tmslurm.tools")
+    assert [x for x in _importers_of("tmslurm.run") if not x.startswith(allowed)] == []
+
+
 def test_the_slurm_library_imports_no_process_code():
     procs = (
         "tmslurm.slurm.proc",
