@@ -100,7 +100,8 @@ class Link:
     rejoin: Rejoiner | None = None
     """How to reconnect to a restarted controller; None: a lost controller ends the process."""
     rejoin_state: Callable[[], dict[str, Any]] | None = None
-    """The agent's ``rank``, ``epoch``, ``in_plan``, ``prepared`` and ``aborting`` for a rejoin (set by the worker or standby)."""
+    """The agent's ``rank``, ``epoch``, ``in_plan``, ``prepared`` and ``aborting`` for a rejoin
+    (set by the worker or standby)."""
     on_reconnect: list[Callable[[], Any]] = field(default_factory=list)
     """Called after a reconnect (a monitor forgets its watches; the controller names them again)."""
     last_decision: Decision | None = None

@@ -55,7 +55,8 @@ class Context:
         self._fan_out(encode_line(msg), (agents.get(aid) for aid in self.state.slots.values()))
 
     def send_all(self, msg: Msg) -> None:
-        """``msg`` to every alive worker and standby (monitors are the node watch's), encoded once, one frame per relay."""
+        """``msg`` to every alive worker and standby (monitors are the node watch's),
+        encoded once, one frame per relay."""
         self._fan_out(encode_line(msg), iter(list(self.state.agents.values())))
 
     @staticmethod

@@ -12,9 +12,9 @@ each, before the snapshot that counts them), so a restarted controller has the w
 is what the next incarnation of a requeued job compares with the
 checkpoint it resumes from (the steps to redo) when the controller could not say so itself; as it
 is written off the loop, a host that dies right after a commit may leave the one before on disk
-(a reader takes the most of it and the step log, which is appended first). A write that fails is logged and retried with the
-next offer; :meth:`close` writes the last one. :func:`read_steps` reads the step log back (a torn
-last line, from a controller killed mid-append, is skipped).
+(a reader takes the most of it and the step log, which is appended first). A write that fails is logged and retried with
+the next offer; :meth:`close` writes the last one. :func:`read_steps` reads the step log back (a torn last line, from a
+controller killed mid-append, is skipped).
 """
 
 from __future__ import annotations

@@ -259,7 +259,8 @@ def _saved_slices(path: Path) -> dict[int, tuple[Path, int]]:
         raise CheckpointError(f"checkpoint {path} is missing (no slice directories)")
     if len({t for _, t in saved.values()}) > 1:
         raise CheckpointError(
-            f"checkpoint {path} mixes slices of several data-parallel sizes: {sorted(p.name for p, _ in saved.values())}"
+            f"checkpoint {path} mixes slices of several data-parallel sizes: "
+            f"{sorted(p.name for p, _ in saved.values())}"
         )
     return saved
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 from itertools import repeat
-from typing import Annotated, Any, Literal, NamedTuple, Union
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
@@ -120,7 +120,7 @@ class RelayHello(Msg):
 FirstMessage = Annotated[
     Hello | RelayHello | StatusRequest | StopRequest | NoticeRequest | SignedNotice, Field(discriminator="type")
 ]
-Request = Union[StatusRequest, StopRequest, NoticeRequest, SignedNotice]
+Request = StatusRequest | StopRequest | NoticeRequest | SignedNotice
 
 
 # ---- agent -> controller ------------------------------------------------------------------------
