@@ -29,6 +29,7 @@ from pathlib import Path
 from tmslurm.agent.link import hello, node_name
 from tmslurm.core.errors import TmslurmError
 from tmslurm.core.logs import LOG_CONTEXT, setup_logging
+from tmslurm.wire.messages import AgentKind
 
 __all__ = ["exit_now", "main", "setup_logging"]
 
@@ -57,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     setup_logging()
     LOG_CONTEXT["run"] = args.run_dir.name
+    kind: AgentKind
     if args.monitor:
         kind, ident = "monitor", 0
     else:

@@ -713,6 +713,8 @@ def to_dataclass(node: Any) -> RunConfig:
     from omegaconf import OmegaConf
 
     data = OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
+    if not isinstance(data, dict):
+        raise ConfigError(f"a run config is a mapping, got a {type(data).__name__}. Fix: pass the composed DictConfig")
     data.pop("defaults", None)
     return from_dict(data)
 
