@@ -139,11 +139,14 @@ def _batch_host_gone(client: SlurmClient, job_id: str) -> bool:
         job = client.job(job_id)
         if job is None or job.state != "RUNNING" or not job.batch_host:
             return True
-        (host,) = client.nodes([job.batch_host]) or [None]
+        hosts = client.nodes([job.batch_host])
+        if not hosts:
+            return True
+        (host,) = hosts
     except (SlurmError, ValueError) as exc:  # slurmctld unreachable from here: decide nothing
         log.warning("cannot read job %s from Slurm: %s", job_id, exc)
         return False
-    return host is None or bool(host.states & {"NOT_RESPONDING", "DOWN"})
+    return bool(host.states & {"NOT_RESPONDING", "DOWN"})
 
 
 def main(argv: list[str] | None = None) -> int:
