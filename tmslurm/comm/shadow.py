@@ -134,9 +134,11 @@ class ShadowSender:
 
     def grads(self, step: int, flat: torch.Tensor) -> None:
         """Send the reduced gradient of step ``step``, not yet decided (``flat`` is not modified afterwards)."""
-        self._post(
-            lambda: (self._ctrl(GRAD, step, flat.numel()), self._send(flat.to(self.device), GRAD_TAG, "gradient"))
-        )
+        self._post(lambda: self._send_grads(step, flat))
+
+    def _send_grads(self, step: int, flat: torch.Tensor) -> None:
+        self._ctrl(GRAD, step, flat.numel())
+        self._send(flat.to(self.device), GRAD_TAG, "gradient")
 
     def decided(self, step: int, committed: bool, last: bool = False) -> None:
         """Step ``step`` committed (the standby applies its gradient) or aborted (it drops it);

@@ -151,8 +151,10 @@ def _placeholder(
     )
     if not ok:
         raise CommError(f"state transfer header has a bad tensor entry {obj!r:.200}")
-    fits = mine is not None and list(mine.shape) == shape and mine.dtype == DTYPES[dtype]
-    t = mine if fits else torch.empty(shape, dtype=DTYPES[dtype], device=dev)
+    if mine is not None and list(mine.shape) == shape and mine.dtype == DTYPES[dtype]:
+        t = mine
+    else:
+        t = torch.empty(shape, dtype=DTYPES[dtype], device=dev)
     tensors[i] = t
     return t
 
@@ -193,8 +195,9 @@ def own_tensors(obj: Any, path: tuple = (), device: torch.device = CPU) -> dict[
     reach, last = -1, None
     for start, end, p in spans:
         if start < reach:  # overlaps the span that reaches furthest so far: neither may be received into
-            found.pop(p, None)
-            found.pop(last, None)
+            for q in (p, last):
+                if q is not None:
+                    found.pop(q, None)
         if end > reach:
             reach, last = end, p
     return found
