@@ -101,25 +101,27 @@ class Commits:
         st, now = self.state, time.time()
         plan = st.plan
         attach = isinstance(plan, PlannedSwitch) and plan.may_switch(now) and st.step + 1 < self.ctx.cfg.train.steps
-        switch = self._apply(plan, now) if attach else None
-        checkpoint = st.checkpoint_then is not None and st.checkpoint_then.checkpoint_step is None
+        carried = plan if attach and isinstance(plan, PlannedSwitch) else None
+        switch = self._apply(carried, now) if carried is not None else None
+        then = st.checkpoint_then
+        checkpoint = then is not None and then.checkpoint_step is None
         final = st.stop_requested and not attach
         self.ctx.broadcast(
             Decision(
                 step=st.step,
-                epoch=plan.epoch if attach else st.epoch,
+                epoch=carried.epoch if carried is not None else st.epoch,
                 switch=switch,
                 checkpoint=checkpoint,
                 final=final,
             )
         )
-        if checkpoint:
-            st.checkpoint_then.checkpoint_step = st.step + 1
+        if checkpoint and then is not None:
+            then.checkpoint_step = st.step + 1
             st.mode = Mode.CHECKPOINTING
-        if attach:
-            for m in plan.moves:
-                self.ctx.send_to(m.joiner, Activate(epoch=plan.epoch))
-            st.epoch = plan.epoch
+        if carried is not None:
+            for m in carried.moves:
+                self.ctx.send_to(m.joiner, Activate(epoch=carried.epoch))
+            st.epoch = carried.epoch
         arrived = [st.vote_t[r] for r in st.votes if r in st.vote_t]
         self._record(now, time.monotonic() - min(arrived) if arrived else None)
         self._advance(final)

@@ -89,7 +89,7 @@ class PlanBook:
         self.ctx.broadcast(Cancel(epoch=plan.epoch))
         self.ctx.events.cancel(plan)
         if requeue and isinstance(plan, PlannedSwitch):
-            alive = [r for r in plan.ranks if self.state.agent_of(r) is not None and self.state.agent_of(r).alive]
+            alive = [r for r in plan.ranks if (a := self.state.agent_of(r)) is not None and a.alive]
             if alive:  # one live rank's notice, from now, plans the move again
                 self.state.pending_notices += notices_again(plan, alive[:1], time.time())
 

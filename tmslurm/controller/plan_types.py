@@ -107,3 +107,7 @@ class Recovery(_Plan):
     bytes: int = 0
     held: list[int] = field(default_factory=list)
     """The ranks told to redo the step only after ``resume`` (``runtime.redo_overlap=false``)."""
+
+
+AnyPlan = Plan | PlannedSwitch | Recovery
+"""What the message builders of :mod:`~tmslurm.controller.switch_planning` read a plan from."""
