@@ -1,4 +1,5 @@
-"""``python -m benchmarks {downtime,chaos,scaling,overhead,memory,roles,control,ckpt,soak,abortpoints,linkbw,statesize,zero,gray,project}`` (also ``scripts/bench``)."""
+"""``python -m benchmarks NAME`` (also ``scripts/bench``), NAME one of
+``{downtime,chaos,scaling,overhead,memory,roles,control,ckpt,soak,abortpoints,linkbw,statesize,zero,gray,project}``."""
 
 from __future__ import annotations
 

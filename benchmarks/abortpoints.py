@@ -5,8 +5,8 @@ thread), its whole step (``StageRunner.compute`` then ``drop``) timed ``--repeat
 abort points disarmed (``stop=None``, as a sandboxed standby runs) and armed with a check that never
 fires (what every rank runs), alternating, after 5 warm-up pairs. Prints the p50s side by side
 with p10-p90, their difference and the p50 of the paired differences (armed - disarmed of each
-alternating pair: drift of the host's speed cancels out); writes ``--json`` (docs/bench/abortpoints.json). No process, no
-group: the hooks are the only difference between the two timings.
+alternating pair: drift of the host's speed cancels out); writes ``--json`` (docs/bench/abortpoints.json). No process,
+no group: the hooks are the only difference between the two timings.
 """
 
 from __future__ import annotations

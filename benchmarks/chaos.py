@@ -10,13 +10,13 @@ kill before the previous one was adopted, a node fault with no eligible node) wa
 draw. Node faults never hit the batch host (its loss is a requeue: bench downtime measures it).
 Faults land whenever the controller answers, including during a recovery. The benchmark repairs
 as an admin would (:mod:`benchmarks.chaosfaults`). At the end it undoes every fault, waits for the
-pool to be whole and warm (at most :data:`POOL_WAIT_S`, then only for no event in flight), stops the run, waits for every process it started (through Slurm) to be
-gone, runs the uninterrupted reference (``cluster=local``, the same number of steps) and checks
-the run with :func:`tmslurm.tools.chaoscheck.check_run` (the driver's faults, the pids of every agent
-and monitor the journal recorded, the reference's hashes). It prints a line per fault and repair,
-a progress line per fault, the checker's report, and writes ``--json``: faults by kind, events by
-kind, switches, checkpoint fallbacks, downtime p50/p90/max, false alarms, leftover processes,
-every check, ``passed``, the fault list, the command, the commit and the date.
+pool to be whole and warm (at most :data:`POOL_WAIT_S`, then only for no event in flight), stops the run, waits for
+every process it started (through Slurm) to be gone, runs the uninterrupted reference (``cluster=local``, the same
+number of steps) and checks the run with :func:`tmslurm.tools.chaoscheck.check_run` (the driver's faults, the pids of
+every agent and monitor the journal recorded, the reference's hashes). It prints a line per fault and repair, a progress
+line per fault, the checker's report, and writes ``--json``: faults by kind, events by kind, switches, checkpoint
+fallbacks, downtime p50/p90/max, false alarms, leftover processes, every check, ``passed``, the fault list, the command,
+the commit and the date.
 
 Failure behaviour: a run that ends early or does not settle raises
 :class:`~tmslurm.core.errors.TmslurmError` after the lab is healed (every unrepaired fault undone);
@@ -312,7 +312,8 @@ def _result(
         "commit": commit(),
         "date": datetime.date.today().isoformat(),
         "setup": {
-            "cluster": f"local Slurm failure lab of {lab_nodes()} nodes (scripts/local-slurm up), one rank per node, one 2-core host",
+            "cluster": f"local Slurm failure lab of {lab_nodes()} nodes (scripts/local-slurm up), "
+            "one rank per node, one 2-core host",
             "layout": "DP2 x PP2",
             "model": args.model,
             "standbys": "2, replenished",

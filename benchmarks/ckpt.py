@@ -11,7 +11,8 @@ repeat are left out. Per mode it reports the median plain step, the median check
 step right after a checkpoint (where a background write competes for the cores), and the stall of
 each checkpoint (checkpoint step minus the mode's median plain step: median, p10, p90, count), and
 the cost per checkpoint over a whole interval (mean step time minus that of ``off``, times ``--every``),
-which also counts a background write slowing the steps that follow it. Prints a table and writes ``--json``. Any failure (a checkpoint error included) propagates.
+which also counts a background write slowing the steps that follow it. Prints a table and writes ``--json``. Any failure
+(a checkpoint error included) propagates.
 """
 
 from __future__ import annotations

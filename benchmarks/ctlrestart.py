@@ -93,7 +93,8 @@ def interrupted_slurm(out: Path, overrides: list[str], kill_steps: list[int]) ->
                 raise TmslurmError(f"the run ended or stalled before step {step}; see {run_dir}")
             time.sleep(0.01)
         say(
-            f"kill {i + 1}/{len(kill_steps)}: SIGKILL of controller {kill_slurm_controller(run_dir, i)} at step {committed(run_dir)}"
+            f"kill {i + 1}/{len(kill_steps)}: SIGKILL of controller {kill_slurm_controller(run_dir, i)} at step "
+            f"{committed(run_dir)}"
         )
         wait_journal(
             run_dir, lambda e, i=i: e["type"] == "adopted" and e["incarnation"] == i + 1, 60, f"adoption {i + 1}"
@@ -125,7 +126,8 @@ def interrupted(out: Path, overrides: list[str], kill_steps: list[int]) -> dict[
                 raise TmslurmError(f"the run ended or stalled before step {step}; see {job.run_dir}")
             time.sleep(0.01)
         say(
-            f"kill {i + 1}/{len(kill_steps)}: SIGKILL of controller {kill_controller(job)} at step {committed(job.run_dir)}"
+            f"kill {i + 1}/{len(kill_steps)}: SIGKILL of controller {kill_controller(job)} at step "
+            f"{committed(job.run_dir)}"
         )
         job.wait_journal(lambda e, i=i: e["type"] == "adopted" and e["incarnation"] == i + 1, 60, f"adoption {i + 1}")
     if job.proc.wait(600) != 0:

@@ -114,7 +114,8 @@ def run_strategy(
             step = at_offset(job, args.checkpoint_every, offset)
             node, pid = job.node_of_rank(rank)
             say(
-                f"{strategy} {event} #{rep}: rank {rank} on {node} at step {step} (offset {step % args.checkpoint_every})"
+                f"{strategy} {event} #{rep}: rank {rank} on {node} at step {step} "
+                f"(offset {step % args.checkpoint_every})"
             )
             t_start = time.time()
             t_inject = inject(event, node, pid, job.run_dir)
@@ -197,7 +198,8 @@ def wait_new(
         fresh = [e for e in job.events_done(st) if _key(e) not in seen and (e.get("first_step_t") or 0) > t_inject]
         for e in [e for e in fresh if rank is not None and rank not in (e.get("ranks") or [])]:
             say(
-                f"skipping an event the benchmark did not inject: {e.get('kind')} ranks={e.get('ranks')} ({e.get('cause')})"
+                f"skipping an event the benchmark did not inject: {e.get('kind')} ranks={e.get('ranks')} "
+                f"({e.get('cause')})"
             )
             seen.add(_key(e))
         return [e for e in fresh if _key(e) not in seen]

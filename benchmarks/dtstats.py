@@ -167,12 +167,10 @@ def table(result: dict[str, Any]) -> str:
         c = [cs.get(s, {}).get(ev) for s in STRATEGIES]
         if not any(c):
             continue
-        cell = lambda x: "–" if x is None else f"{_fmt(x['p50'])} / {_fmt(x['p90'])} (n={x['n']})"  # noqa: E731
         tm = c[0]["p50"] if c[0] else None
-        ratio = lambda x: "–" if x is None or not tm else f"{x['p50'] / tm:.0f}x"  # noqa: E731
         out.append(
-            f"| {LABELS[ev]} | {cell(c[0])} | {cell(c[1])} | {cell(c[2])} | "
-            f"{_fmt(c[2]['no_delay_p50']) if c[2] else '–'} | {ratio(c[1])} | {ratio(c[2])} |"
+            f"| {LABELS[ev]} | {_cell(c[0])} | {_cell(c[1])} | {_cell(c[2])} | "
+            f"{_fmt(c[2]['no_delay_p50']) if c[2] else '–'} | {_ratio(c[1], tm)} | {_ratio(c[2], tm)} |"
         )
     out += [
         "",
@@ -239,3 +237,13 @@ def _num(x: Any) -> float | None:
 
 def _fmt(x: float | None) -> str:
     return "–" if x is None else (f"{x:.3f}s" if x < 10 else f"{x:.1f}s")
+
+
+def _cell(x: dict[str, Any] | None) -> str:
+    """One table cell: p50 / p90 and the count of a strategy's cell, or a dash where it has none."""
+    return "–" if x is None else f"{_fmt(x['p50'])} / {_fmt(x['p90'])} (n={x['n']})"
+
+
+def _ratio(x: dict[str, Any] | None, tm: float | None) -> str:
+    """A strategy's p50 over tmslurm's p50 ``tm``, or a dash where either is missing."""
+    return "–" if x is None or not tm else f"{x['p50'] / tm:.0f}x"

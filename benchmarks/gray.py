@@ -131,12 +131,14 @@ def _row(kind: str, amount: str, node: str, s0: int, t0: float, rd: RunDir, summ
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| kind | amount | evicted | found by | detect steps | detect s | steps lost | median step before / slowed s | false alarms |",
+        "| kind | amount | evicted | found by | detect steps | detect s | steps lost | median step before / slowed s | "
+        "false alarms |",
         "|---|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['kind']} | {r['amount']} | {r['evicted']} | {r['found_by']} | {r['detect_steps']} | {r['detect_s']} | {r['steps_lost']} "
+            f"| {r['kind']} | {r['amount']} | {r['evicted']} | {r['found_by']} | {r['detect_steps']} "
+            f"| {r['detect_s']} | {r['steps_lost']} "
             f"| {r['median_step_before_s']} / {r['median_step_slowed_s']} | {r['false_alarms']} |"
         )
     return "\n".join(lines)

@@ -10,10 +10,10 @@ but other values, as a standby's is). Each repeat measures, on the same pair, in
 
 The two processes run on loopback, or with ``--lab-nodes A,B`` inside two nodes of the failure lab
 (``scripts/local-slurm exec``; the sender on A, which also hosts the store), over the link between
-those nodes' network namespaces. Both are timed on the receiver from a ready handshake to the last byte. It prints, per preset, the
-state size, the p50 (and min-max) of both in GB/s, and their ratio, and writes every sample to
-``--json``. Every received state is checked bit for bit against the sender's digest; a mismatch or
-a failure of either process raises.
+those nodes' network namespaces. Both are timed on the receiver from a ready handshake to the last byte. It prints, per
+preset, the state size, the p50 (and min-max) of both in GB/s, and their ratio, and writes every sample to ``--json``.
+Every received state is checked bit for bit against the sender's digest; a mismatch or a failure of either process
+raises.
 """
 
 from __future__ import annotations

@@ -41,7 +41,8 @@ def main(args: Any) -> dict[str, Any]:
         after = max(e["peak_rss_mb"][str(rank)] for e in s["step_log"] if str(rank) in e["peak_rss_mb"])
         rows.append({"rank": rank, "peak_before_mb": before, "peak_after_mb": after, "delta_mb": after - before})
         say(
-            f"stayer rank {rank}: peak RSS {before:.1f} MiB before, {after:.1f} MiB after the switches ({after - before:+.1f})"
+            f"stayer rank {rank}: peak RSS {before:.1f} MiB before, {after:.1f} MiB after the switches "
+            f"({after - before:+.1f})"
         )
     journal = [json.loads(x) for x in (out / "memory" / "events.jsonl").read_text().splitlines()]
     roles = [
@@ -57,7 +58,8 @@ def main(args: Any) -> dict[str, Any]:
     ]
     for r in roles:
         say(
-            f"standby {r['agent']} role {r['role']}: RSS {r['rss_mb']:.1f} MiB (+{r['role_rss_mb']:.1f} since start), warm-up {r['warmup_s']:.2f}s"
+            f"standby {r['agent']} role {r['role']}: RSS {r['rss_mb']:.1f} MiB (+{r['role_rss_mb']:.1f} since start), "
+            f"warm-up {r['warmup_s']:.2f}s"
         )
     result = {
         "setup": {"model": args.model, "events": [e["kind"] for e in events]},

@@ -109,5 +109,8 @@ def top_frames(path: Path, n: int = 12) -> dict[str, Any]:
         own[frames[-1]] += k
         for name in set(frames):
             incl[name] += k
-    share = lambda c: [{"frame": f, "samples": s, "share": round(s / total, 3)} for f, s in c.most_common(n)]
+
+    def share(c: Counter[str]) -> list[dict[str, Any]]:
+        return [{"frame": f, "samples": s, "share": round(s / total, 3)} for f, s in c.most_common(n)]
+
     return {"samples": total, "self": share(own) if total else [], "inclusive": share(incl) if total else []}

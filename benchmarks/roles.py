@@ -84,12 +84,14 @@ def main(args: Any) -> dict[str, Any]:
     ]
     for r in roles:
         say(
-            f"{r['role']:<22} n={r['n']} downtime median {r['median']:.3f}s (min {r['min']:.3f}, max {r['max']:.3f}) warm={r['all_warm']}"
+            f"{r['role']:<22} n={r['n']} downtime median {r['median']:.3f}s (min {r['min']:.3f}, max {r['max']:.3f}) "
+            f"warm={r['all_warm']}"
         )
     for c in per_class:
         w, m = c["warmup_s"], c["role_rss_mb"]
         say(
-            f"class {c['class']:<8} n={w['n']} warm-up median {w['median']:.2f}s (min {w['min']:.2f}, max {w['max']:.2f}); "
+            f"class {c['class']:<8} n={w['n']} warm-up median {w['median']:.2f}s "
+            f"(min {w['min']:.2f}, max {w['max']:.2f}); "
             f"RSS growth median {m['median']:.1f} MiB (min {m['min']:.1f}, max {m['max']:.1f})"
         )
     result = {

@@ -32,7 +32,9 @@ def _one(out: Path, ranks: int, mode: str, rep: int, steps: int) -> dict[str, An
         ],
     )
     for role in ("first", "last"):
-        job.wait_journal(lambda e: e["type"] == "standby_ready" and e["role"] == role, 900, f"standby warm for {role}")
+        job.wait_journal(
+            lambda e, role=role: e["type"] == "standby_ready" and e["role"] == role, 900, f"standby warm for {role}"
+        )
     job.request({"type": "notice", "event": "maintenance", "rank": 1, "reason": "bench scaling"})
     job.wait_journal(lambda e: e["type"] == "event", 600, "the switch to complete")
     time.sleep(steps * 0.05)
@@ -70,7 +72,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         a, b = sizes[0], sizes[-1]
         for m in ("delta", "full"):
             lines.append(
-                f"{m}: downtime {b} ranks / {a} ranks = {med[(b, m, 'downtime_s')] / max(med[(a, m, 'downtime_s')], 1e-9):.2f}x, "
+                f"{m}: downtime {b} ranks / {a} ranks = "
+                f"{med[(b, m, 'downtime_s')] / max(med[(a, m, 'downtime_s')], 1e-9):.2f}x, "
                 f"phase2 = {med[(b, m, 'phase2_s')] / max(med[(a, m, 'phase2_s')], 1e-9):.2f}x"
             )
     return "\n".join(lines)

@@ -89,7 +89,8 @@ def main(args: Any) -> dict[str, Any]:
         )
         r = rows[-1]
         say(
-            f"{r['standby']}: {r['cpu_pct_of_a_core']:.2f}% of a core, {r['cpu_ms_per_step'] or 0:.2f} ms CPU per step, "
+            f"{r['standby']}: {r['cpu_pct_of_a_core']:.2f}% of a core, "
+            f"{r['cpu_ms_per_step'] or 0:.2f} ms CPU per step, "
             f"RSS {r['rss_mb']:.0f} MiB (per class: "
             + ", ".join(f"{k} +{v:.0f}" for k, v in r["role_rss_mb"].items())
             + ")"

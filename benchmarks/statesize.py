@@ -17,13 +17,13 @@ parameters + AdamW moments per rank at DP2 x PP2), local processes (``cluster=lo
 
 Per event it reads ``pause_s`` (gap - the first step's own time) and ``downtime_s`` (gap - median
 step) from summary.json; for a SIGKILL also ``before_fault_s`` (the last commit -> the kill: the
-step's work before it, redone) and ``pause_from_fault_s`` (the pause without it); per row p50s, the samples, the standby's and the largest rank's RSS, and
-the floor (state bytes / measured link bandwidth). Writes ``--json`` (docs/bench/statesize.json)
-after each size (marked ``partial`` until the last) and, with matplotlib, a plot next to it. After
-each cell (the link counts as one) a progress line (:func:`benchmarks.common.progress`: cells done /
-total, events, elapsed, remaining) goes to stdout with the benchmark's log; larger sizes take longer,
-so the estimate is low early on. ``--cells`` measures a subset of :data:`CELLS` (the others'
-figures are null). A run that fails raises TmslurmError naming its log.
+step's work before it, redone) and ``pause_from_fault_s`` (the pause without it); per row p50s, the samples, the
+standby's and the largest rank's RSS, and the floor (state bytes / measured link bandwidth). Writes ``--json``
+(docs/bench/statesize.json) after each size (marked ``partial`` until the last) and, with matplotlib, a plot next to it.
+After each cell (the link counts as one) a progress line (:func:`benchmarks.common.progress`: cells done / total,
+events, elapsed, remaining) goes to stdout with the benchmark's log; larger sizes take longer, so the estimate is low
+early on. ``--cells`` measures a subset of :data:`CELLS` (the others' figures are null). A run that fails raises
+TmslurmError naming its log.
 """
 
 from __future__ import annotations
@@ -287,8 +287,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     )
     lines = [
         head,
-        f"{'':<7}{'':>8}{'GB/s':>7}{'GB/s':>7}{'s':>7}{'pause s':>8}{'pause s':>8}{'pause':>7}{'pause s':>8}{'fromflt':>8}"
-        f"{'down s':>8}{'MiB':>8}{'MiB':>9}",
+        f"{'':<7}{'':>8}{'GB/s':>7}{'GB/s':>7}{'s':>7}{'pause s':>8}{'pause s':>8}{'pause':>7}{'pause s':>8}"
+        f"{'fromflt':>8}{'down s':>8}{'MiB':>8}{'MiB':>9}",
     ]
     for r in rows:
         f = lambda v, w, p=3: f"{v:>{w}.{p}f}" if isinstance(v, (int, float)) else f"{'-':>{w}}"  # noqa: E731
@@ -379,7 +379,8 @@ def _result(rows: list[dict[str, Any]], done: bool) -> dict[str, Any]:
         },
         "rows": rows,
         "ratio_planned_largest": round(ratio, 1) if ratio else None,
-        "ratio_note": "in-job restart planned downtime p50 / tmslurm planned pause p50 with a live shadow, largest size",
+        "ratio_note": "in-job restart planned downtime p50 / tmslurm planned pause p50 "
+        "with a live shadow, largest size",
     }
     if not done:
         result["partial"] = "written after each size; the run has not finished every --models size"

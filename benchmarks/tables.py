@@ -56,7 +56,8 @@ def memory(d: dict[str, Any]) -> str:
     out += ["", "| standby | role | RSS | growth since start | warm-up |", "|---|---|---|---|---|"]
     for r in d["standby_roles"]:
         out.append(
-            f"| {r['agent'].split('.')[0]} | {r['role']} | {r['rss_mb']:.0f} MiB | +{r['role_rss_mb']:.0f} MiB | {r['warmup_s']:.2f}s |"
+            f"| {r['agent'].split('.')[0]} | {r['role']} | {r['rss_mb']:.0f} MiB | +{r['role_rss_mb']:.0f} MiB | "
+            f"{r['warmup_s']:.2f}s |"
         )
     return "\n".join(out)
 
@@ -66,7 +67,8 @@ def overhead(d: dict[str, Any]) -> str:
         [
             "| configuration | runs (median step, commit to commit) | median |",
             "|---|---|---|",
-            f"| vote + heartbeats + watcher on | {', '.join(_f(x, 's', 4) for x in d['on_s'])} | {_f(d['median_on_s'], 's', 4)} |",
+            f"| vote + heartbeats + watcher on | {', '.join(_f(x, 's', 4) for x in d['on_s'])} | "
+            f"{_f(d['median_on_s'], 's', 4)} |",
             f"| all off | {', '.join(_f(x, 's', 4) for x in d['off_s'])} | {_f(d['median_off_s'], 's', 4)} |",
             "",
             f"Slowdown: **{d['slowdown_pct']:+.2f}%** (target ≤ 3%).",

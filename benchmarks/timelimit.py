@@ -55,7 +55,7 @@ def one(out: Path, mode: str, args: argparse.Namespace, prog: Any) -> list[dict[
         while len(rows) < args.boundaries:
             n = len(rows)
             job.wait(
-                lambda st: (
+                lambda st, n=n: (
                     len(
                         [e for e in job.events_done(st) if e.get("kind") == f"job_end_{mode}" and e.get("first_step_t")]
                     )

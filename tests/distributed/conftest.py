@@ -27,9 +27,9 @@ class Run:
     def wait(self, timeout: float = TIMEOUT) -> dict[str, Any]:
         try:
             rc = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as e:
             self.proc.kill()
-            raise AssertionError(f"run {self.run_dir} did not finish in {timeout}s:\n{self.output()[-3000:]}")
+            raise AssertionError(f"run {self.run_dir} did not finish in {timeout}s:\n{self.output()[-3000:]}") from e
         assert rc == 0, f"launch exited {rc}:\n{self.output()[-4000:]}"
         return json.loads((self.run_dir / "summary.json").read_text())
 

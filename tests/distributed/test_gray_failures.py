@@ -35,7 +35,8 @@ def test_a_slow_rank_is_moved_off_and_a_hiccup_moves_nothing(launch, baseline):
     (ev,) = s["events"]
     assert ev["kind"] == "planned" and ev["ranks"] == [1] and ev["status"] == "done", ev
     (evict,) = [e for e in slow.journal() if e["type"] == "gray_evict"]
-    # slow from step 6: found once 4 of its 6 windowed steps were slow (step 9; the vote of a step carries its busy time)
+    # slow from step 6: found once 4 of its 6 windowed steps were slow
+    # (step 9; the vote of a step carries its busy time)
     assert evict["rank"] == 1 and 9 <= evict["step"] <= 10 and evict["ratio"] >= 1.5, evict
     assert s["gray"]["evictions"] == [
         {

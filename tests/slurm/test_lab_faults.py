@@ -2,9 +2,9 @@
 
 Power-off freezes a node and cuts its link (its peers see silence, not a closed socket), a partition
 cuts the link while its processes keep running, and the batch host is a victim too. Every run is
-compared with an uninterrupted run of the same layout (``final_params_sha256``, ``final_state_sha256``, ``replicas_equal``); whatever tmslurm
-loses with the batch host's power-off (the steps since the last checkpoint) is redone after an
-automatic requeue and reported.
+compared with an uninterrupted run of the same layout (``final_params_sha256``, ``final_state_sha256``,
+``replicas_equal``); whatever tmslurm loses with the batch host's power-off (the steps since the last checkpoint) is
+redone after an automatic requeue and reported.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""benchmarks.statesize's pure parts: the source's RSS around an event, a row's p50s and floor, and the progress lines of its loop over cells."""
+"""benchmarks.statesize's pure parts: the source's RSS around an event, a row's p50s and floor,
+and the progress lines of its loop over cells."""
 
 from __future__ import annotations
 

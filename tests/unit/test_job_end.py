@@ -175,14 +175,17 @@ def test_a_job_killed_before_its_checkpoint_keeps_the_events_of_the_jobs_before(
     from the journal, the step log from ``steps.jsonl`` (a preempted lab job's summary had lost the
     restart of the job before)."""
     _signal_and_checkpoint(_harness(tmp_path, "slurm.on_limit=resubmit"))
-    nxt = lambda: Harness(
-        tmp_path,
-        2,
-        1,
-        0,
-        "train.resume_from=" + str(tmp_path),  # noqa: E731
-        cluster=lambda cfg: (FakeSpawner(), SlurmLikeCluster()),
-    )
+
+    def nxt() -> Harness:
+        return Harness(
+            tmp_path,
+            2,
+            1,
+            0,
+            "train.resume_from=" + str(tmp_path),
+            cluster=lambda cfg: (FakeSpawner(), SlurmLikeCluster()),
+        )
+
     job2 = nxt()
     job2.commit_all()
     job2.commit_all()

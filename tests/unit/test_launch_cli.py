@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 
 import pytest
+
+from tmslurm.cli.notify import find_runs
 
 CLI = "import sys; from tmslurm.cli.main import main; sys.exit(main())"  # what the `tmslurm` console script runs
 
@@ -98,6 +101,16 @@ def test_notify_without_node_or_rank_fails_with_2(tmp_path):
     p = run("-c", CLI, "notify", "--event", "maintenance", "--runs-root", str(tmp_path))
     assert p.returncode == 2
     assert p.stderr.startswith("error:") and "--node" in p.stderr
+
+
+def test_notify_finds_the_live_runs_under_the_runs_root_in_name_order(tmp_path):
+    """Several run directories under ``--runs-root`` (sorting them as RunDir objects raised TypeError);
+    a finished run (with its summary) is left out."""
+    for name in ("b", "a", "done"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "controller.json").write_text("{}")
+    (tmp_path / "done" / "summary.json").write_text("{}")
+    assert find_runs(argparse.Namespace(run_dir=None, runs_root=str(tmp_path))) == [tmp_path / "a", tmp_path / "b"]
 
 
 def test_notify_with_a_bad_event_is_an_argparse_error(tmp_path):

@@ -6,9 +6,8 @@ import copy
 
 import pytest
 
+from tmslurm.controller.plan_types import Move, Plan
 from tmslurm.controller.switch_planning import (
-    Move,
-    Plan,
     PlanError,
     dirty_groups,
     dp_source,

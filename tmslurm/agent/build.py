@@ -96,7 +96,11 @@ def build_runner(cfg: RunConfig, rank: int, stage: int | None = None) -> StageRu
     torch.set_num_threads(cfg.train.threads)
     layout = layout_of(cfg)
     c = layout.coord(rank) if stage is None else None
-    spec = stage_spec(cfg, c.stage, c.tp) if c is not None else stage_spec(cfg, stage, 0)
+    if c is not None:
+        spec = stage_spec(cfg, c.stage, c.tp)
+    else:
+        assert stage is not None  # c is None only for a standby's stage
+        spec = stage_spec(cfg, stage, 0)
     task = load_task(cfg)
     kind = ZeroStageRunner if cfg.parallel.zero else StageRunner
     return kind(task, spec, c.dp if c is not None else 0, layout.dp, cfg.train.micro_batches, device_of(cfg))

@@ -49,6 +49,7 @@ from tmslurm.agent.relay import connect_local
 from tmslurm.core.errors import ProtocolError, TmslurmError
 from tmslurm.wire.messages import (
     Abort,
+    AgentKind,
     BadMessage,
     Beat,
     Decision,
@@ -93,14 +94,15 @@ class Link:
     sent_m: float = field(default_factory=time.monotonic)
     """When this agent last sent a line (monotonic; its hello just before the link was made): any
     line proves it alive, so a heartbeat is only sent after ``heartbeat_s`` without one."""
-    on_lost: Callable[[str], None] | None = None
+    on_lost: Callable[[str], object] | None = None
     """Called (with why) by the watchdog just before it ends the process for a lost controller."""
     before_exit: list[Callable[[], Any]] = field(default_factory=list)
     """Called, in order, before a lost controller ends the process."""
     rejoin: Rejoiner | None = None
     """How to reconnect to a restarted controller; None: a lost controller ends the process."""
     rejoin_state: Callable[[], dict[str, Any]] | None = None
-    """The agent's ``rank``, ``epoch``, ``in_plan``, ``prepared`` and ``aborting`` for a rejoin (set by the worker or standby)."""
+    """The agent's ``rank``, ``epoch``, ``in_plan``, ``prepared`` and ``aborting`` for a rejoin
+    (set by the worker or standby)."""
     on_reconnect: list[Callable[[], Any]] = field(default_factory=list)
     """Called after a reconnect (a monitor forgets its watches; the controller names them again)."""
     last_decision: Decision | None = None
@@ -314,7 +316,7 @@ def via_relay(addr: dict[str, Any], kind: str) -> bool:
 
 
 def hello(
-    run_dir: Path, kind: str, ident: int, node: str, on_lost: Callable[[str], None] | None = None
+    run_dir: Path, kind: AgentKind, ident: int, node: str, on_lost: Callable[[str], object] | None = None
 ) -> tuple[Link, Welcome]:
     addr = controller_address(run_dir)
     if via_relay(addr, kind):

@@ -6,16 +6,15 @@ its assignment (the run config, the generation of each group, the step to start 
 as a :class:`~tmslurm.agent.worker.Worker`, a :class:`~tmslurm.agent.standby.Standby` or the
 node's :class:`~tmslurm.agent.monitor.Monitor` (which imports no torch).
 Its code (torch, for a worker or standby) is imported before the hello, so the heartbeat thread
-that starts with the hello is never held up by an import. A heartbeat thread reports liveness; a reader thread queues controller messages and raises the
-abort flag the moment an ``abort`` arrives, so a rank blocked in a collective stops waiting.
-If the controller goes away the agent exits (status 3): a rank never trains on without it.
-SIGUSR1 (Slurm's notice that the main job's time limit is near) is ignored: the controller acts on it;
-so is SIGTERM by a rank in a Slurm job (a preemption's grace time is for the controller's checkpoint).
-The process ends with :func:`exit_now` (logs and standard streams flushed, then ``os._exit``), not
-through interpreter finalization: a daemon thread still blocked in a c10d ``Work.wait`` (a collective
-abandoned when its peer's node went silent) would otherwise be ended by CPython with
-``pthread_exit`` while it re-takes the GIL, and the forced unwind through pybind11's frame calls
-``std::terminate`` (SIGABRT and a core file at every such exit).
+that starts with the hello is never held up by an import. A heartbeat thread reports liveness; a reader thread queues
+controller messages and raises the abort flag the moment an ``abort`` arrives, so a rank blocked in a collective stops
+waiting. If the controller goes away the agent exits (status 3): a rank never trains on without it. SIGUSR1 (Slurm's
+notice that the main job's time limit is near) is ignored: the controller acts on it; so is SIGTERM by a rank in a Slurm
+job (a preemption's grace time is for the controller's checkpoint). The process ends with :func:`exit_now` (logs and
+standard streams flushed, then ``os._exit``), not through interpreter finalization: a daemon thread still blocked in a
+c10d ``Work.wait`` (a collective abandoned when its peer's node went silent) would otherwise be ended by CPython with
+``pthread_exit`` while it re-takes the GIL, and the forced unwind through pybind11's frame calls ``std::terminate``
+(SIGABRT and a core file at every such exit).
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ from pathlib import Path
 from tmslurm.agent.link import hello, node_name
 from tmslurm.core.errors import TmslurmError
 from tmslurm.core.logs import LOG_CONTEXT, setup_logging
+from tmslurm.wire.messages import AgentKind
 
 __all__ = ["exit_now", "main", "setup_logging"]
 
@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     setup_logging()
     LOG_CONTEXT["run"] = args.run_dir.name
+    kind: AgentKind
     if args.monitor:
         kind, ident = "monitor", 0
     else:

@@ -13,8 +13,9 @@ seen sooner than any heartbeat timeout. It signals nothing. It ends on ``finish`
 link, when the controller is lost; with ``runtime.relay`` it also runs the node's relay
 (:func:`run_monitor`), and with ``runtime.monitor_metrics_port`` it serves its node's Prometheus
 metrics (:mod:`tmslurm.agent.nodemetrics`); when its link rejoins a restarted controller it forgets every
-watch (agent ids belong to one controller incarnation) and the new controller names them again. Its silence together with the silence of every process on its node is how the controller
-tells a node that went dark (power, kernel, cut link) in under a second.
+watch (agent ids belong to one controller incarnation) and the new controller names them again. Its silence together
+with the silence of every process on its node is how the controller tells a node that went dark (power, kernel, cut
+link) in under a second.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from typing import Any
 from tmslurm.core.errors import AuthError, NoticeError, TmslurmError
 from tmslurm.core.notices import Notice, parse_deadline
 from tmslurm.core.rundir import RunDir
-from tmslurm.wire.messages import NoticeRequest
+from tmslurm.wire.messages import NoticeEvent, NoticeRequest
 from tmslurm.wire.protocol import exchange, read_token
 
 
@@ -34,7 +34,7 @@ def find_runs(args: argparse.Namespace) -> list[Path]:
     if args.run_dir:
         return [Path(d) for d in args.run_dir]
     root = Path(args.runs_root)
-    dirs = sorted(RunDir(p) for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    dirs = [RunDir(p) for p in sorted(root.iterdir()) if p.is_dir()] if root.is_dir() else []
     return [d.path for d in dirs if d.controller.exists() and not d.summary.exists()]
 
 
@@ -115,16 +115,28 @@ def _address(run_dir: Path) -> dict[str, Any]:
 
 def _message(notice: Notice, token: str | None, run_dir: Path, key: Any) -> Any:
     """The notice as a signed notice (with a key) or as a request carrying the run's token."""
+    event = _event(notice.kind)
     if key is not None:
         from tmslurm.core.signing import signed_notice
 
-        return signed_notice(key, run_dir.resolve().name, notice.node, notice.kind, notice.deadline, notice.reason)
+        if notice.node is None:
+            raise NoticeError("a signed notice names a node: give --node")
+        return signed_notice(key, run_dir.resolve().name, notice.node, event, notice.deadline, notice.reason)
     return NoticeRequest(
         type="notice",
         token=token if token is not None else read_token(run_dir),
-        event=notice.kind,
+        event=event,
         node=notice.node,
         rank=notice.rank,
         deadline=notice.deadline,
         reason=notice.reason,
     )
+
+
+def _event(kind: str) -> NoticeEvent:
+    """A notice's kind (already checked by :class:`Notice`) as the wire's event type."""
+    if kind == "maintenance":
+        return "maintenance"
+    if kind == "failure":
+        return "failure"
+    raise NoticeError(f"unknown notice kind {kind!r}; valid: 'maintenance', 'failure'")

@@ -312,10 +312,10 @@ def plot_event_parts(summary: dict, out_dir: Path, notes: list[str]) -> str | No
                 f"Event {_event_label(i, ev)}: {', '.join(missing)} missing or null, "
                 "plotted as 0 (their time is in 'other')."
             )
-        if (_num(ev.get("other_s")) or 0.0) < 0:
+        other = _num(ev.get("other_s"))
+        if other is not None and other < 0:
             notes.append(
-                f"Event {_event_label(i, ev)}: its parts overlap by {-_num(ev['other_s']):.3g} s "
-                "(negative 'other', plotted as 0)."
+                f"Event {_event_label(i, ev)}: its parts overlap by {-other:.3g} s (negative 'other', plotted as 0)."
             )
     fig, ax = _new_figure("Pause parts per interruption (they add up to the gap)")
     labels = [_event_label(i, ev) for i, ev in enumerate(events, 1)]
@@ -421,7 +421,7 @@ def plot_scaling(scaling: dict, out_dir: Path) -> str | None:
     values = []
     for mode, color in zip(modes, _colors(len(modes))):
         for idx, style, what in ((0, "o-", "phase 2"), (1, "s--", "total downtime")):
-            pts = [(r, v[idx]) for r, v in medians[mode].items() if v[idx] is not None]
+            pts = [(r, y) for r, v in medians[mode].items() if (y := v[idx]) is not None]
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=color, label=f"{mode}: {what}")
                 values += [p[1] for p in pts if p[1] > 0]

@@ -90,7 +90,8 @@ def make_pg(store: Any, name: str, generation: int, group_rank: int, size: int, 
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = timeout
         return dist.ProcessGroupNCCL(prefixed, group_rank, size, opts)
-    opts = dist.ProcessGroupGloo._Options()
+    # torch's stubs (torch/_C/_distributed_c10d.pyi) leave out the private _Options that Python code uses
+    opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
     opts._timeout = timeout
     opts._devices = [gloo_device(s)]
     return dist.ProcessGroupGloo(prefixed, group_rank, size, opts)

@@ -25,9 +25,10 @@ message opens with a control frame (int64 ``[kind, step, n, 0]`` on :data:`CTRL_
 :class:`ShadowSender` runs the leaver's sends on one background thread in order. The gradient
 travels while the step's votes are collected, and the standby applies it on ``COMMIT`` while the
 leaver applies its own. The leaver calls ``wait(state_only=True)`` before its optimizer step (a
-``START`` reads the parameters the step changes; a ``GRAD`` reads only the reduced buffer). :func:`follow` is the standby's side; it returns at the switch step's ``COMMIT`` or at ``FULL``. Any failure (peer
-gone, timeout, cancelled) raises CommError on the side that sees it; the sender keeps the first
-error and raises it from :meth:`~ShadowSender.wait` and :meth:`~ShadowSender.finish`.
+``START`` reads the parameters the step changes; a ``GRAD`` reads only the reduced buffer). :func:`follow` is the
+standby's side; it returns at the switch step's ``COMMIT`` or at ``FULL``. Any failure (peer gone, timeout, cancelled)
+raises CommError on the side that sees it; the sender keeps the first error and raises it from
+:meth:`~ShadowSender.wait` and :meth:`~ShadowSender.finish`.
 
 Every frame, gradient and fingerprint lives on the group's wire device
 (:func:`~tmslurm.comm.transfer.wire_device`): host memory over gloo, the CUDA device over NCCL.
@@ -46,7 +47,7 @@ import torch
 from torch._utils import _unflatten_dense_tensors
 
 from tmslurm.comm.fabric import wait_p2p
-from tmslurm.comm.transfer import recv_state, send_state, wire_device
+from tmslurm.comm.transfer import CPU, recv_state, send_state, wire_device
 from tmslurm.core.errors import CommError
 
 CTRL_TAG, GRAD_TAG, PRINT_TAG, VERDICT_TAG = 10, 11, 12, 13
@@ -58,7 +59,7 @@ CHUNKS = 8
 on one core here, 4x faster than interleaved sums), plus one sum of what is left over."""
 
 
-def fingerprint(state: Any, device: torch.device = torch.device("cpu")) -> torch.Tensor:
+def fingerprint(state: Any, device: torch.device = CPU) -> torch.Tensor:
     """Wrapping int64 sums of each tensor's words, :data:`CHUNKS` + 1 per tensor, over the state's
     tensors in structure order: any one differing element changes it, and so does moving values
     between chunks or tensors. It runs behind the new rank's first step, not in the pause; the run's
@@ -93,7 +94,7 @@ def _words(raw: torch.Tensor) -> torch.Tensor:
     return raw
 
 
-def _frame(kind: int, step: int, n: int = 0, device: torch.device = torch.device("cpu")) -> torch.Tensor:
+def _frame(kind: int, step: int, n: int = 0, device: torch.device = CPU) -> torch.Tensor:
     return torch.tensor([kind, step, n, 0], dtype=torch.int64, device=device)
 
 
@@ -133,9 +134,11 @@ class ShadowSender:
 
     def grads(self, step: int, flat: torch.Tensor) -> None:
         """Send the reduced gradient of step ``step``, not yet decided (``flat`` is not modified afterwards)."""
-        self._post(
-            lambda: (self._ctrl(GRAD, step, flat.numel()), self._send(flat.to(self.device), GRAD_TAG, "gradient"))
-        )
+        self._post(lambda: self._send_grads(step, flat))
+
+    def _send_grads(self, step: int, flat: torch.Tensor) -> None:
+        self._ctrl(GRAD, step, flat.numel())
+        self._send(flat.to(self.device), GRAD_TAG, "gradient")
 
     def decided(self, step: int, committed: bool, last: bool = False) -> None:
         """Step ``step`` committed (the standby applies its gradient) or aborted (it drops it);

@@ -75,18 +75,22 @@ class FabricStageComm:
         self.device = device
 
     def recv_act(self, micro: int) -> torch.Tensor:
+        group, peer = _peer(self.prev, self.prev_rank, "previous")
         buf = torch.empty(self.shape, device=self.device)
-        return self.f.recv(self.prev, buf, self.prev_rank, micro)
+        return self.f.recv(group, buf, peer, micro)
 
     def send_act(self, t: torch.Tensor, micro: int) -> None:
-        self.f.send(self.next, t.detach().contiguous(), self.next_rank, micro)
+        group, peer = _peer(self.next, self.next_rank, "next")
+        self.f.send(group, t.detach().contiguous(), peer, micro)
 
     def recv_grad(self, micro: int) -> torch.Tensor:
+        group, peer = _peer(self.next, self.next_rank, "next")
         buf = torch.empty(self.shape, device=self.device)
-        return self.f.recv(self.next, buf, self.next_rank, GRAD_TAG + micro)
+        return self.f.recv(group, buf, peer, GRAD_TAG + micro)
 
     def send_grad(self, t: torch.Tensor, micro: int) -> None:
-        self.f.send(self.prev, t.contiguous(), self.prev_rank, GRAD_TAG + micro)
+        group, peer = _peer(self.prev, self.prev_rank, "previous")
+        self.f.send(group, t.contiguous(), peer, GRAD_TAG + micro)
 
     def allreduce(self, flat: torch.Tensor) -> torch.Tensor:
         return flat if self.dp is None else self.f.allreduce(self.dp, flat)
@@ -293,3 +297,10 @@ class SoloStageComm:
 
     def end_step(self) -> None:
         return None
+
+
+def _peer(group: str | None, rank: int | None, side: str) -> tuple[str, int]:
+    """The pipeline link to the ``side`` stage; a schedule that uses a link its stage lacks is a bug."""
+    if group is None or rank is None:
+        raise CommError(f"this pipeline stage has no {side} stage to exchange with")
+    return group, rank

@@ -17,9 +17,10 @@ tensor when it lies in one, else in a staging buffer that is then scattered. The
 are bit-identical to the sender's. Over a gloo group CUDA tensors are staged through
 the host memory of a gloo group. Over an NCCL group (``runtime.backend=nccl``) the header, the
 buckets and every allocated or staged tensor live on the current CUDA device instead: state moves
-device to device over NCCL point-to-point, never through host memory (:func:`wire_device`). Failures (peer died, timeout, cancelled switch) raise CommError; so does a header that is
-not valid tagged JSON of the accepted types (str/int/float/bool/None, lists, tuples, dicts, tensors
-of the dtypes in ``DTYPES``), or a state holding another type on the sender.
+device to device over NCCL point-to-point, never through host memory (:func:`wire_device`). Failures (peer died,
+timeout, cancelled switch) raise CommError; so does a header that is not valid tagged JSON of the accepted types
+(str/int/float/bool/None, lists, tuples, dicts, tensors of the dtypes in ``DTYPES``), or a state holding another type on
+the sender.
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ on the same pair ran at 3-5 GB/s: the cost was per message, not per byte."""
 
 WINDOW = 4
 """Buckets in flight at once on each side: posted together, then waited for."""
+
+CPU = torch.device("cpu")
+"""The default device of the helpers below (a shared constant, not a call in each default)."""
 
 
 class _Batch:
@@ -147,8 +151,10 @@ def _placeholder(
     )
     if not ok:
         raise CommError(f"state transfer header has a bad tensor entry {obj!r:.200}")
-    fits = mine is not None and list(mine.shape) == shape and mine.dtype == DTYPES[dtype]
-    t = mine if fits else torch.empty(shape, dtype=DTYPES[dtype], device=dev)
+    if mine is not None and list(mine.shape) == shape and mine.dtype == DTYPES[dtype]:
+        t = mine
+    else:
+        t = torch.empty(shape, dtype=DTYPES[dtype], device=dev)
     tensors[i] = t
     return t
 
@@ -161,7 +167,7 @@ def wire_device(pg: Any) -> torch.device:
     return torch.device("cpu")
 
 
-def own_tensors(obj: Any, path: tuple = (), device: torch.device = torch.device("cpu")) -> dict[tuple, torch.Tensor]:
+def own_tensors(obj: Any, path: tuple = (), device: torch.device = CPU) -> dict[tuple, torch.Tensor]:
     """The receiver's tensors that may be received into, by their path in ``obj``: contiguous tensors
     on ``device`` (the wire's) whose memory overlaps no other tensor of ``obj`` (distinct views of one buffer, such as a
     standby's arena, qualify; two tensors sharing bytes are both left out, so no two received tensors
@@ -189,8 +195,9 @@ def own_tensors(obj: Any, path: tuple = (), device: torch.device = torch.device(
     reach, last = -1, None
     for start, end, p in spans:
         if start < reach:  # overlaps the span that reaches furthest so far: neither may be received into
-            found.pop(p, None)
-            found.pop(last, None)
+            for q in (p, last):
+                if q is not None:
+                    found.pop(q, None)
         if end > reach:
             reach, last = end, p
     return found
@@ -331,7 +338,7 @@ def _scatter(views: list[torch.Tensor], bucket: list[Segment], staged: torch.Ten
 
 
 def _parse_header(
-    data: bytes, own: dict[tuple, torch.Tensor] | None = None, dev: torch.device = torch.device("cpu")
+    data: bytes, own: dict[tuple, torch.Tensor] | None = None, dev: torch.device = CPU
 ) -> tuple[Any, list[torch.Tensor]]:
     try:
         skeleton = json.loads(data)

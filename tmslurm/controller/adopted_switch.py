@@ -46,6 +46,12 @@ class Claim:
     agent: Agent
     rejoin: Rejoin | None
 
+    @property
+    def rejoined(self) -> Rejoin:
+        """The rejoin of a claim that takes part in a switch (it always has one)."""
+        assert self.rejoin is not None, f"{self.agent.aid} did not rejoin"
+        return self.rejoin
+
 
 @dataclass(frozen=True)
 class Completion:
@@ -72,7 +78,11 @@ def find(
 ) -> Completion | str | None:
     """The planned switch to complete, None when there is none, or why it cannot be completed."""
     claims = [c for c in claims if c.rejoin is not None]
-    held = [c.rejoin.decision for c in claims if c.rejoin.decision is not None and c.rejoin.decision.switch is not None]
+    held = [
+        c.rejoined.decision
+        for c in claims
+        if c.rejoined.decision is not None and c.rejoined.decision.switch is not None
+    ]
     if not held:
         return None
     d = max(held, key=lambda x: x.step)
@@ -82,7 +92,8 @@ def find(
     if d.step > top + 1:
         return f"the decision of step {d.step} that carried a switch is more than one step ahead of every rank"
     if any(
-        c.rejoin.decision is not None and c.rejoin.decision.step == d.step and c.rejoin.decision != d for c in claims
+        c.rejoined.decision is not None and c.rejoined.decision.step == d.step and c.rejoined.decision != d
+        for c in claims
     ):
         return f"the ranks hold different decisions for step {d.step}"
     if d.checkpoint:
@@ -105,14 +116,14 @@ def _check(
         joiner = next((c for c in claims if process_of(c.agent.aid) == process_of(m.joiner)), None)
         if joiner is None:
             return f"the joiner of rank {m.rank} in the switch of epoch {epoch} ({m.joiner}) did not come back"
-        rj = joiner.rejoin
+        rj = joiner.rejoined
         if rj.rank != m.rank and not (rj.rank is None and rj.in_plan and rj.epoch == epoch):
             return f"the joiner of rank {m.rank} ({joiner.agent.aid}) is not joining the switch of epoch {epoch}"
         joiners[m.rank] = joiner
-    leavers = {m.rank: c for m in moves for c in claims if c.rejoin.rank == m.rank and c is not joiners[m.rank]}
+    leavers = {m.rank: c for m in moves for c in claims if c.rejoined.rank == m.rank and c is not joiners[m.rank]}
     ours = {id(c) for c in joiners.values()}
     for c in claims:
-        rj = c.rejoin
+        rj = c.rejoined
         if rj.in_plan and (rj.aborting or set(rj.prepared) - {epoch}):
             return f"{c.agent.aid} is inside another plan (epochs {rj.prepared}, aborting: {rj.aborting})"
         if rj.in_plan and rj.rank is None and id(c) not in ours:
@@ -122,7 +133,7 @@ def _check(
     )
     prepare = {k for k in sw.planned_messages(layout, plan) if isinstance(k, int)}
     for rank, c in sorted(workers.items()):
-        if last_step(c) < d.step and rank in prepare and epoch not in c.rejoin.prepared:
+        if last_step(c) < d.step and rank in prepare and epoch not in c.rejoined.prepared:
             return f"rank {rank} missed decision {d.step} and holds no groups prepared for epoch {epoch}"
     return Completion(d, joiners, leavers)
 
@@ -147,7 +158,7 @@ def complete(
             continue  # it joined: it serves the rank
         j.agent.busy = True
         plan.waiting.add(j.agent.aid)
-        if c.epoch in j.rejoin.prepared:  # the dead controller never sent it its activate
+        if c.epoch in j.rejoined.prepared:  # the dead controller never sent it its activate
             j.agent.channel.try_send(Activate(epoch=c.epoch))
             activated.append(rank)
     for rank, leaver in c.leavers.items():

@@ -1,17 +1,16 @@
 """Step commits: one decision per step, made when every slot voted in the current epoch.
 
 Contract (on the controller's thread):
-- A vote (its own, or its row of a node relay's :class:`~tmslurm.wire.messages.NodeVotes`) counts only when the run is running, its epoch and step are the current ones and its
-  sender owns the slot it votes for (a fenced or replaced process's late vote is dropped). While a
-  restarted controller adopts its agents, a slot owner's vote is kept for the adoption to check.
-  A vote of the recovery's own epoch that arrives before the controller has read every other
-  rank's ``recovered`` (its agent finished the redone step first) is kept too: the step commits
-  once the recovery is done and the last vote is in (the last reporter's own vote comes after its
-  report), never before.
+- A vote (its own, or its row of a node relay's :class:`~tmslurm.wire.messages.NodeVotes`) counts only when the run is
+  running, its epoch and step are the current ones and its sender owns the slot it votes for (a fenced or replaced
+  process's late vote is dropped). While a restarted controller adopts its agents, a slot owner's vote is kept for the
+  adoption to check. A vote of the recovery's own epoch that arrives before the controller has read every other rank's
+  ``recovered`` (its agent finished the redone step first) is kept too: the step commits once the recovery is done and
+  the last vote is in (the last reporter's own vote comes after its report), never before.
 - When all slots voted, :meth:`Commits.commit` broadcasts ``decision: commit``. It carries a
   ready planned switch (phase 2; never on the last step), ``final`` after a stop request, and
-  ``checkpoint`` when a checkpoint-then-restart (or -requeue) is pending. ``standby.start_when_warm`` holds the first commit
-  until every standby is warm (or ``runtime.connect_timeout_s`` passed).
+  ``checkpoint`` when a checkpoint-then-restart (or -requeue) is pending. ``standby.start_when_warm`` holds the first
+  commit until every standby is warm (or ``runtime.connect_timeout_s`` passed).
 - Every commit appends to the step log (a rank's peak RSS only when it changed since the last
   entry that has it), completes event timelines, fires injected drains, and
   tells the cluster hooks; after the last step the run drains. Nothing here raises.
@@ -102,25 +101,27 @@ class Commits:
         st, now = self.state, time.time()
         plan = st.plan
         attach = isinstance(plan, PlannedSwitch) and plan.may_switch(now) and st.step + 1 < self.ctx.cfg.train.steps
-        switch = self._apply(plan, now) if attach else None
-        checkpoint = st.checkpoint_then is not None and st.checkpoint_then.checkpoint_step is None
+        carried = plan if attach and isinstance(plan, PlannedSwitch) else None
+        switch = self._apply(carried, now) if carried is not None else None
+        then = st.checkpoint_then
+        checkpoint = then is not None and then.checkpoint_step is None
         final = st.stop_requested and not attach
         self.ctx.broadcast(
             Decision(
                 step=st.step,
-                epoch=plan.epoch if attach else st.epoch,
+                epoch=carried.epoch if carried is not None else st.epoch,
                 switch=switch,
                 checkpoint=checkpoint,
                 final=final,
             )
         )
-        if checkpoint:
-            st.checkpoint_then.checkpoint_step = st.step + 1
+        if checkpoint and then is not None:
+            then.checkpoint_step = st.step + 1
             st.mode = Mode.CHECKPOINTING
-        if attach:
-            for m in plan.moves:
-                self.ctx.send_to(m.joiner, Activate(epoch=plan.epoch))
-            st.epoch = plan.epoch
+        if carried is not None:
+            for m in carried.moves:
+                self.ctx.send_to(m.joiner, Activate(epoch=carried.epoch))
+            st.epoch = carried.epoch
         arrived = [st.vote_t[r] for r in st.votes if r in st.vote_t]
         self._record(now, time.monotonic() - min(arrived) if arrived else None)
         self._advance(final)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import queue
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from tmslurm.controller.events import EventLog
 from tmslurm.controller.hooks import ClusterHooks
@@ -26,6 +27,8 @@ from tmslurm.core.topology import Layout
 from tmslurm.wire.messages import FaultSpec, Join, Msg
 from tmslurm.wire.mux import SubChannel, deliver
 from tmslurm.wire.protocol import GateChannel, encode_line
+
+M = TypeVar("M", bound=Msg)
 
 
 @dataclass
@@ -55,7 +58,8 @@ class Context:
         self._fan_out(encode_line(msg), (agents.get(aid) for aid in self.state.slots.values()))
 
     def send_all(self, msg: Msg) -> None:
-        """``msg`` to every alive worker and standby (monitors are the node watch's), encoded once, one frame per relay."""
+        """``msg`` to every alive worker and standby (monitors are the node watch's),
+        encoded once, one frame per relay."""
         self._fan_out(encode_line(msg), iter(list(self.state.agents.values())))
 
     @staticmethod
@@ -80,7 +84,7 @@ class Context:
         elif key in self.state.agents and self.state.agents[key].alive:
             self.state.agents[key].channel.try_send(msg)
 
-    def with_join_faults(self, msgs: dict[int | str, Msg]) -> dict[int | str, Msg]:
+    def with_join_faults(self, msgs: dict[int | str, M]) -> dict[int | str, M]:
         """Each ``join`` carries the injected ``when: join`` faults of its rank that are due and not yet fired."""
 
         def due(m: Join) -> list[FaultSpec]:

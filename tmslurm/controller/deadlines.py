@@ -1,20 +1,19 @@
 """Deadlines: nothing waits forever. Checked by the loop between queue items, at most every ``loop.TICK_S``.
 
 Contract (on the controller's thread): an agent silent for ``runtime.heartbeat_timeout_s`` is
-fenced (``runtime.connect_timeout_s`` while it is still starting: see ``Agent.starting``) (its own handle; silent agents are looked for 20 times per timeout) and handled as lost; so is a rank that heartbeats but makes no progress:
-its vote is the only one missing for longer than ``runtime.hang_factor`` x the median step time
-(at least ``runtime.hang_floor_s``; ``runtime.connect_timeout_s`` while no step time is known) after
-every other rank voted (cause ``no progress``); ranks silent during an abort past the recovery's
-deadline are declared dead and the failure is replanned; a phase 1 that does not finish within
-``runtime.connect_timeout_s`` cancels its switch (the notice is retried); a communication error
-nobody explains within ``heartbeat_timeout_s`` aborts the step; a drained run finishes; a held
-first commit is released (while it waits for standbys, the spare allocations are looked at every
-``SPARES_CHECK_S``: a spare job that died before its standby connected is otherwise only noticed at
-a committed step, and the hold would last ``runtime.connect_timeout_s``); the batch-host checkpoint is watched; a plan applied but not finished
-within ``runtime.switch_timeout_s`` fences whoever has not reported and recovers again
-(``stuck``); every agent gets a ``beat`` each ``runtime.controller_lost_s`` / 5; a standby whose
-allocation the spawner reports gone (a failed sbatch, an ended spare job) is no longer expected, so
-``standby.replenish`` asks for another. Nothing here raises.
+fenced (``runtime.connect_timeout_s`` while it is still starting: see ``Agent.starting``) (its own handle; silent agents
+are looked for 20 times per timeout) and handled as lost; so is a rank that heartbeats but makes no progress: its vote
+is the only one missing for longer than ``runtime.hang_factor`` x the median step time (at least
+``runtime.hang_floor_s``; ``runtime.connect_timeout_s`` while no step time is known) after every other rank voted (cause
+``no progress``); ranks silent during an abort past the recovery's deadline are declared dead and the failure is
+replanned; a phase 1 that does not finish within ``runtime.connect_timeout_s`` cancels its switch (the notice is
+retried); a communication error nobody explains within ``heartbeat_timeout_s`` aborts the step; a drained run finishes;
+a held first commit is released (while it waits for standbys, the spare allocations are looked at every
+``SPARES_CHECK_S``: a spare job that died before its standby connected is otherwise only noticed at a committed step,
+and the hold would last ``runtime.connect_timeout_s``); the batch-host checkpoint is watched; a plan applied but not
+finished within ``runtime.switch_timeout_s`` fences whoever has not reported and recovers again (``stuck``); every agent
+gets a ``beat`` each ``runtime.controller_lost_s`` / 5; a standby whose allocation the spawner reports gone (a failed
+sbatch, an ended spare job) is no longer expected, so ``standby.replenish`` asks for another. Nothing here raises.
 """
 
 from __future__ import annotations
@@ -100,9 +99,9 @@ class Deadlines:
         ``ready``) is allowed ``runtime.connect_timeout_s``: under two CI lanes a rank waiting for its
         peers' groups went 3.1 s without a heartbeat 4 s after its hello, and the false alarm forced
         an in-job restart before step 0. A start-up that really hangs is still found then, a dead
-        one at once by its closed connection, a powered-off node by its monitor. The scan walks every agent, so it runs at most
-        :data:`SCANS_PER_TIMEOUT` times per ``heartbeat_timeout_s`` (at 4,096 agents a scan every
-        50 ms tick was a millisecond each): an agent is caught at most 1/20 of the timeout late."""
+        one at once by its closed connection, a powered-off node by its monitor. The scan walks every agent, so it runs
+        at most :data:`SCANS_PER_TIMEOUT` times per ``heartbeat_timeout_s`` (at 4,096 agents a scan every 50 ms tick
+        was a millisecond each): an agent is caught at most 1/20 of the timeout late."""
         rt = self.ctx.cfg.runtime
         if not rt.heartbeats or now_m - self.scanned_m < rt.heartbeat_timeout_s / SCANS_PER_TIMEOUT:
             return

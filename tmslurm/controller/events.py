@@ -6,8 +6,8 @@ the switch (:meth:`EventLog.on_commit`). Then ``gap_s`` = (completion of that st
 the last step before the event), ``downtime_s`` = ``gap_s`` − median step time and ``pause_s`` =
 ``gap_s`` − the step's own work that a planned switch's gap holds anyway: the first step after it
 (``first_step_s``) and the optimizer update of the step it rode on (``apply_s``, reported by the
-leaver and the joiner; see docs/benchmarks.md); ``other_s`` is the part of the gap its measured pause parts do not explain
-(:func:`pause_parts`), so the parts always add up to the gap;
+leaver and the joiner; see docs/benchmarks.md); ``other_s`` is the part of the gap its measured pause parts do not
+explain (:func:`pause_parts`), so the parts always add up to the gap;
 :meth:`finalize` recomputes ``downtime_s`` with the whole run's median. Each completed event is
 journalled and logged as one line with its parts.
 

@@ -53,7 +53,7 @@ from tmslurm.controller.items import Batch, Disconnected, HelloIn, Item, Message
 from tmslurm.controller.journal import Journal
 from tmslurm.core.errors import ProtocolError
 from tmslurm.core.signing import NoticeVerifier
-from tmslurm.wire.messages import BadMessage, ErrorReply, Hello, RelayHello, Request, decode_agent
+from tmslurm.wire.messages import BadMessage, ErrorReply, Hello, OneShot, RelayHello, decode_agent
 from tmslurm.wire.protocol import MAX_LINE, MSG_DONTWAIT, GateChannel, GateSide, parse_line, shutdown
 
 log = logging.getLogger(__name__)
@@ -321,7 +321,7 @@ class Gate(RelayFrames):
         else:
             self._hand_over(c, first)
 
-    def _hand_over(self, c: _Conn, request: Request) -> None:
+    def _hand_over(self, c: _Conn, request: OneShot) -> None:
         self._unregister(c)
         c.ch.done_reading()
         self._flush()  # what was read before it stays before it

@@ -34,8 +34,8 @@ from tmslurm.wire.messages import (
     ErrorReply,
     Hello,
     NoticeRequest,
+    OneShot,
     RelayHello,
-    Request,
     SignedNotice,
     decode_first,
     token_of,
@@ -63,27 +63,33 @@ class Admission:
         self.verifier = verifier
         self.journal = journal
 
-    def first(self, line: bytes, ch: GateSide, peer: str) -> Hello | RelayHello | Request | None:
+    def first(self, line: bytes, ch: GateSide, peer: str) -> Hello | RelayHello | OneShot | None:
         """The authenticated, validated first message; or None (answered on ``ch`` and journalled)."""
         try:
             raw = parse_line(line)
         except ProtocolError as exc:
-            return self.refuse(ch, "bad_message", f"malformed request: {exc}", peer=peer)
+            self.refuse(ch, "bad_message", f"malformed request: {exc}", peer=peer)
+            return None
         if raw.get("type") == "signed_notice":
             return self._signed(raw, ch, peer)
         if not token_ok(token_of(raw), self.token):
             log.warning("refused a %r request without a valid token", str(raw.get("type"))[:40])
-            return self.refuse(
+            self.refuse(
                 ch,
                 "auth_refused",
                 "refused: missing or wrong token (use the run's token file, or sign the notice with the admin key)",
                 request=str(raw.get("type"))[:40],
                 peer=peer,
             )
+            return None
         try:
-            return decode_first(raw)
+            first = decode_first(raw)
         except BadMessage as exc:
-            return self.refuse(ch, "bad_message", str(exc), peer=peer)
+            self.refuse(ch, "bad_message", str(exc), peer=peer)
+            return None
+        if isinstance(first, SignedNotice):  # only a line typed signed_notice decodes to one: handled above
+            return self._signed(raw, ch, peer)
+        return first
 
     def _signed(self, raw: dict[str, Any], ch: GateSide, peer: str) -> NoticeRequest | None:
         try:
@@ -93,15 +99,17 @@ class Admission:
                 raise NoticeRefused("this run accepts no signed notices (runtime.admin_public_key_file is not set)")
             p = self.verifier.verify(notice)
         except BadMessage as exc:
-            return self.refuse(ch, "bad_message", str(exc), peer=peer)
+            self.refuse(ch, "bad_message", str(exc), peer=peer)
+            return None
         except NoticeRefused as exc:
-            return self.refuse(ch, "notice_refused", f"refused: {exc}", peer=peer)
+            self.refuse(ch, "notice_refused", f"refused: {exc}", peer=peer)
+            return None
         return NoticeRequest(
             type="notice", token="", event=p.event, node=p.node, deadline=p.deadline, reason=p.reason, source="admin"
         )
 
     def refuse(self, ch: GateSide, what: str, error: str, **fields: Any) -> None:
-        """Journal ``what`` and answer ``error`` at once (never waiting); always None."""
+        """Journal ``what`` and answer ``error`` at once (never waiting)."""
         self.journal.write(what, error=error[:300], **fields)
         ch.send_now(ErrorReply(error=error[:4000]))  # the model's bound: a refusal never fails to build
         return None

@@ -162,7 +162,10 @@ class GrayEvictions:
     def _act(self, slow: Slow) -> None:
         agent = self.ctx.state.agent_of(slow.rank)
         node = agent.node if agent is not None else None
-        reason = f"gray: rank {slow.rank} busy {slow.ratio:.2f}x its peers' (+{slow.excess_s:.3f} s a step) over {self.watch.s.window} steps"
+        reason = (
+            f"gray: rank {slow.rank} busy {slow.ratio:.2f}x its peers' (+{slow.excess_s:.3f} s a step) "
+            f"over {self.watch.s.window} steps"
+        )
         why = self.move_off(
             node,
             reason,

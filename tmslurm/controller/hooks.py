@@ -3,9 +3,9 @@
 Contract: the controller calls these on its own thread; an implementation never raises into it
 (failures are logged) and never waits on the cluster: a slow command runs off the caller's thread
 and any result the controller needs comes back through a callback that queues an item for it.
-:meth:`ClusterHooks.flush` is the one exception, called after the loop ended. :class:`LocalHooks` is the ``cluster=local``
-implementation (nothing to do: faults are raised as notices, there is no job to requeue); the
-Slurm one is :class:`tmslurm.slurm.proc.hooks.SlurmHooks`.
+:meth:`ClusterHooks.flush` is the one exception, called after the loop ended. :class:`LocalHooks` is the
+``cluster=local`` implementation (nothing to do: faults are raised as notices, there is no job to requeue); the Slurm
+one is :class:`tmslurm.slurm.proc.hooks.SlurmHooks`.
 """
 
 from __future__ import annotations

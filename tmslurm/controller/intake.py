@@ -51,7 +51,7 @@ class Intake:
         self.status = status
 
     def notice(self, notice: Notice) -> None:
-        if self.ctx.hooks.is_batch_host(notice.node) and notice.planned:
+        if self.ctx.hooks.is_batch_host(notice.node) and notice.planned and notice.node is not None:
             self.ctx.journal.write("notice", **dataclasses.asdict(notice), handled="batch host")
             self.restarts.checkpoint_and_requeue(notice.node, notice.reason)
             return

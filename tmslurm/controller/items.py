@@ -25,7 +25,7 @@ Contract:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Union, get_args
+from typing import ClassVar, get_args
 
 from tmslurm.core.notices import Notice
 from tmslurm.wire.messages import FaultSpec, Hello, Msg, NodeVotes, NoticeRequest, StatusRequest, StopRequest
@@ -44,7 +44,8 @@ class HelloIn:
 
 @dataclass(frozen=True, slots=True)
 class RequestIn:
-    """A one-shot request (a signed notice arrives as its :class:`NoticeRequest`); answered on ``ch``, which is then closed."""
+    """A one-shot request (a signed notice arrives as its :class:`NoticeRequest`);
+    answered on ``ch``, which is then closed."""
 
     label: ClassVar[str] = "request"
     request: NoticeRequest | StatusRequest | StopRequest
@@ -122,7 +123,7 @@ class Batch:
     items: list[Item]
 
 
-Item = Union[HelloIn, RequestIn, MessageIn, Disconnected, VotesIn, NoticeIn, FaultAt, Released, Batch]
+Item = HelloIn | RequestIn | MessageIn | Disconnected | VotesIn | NoticeIn | FaultAt | Released | Batch
 """Every kind of queue item."""
 
 ITEM_TYPES: tuple[type, ...] = get_args(Item)

@@ -39,7 +39,7 @@ class Journal:
 
 
 def read_journal(path: Path) -> list[dict[str, Any]]:
-    out = []
+    out: list[dict[str, Any]] = []
     if not path.is_file():
         return out
     for line in path.read_text().splitlines():

@@ -19,11 +19,10 @@ Contract:
   monitors only while the run is steady (running, no plan in flight, at least
   :data:`SETTLE_STEPS` steps committed since the last change of epoch, whose start clears every
   window: starting and warming processes starve the monitors of CPU on a small host, and a probe
-  then measures the CPU, not the link), matches each :class:`Probed` to its request (an unknown or foreign ``seq`` changes
-  nothing), turns a timed-out probe into a sample of at most ``nbytes / timeout``, and hands a
-  slow node to :meth:`GrayEvictions.move_off`, which moves its ranks to warm standbys or journals
-  why not (``gray_suspect``). A node without ranks (a spare's) is journalled (``link_slow``) and
-  left. Nothing here raises.
+  then measures the CPU, not the link), matches each :class:`Probed` to its request (an unknown or foreign ``seq``
+  changes nothing), turns a timed-out probe into a sample of at most ``nbytes / timeout``, and hands a slow node to
+  :meth:`GrayEvictions.move_off`, which moves its ranks to warm standbys or journals why not (``gray_suspect``). A node
+  without ranks (a spare's) is journalled (``link_slow``) and left. Nothing here raises.
 """
 
 from __future__ import annotations

@@ -65,7 +65,8 @@ class Membership:
                 reported_pid=msg.pid,
                 why="rejoin claims a slot it cannot hold",
             )
-            ch.try_send(ErrorReply(error=f"refused: {msg.kind} {msg.id} cannot rejoin as rank {msg.rejoin.rank}"))
+            claimed = msg.rejoin.rank if msg.rejoin is not None else None  # -1 comes only with a rejoin
+            ch.try_send(ErrorReply(error=f"refused: {msg.kind} {msg.id} cannot rejoin as rank {claimed}"))
             ch.close()
             return None
         self.state.expected.discard((msg.kind, msg.id))
@@ -95,7 +96,7 @@ class Membership:
                 generation=self.state.epoch,
                 resume_step=self.state.resume_step,
                 faults=faults,
-                address=Address(**self.address),
+                address=Address.model_validate(self.address),
             )
         )
         self.ctx.journal.write("agent_up", agent=agent.aid, node=agent.node, pid=agent.pid)

@@ -7,9 +7,9 @@ Contract:
   downtime ``part``, a standby's ``shape_class``. Never a step number or a node name.
 - It is fed from two places, both cheap: :meth:`observe` is the journal's listener (completed
   events with their downtime and parts, nodes lost, ranks fenced, nodes given back, a controller
-  restart, a gray eviction by ``cause``), and :meth:`on_commits` gets the step log entries of new commits and the warm pool
-  (steps, step times, commit latencies, checkpoint stalls, warm standbys by shape class). The checkpoint's age is read at scrape time
-  from the run directory (:func:`~tmslurm.train.ckpt_index.latest_complete`).
+  restart, a gray eviction by ``cause``), and :meth:`on_commits` gets the step log entries of new commits and the warm
+  pool (steps, step times, commit latencies, checkpoint stalls, warm standbys by shape class). The checkpoint's age is
+  read at scrape time from the run directory (:func:`~tmslurm.train.ckpt_index.latest_complete`).
 - :meth:`serve` starts prometheus_client's HTTP server on ``runtime.metrics_addr`` (default
   127.0.0.1) in a daemon thread. It answers every request with the text exposition format and
   changes nothing. A port that cannot be bound is logged and journalled (``metrics_unavailable``);

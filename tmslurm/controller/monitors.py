@@ -110,7 +110,7 @@ class NodeMonitors:
                 generation=self.state.epoch,
                 resume_step=self.state.resume_step,
                 faults=[],
-                address=Address(**self.members.address),
+                address=Address.model_validate(self.members.address),
             )
         )
         self.ctx.journal.write("monitor_up", node=msg.node, pid=msg.pid)

@@ -2,7 +2,8 @@
 
 Contract: :meth:`PlanBook.maybe_finish` closes the current plan once nobody is waited for (and a
 planned switch was applied): the event record gets its parts, a recovery's held ranks get
-``resume``, the nodes it emptied are handed to the cluster hooks (which answer with a ``released`` queue item), the mode returns to running and pending notices are retried.
+``resume``, the nodes it emptied are handed to the cluster hooks (which answer with a ``released`` queue item), the mode
+returns to running and pending notices are retried.
 :meth:`PlanBook.cancel` abandons the plan: every participant gets ``cancel`` (joiners go back to
 the pool, still warm), the event is marked cancelled and, with ``requeue``, a planned move whose
 ranks are still alive becomes a pending notice again. A joiner that had not reported ``joined`` is
@@ -88,7 +89,7 @@ class PlanBook:
         self.ctx.broadcast(Cancel(epoch=plan.epoch))
         self.ctx.events.cancel(plan)
         if requeue and isinstance(plan, PlannedSwitch):
-            alive = [r for r in plan.ranks if self.state.agent_of(r) is not None and self.state.agent_of(r).alive]
+            alive = [r for r in plan.ranks if (a := self.state.agent_of(r)) is not None and a.alive]
             if alive:  # one live rank's notice, from now, plans the move again
                 self.state.pending_notices += notices_again(plan, alive[:1], time.time())
 

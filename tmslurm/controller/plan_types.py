@@ -1,8 +1,8 @@
 """The two plans the controller carries out: a planned switch and a recovery.
 
-Contract: a :class:`Move` names one rank's joiner (and state source); a :class:`PlannedSwitch` moves ranks that must leave (a notice) to warm standbys in two
-phases: ``waiting`` names who still has to report phase 1 (``ready`` when empty), ``applied`` once a
-commit decision carried it, then ``waiting`` names the leavers and joiners still to finish. A
+Contract: a :class:`Move` names one rank's joiner (and state source); a :class:`PlannedSwitch` moves ranks that must
+leave (a notice) to warm standbys in two phases: ``waiting`` names who still has to report phase 1 (``ready`` when
+empty), ``applied`` once a commit decision carried it, then ``waiting`` names the leavers and joiners still to finish. A
 :class:`Recovery` replaces dead ranks: first it waits for every alive rank's ``aborted`` report
 (``statuses``) until ``deadline``, then (``applied``) for ``recovered`` / ``joined``. Both carry the
 epoch they rebuild groups at, their moves, the groups to rebuild, their timestamps and measured
@@ -78,7 +78,8 @@ class PlannedSwitch(_Plan):
     source: str = ""
     ready: bool = False
     deferred: dict[int | str, Prepare | Join] = field(default_factory=dict)
-    """switch_mode=full: the phase-1 messages (by rank, or joiner's agent id), sent only with the commit that applies the switch."""
+    """switch_mode=full: the phase-1 messages (by rank, or joiner's agent id),
+    sent only with the commit that applies the switch."""
     bytes: int = 0
     shadow: bool = False
     """Each joiner follows its leaver as a live shadow until the switch (no state moves in the pause)."""
@@ -106,3 +107,7 @@ class Recovery(_Plan):
     bytes: int = 0
     held: list[int] = field(default_factory=list)
     """The ranks told to redo the step only after ``resume`` (``runtime.redo_overlap=false``)."""
+
+
+AnyPlan = Plan | PlannedSwitch | Recovery
+"""What the message builders of :mod:`~tmslurm.controller.switch_planning` read a plan from."""

@@ -138,7 +138,7 @@ class Recoveries:
             sw.recovery_messages(layout, plan, plan.alive, hold=not self.ctx.cfg.runtime.redo_overlap)
         )
         plan.waiting = {k if isinstance(k, str) else f"r{k}" for k in msgs}
-        plan.held = sorted(k for k, v in msgs.items() if isinstance(v, Recover) and v.hold)
+        plan.held = sorted(k for k, v in msgs.items() if isinstance(k, int) and isinstance(v, Recover) and v.hold)
         self.ctx.journal.write(
             "recover",
             epoch=plan.epoch,

@@ -12,9 +12,9 @@ each, before the snapshot that counts them), so a restarted controller has the w
 is what the next incarnation of a requeued job compares with the
 checkpoint it resumes from (the steps to redo) when the controller could not say so itself; as it
 is written off the loop, a host that dies right after a commit may leave the one before on disk
-(a reader takes the most of it and the step log, which is appended first). A write that fails is logged and retried with the
-next offer; :meth:`close` writes the last one. :func:`read_steps` reads the step log back (a torn
-last line, from a controller killed mid-append, is skipped).
+(a reader takes the most of it and the step log, which is appended first). A write that fails is logged and retried with
+the next offer; :meth:`close` writes the last one. :func:`read_steps` reads the step log back (a torn last line, from a
+controller killed mid-append, is skipped).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ class Snapshots:
         self.thread = threading.Thread(target=self._write_loop, name="snapshot", daemon=True)
         self.thread.start()
 
-    def offer(self, step: int, snapshot: dict[str, Any], entries: list[dict[str, Any]] = ()) -> None:
+    def offer(self, step: int, snapshot: dict[str, Any], entries: Sequence[dict[str, Any]] = ()) -> None:
         """The state after a commit and the step log entries new since the last offer; only a new ``step`` is queued."""
         if step == self.last_step:
             return
@@ -67,7 +68,7 @@ class Snapshots:
                 entries, self.entries = self.entries, []
                 closed = self.closed
             if entries and self.steps_path is not None:
-                self._append(entries)
+                self._append(self.steps_path, entries)
             if item is not None:
                 self._write(item)
             if closed:
@@ -79,12 +80,12 @@ class Snapshots:
         except OSError as exc:
             log.error("cannot write %s: %s", self.path, exc)
 
-    def _append(self, entries: list[dict[str, Any]]) -> None:
+    def _append(self, path: Path, entries: list[dict[str, Any]]) -> None:
         try:
-            with open(self.steps_path, "a") as f:
+            with open(path, "a") as f:
                 f.write("".join(json.dumps(e, default=str) + "\n" for e in entries))
         except OSError as exc:
-            log.error("cannot append to %s: %s", self.steps_path, exc)
+            log.error("cannot append to %s: %s", path, exc)
 
 
 def read_steps(path: Path) -> list[dict[str, Any]]:

@@ -91,7 +91,7 @@ class LocalSpawner:
             self._start(f"monitor-{node}", ["--monitor"], node)
         argv = ["--run-dir", str(self.run_dir), *args, "--node", node]
         log_path = RunDir(self.run_dir).log(who)
-        proc = None
+        proc: subprocess.Popen | Forked | None = None
         if self.zygote is not None and args[0] != "--monitor":
             proc = self.zygote.spawn(argv, agent_env(self.cfg), log_path)
         if proc is None:

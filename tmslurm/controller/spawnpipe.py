@@ -65,7 +65,7 @@ class PipeSpawner:
         self.lock = threading.Lock()
         self.broken = False
 
-    def _send(self, req: _Req) -> None:
+    def _send(self, req: SpawnWorker | SpawnStandby | Fence | StopAll) -> None:
         with self.lock:
             if self.broken:
                 return
@@ -83,7 +83,7 @@ class PipeSpawner:
         self._send(SpawnStandby(index=index))
 
     def fence(self, kind: str, ident: int) -> None:
-        self._send(Fence(kind=kind, ident=ident))
+        self._send(Fence(kind=_fenced(kind), ident=ident))
 
     def stop_all(self, grace_s: float = 0.0) -> None:
         self._send(StopAll(grace_s=grace_s))
@@ -122,3 +122,12 @@ def _run(req: SpawnRequest, spawner: Spawner) -> None:
         spawner.fence(req.kind, req.ident)
     else:
         spawner.stop_all(req.grace_s)
+
+
+def _fenced(kind: str) -> Literal["worker", "standby"]:
+    """``kind`` as a :class:`Fence` names it; only workers and standbys are fenced (ValueError otherwise)."""
+    if kind == "worker":
+        return "worker"
+    if kind == "standby":
+        return "standby"
+    raise ValueError(f"only a worker or a standby is fenced, not a {kind!r}")

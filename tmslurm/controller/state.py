@@ -58,7 +58,7 @@ def found_gone(journal: list[dict[str, Any]]) -> set[tuple[str, int]]:
     gone: set[tuple[str, int]] = set()
     for e in journal:
         aids = e.get("agents") if e.get("type") == "node_lost" else [e.get("agent")]
-        keys = {spawn_key(a) for a in aids or [] if isinstance(a, str)} - {None}
+        keys = {k for a in aids or [] if isinstance(a, str) and (k := spawn_key(a)) is not None}
         if e.get("type") == "agent_up":
             gone -= keys
         elif e.get("type") in ("node_lost", "fenced", "hung"):

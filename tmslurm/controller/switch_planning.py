@@ -16,7 +16,9 @@ why, and the controller falls back to a checkpoint restart.
 
 from __future__ import annotations
 
-from tmslurm.controller.plan_types import Move, Plan
+from collections.abc import Iterable
+
+from tmslurm.controller.plan_types import AnyPlan, Move
 from tmslurm.core.errors import TmslurmError
 from tmslurm.core.topology import Layout
 from tmslurm.wire.messages import Join, Prepare, Recover
@@ -26,7 +28,7 @@ class PlanError(TmslurmError):
     """No switch is possible; the message says why (the controller falls back to a restart)."""
 
 
-def multi(layout: Layout, names: set[str] | list[str]) -> list[str]:
+def multi(layout: Layout, names: Iterable[str]) -> list[str]:
     return sorted(n for n in names if len(layout.groups[n].members) > 1)
 
 
@@ -86,7 +88,7 @@ def pick_joiners(
 
 def _greedy(layout: Layout, ranks: list[int], candidates: dict[str, set[str]], pool: dict[str, set[str]]) -> list[Move]:
     free = dict(candidates)
-    moves = []
+    moves: list[Move] = []
     for rank in ranks:
         role = layout.shape_class(rank).name
         choice = next((sid for sid, roles in sorted(free.items()) if role in roles), None)
@@ -102,7 +104,7 @@ def _greedy(layout: Layout, ranks: list[int], candidates: dict[str, set[str]], p
     return moves
 
 
-def planned_messages(layout: Layout, plan: Plan, shadow: bool = False) -> dict[int | str, Prepare | Join]:
+def planned_messages(layout: Layout, plan: AnyPlan, shadow: bool = False) -> dict[int | str, Prepare | Join]:
     """``prepare`` for stayers (keyed by rank) and leavers, ``join`` for joiners (keyed by standby id);
     with ``shadow`` the leavers feed and the joiners follow a live shadow."""
     leaving = set(plan.ranks)
@@ -124,12 +126,13 @@ def planned_messages(layout: Layout, plan: Plan, shadow: bool = False) -> dict[i
 
 
 def recovery_messages(
-    layout: Layout, plan: Plan, alive: list[int], hold: bool = False
+    layout: Layout, plan: AnyPlan, alive: list[int], hold: bool = False
 ) -> dict[int | str, Recover | Join]:
     """``recover`` for every alive rank (possibly with nothing to rebuild) and ``join`` per joiner.
     ``hold``: while state travels to joiners, the ranks that send none wait for ``resume``."""
     pairs: dict[int, dict[str, list[int]]] = {rank: {} for rank in alive}
     for m in plan.moves:
+        assert m.source is not None, f"rank {m.rank}'s move in a recovery names no state source"
         pairs[m.source][m.xfer] = [plan.epoch, 0]
     out: dict[int | str, Recover | Join] = {
         rank: Recover(
@@ -145,6 +148,6 @@ def recovery_messages(
     return out
 
 
-def join_message(layout: Layout, plan: Plan, m: Move, activate: bool) -> Join:
+def join_message(layout: Layout, plan: AnyPlan, m: Move, activate: bool) -> Join:
     groups = {g.name: plan.epoch for g in layout.groups_of(m.rank) if len(g.members) > 1}
     return Join(epoch=plan.epoch, rank=m.rank, groups=groups, xfer=m.xfer, activate=activate)

@@ -68,7 +68,7 @@ class Forked:
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
+        while (code := self.poll()) is None:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise subprocess.TimeoutExpired(f"agent {self.pid}", timeout or 0.0)
@@ -80,7 +80,7 @@ class Forked:
                 select.select([fd], [], [], min(left, 1.0) if left is not None else 1.0)
             finally:
                 os.close(fd)
-        return self.returncode
+        return code
 
     def kill(self) -> None:
         if self.poll() is None:  # unreaped: the pid is still this child's, never someone else's
@@ -118,10 +118,12 @@ class Zygote:
         if proc is None:
             return None
         line = ForkRequest(argv=argv, env=env, log=str(log_path)).model_dump_json() + "\n"
+        stdin, stdout = proc.stdin, proc.stdout
+        assert stdin is not None and stdout is not None  # both pipes (see _start)
         try:
-            proc.stdin.write(line.encode())
-            proc.stdin.flush()
-            answer = _read_line(proc.stdout, START_TIMEOUT_S)
+            stdin.write(line.encode())
+            stdin.flush()
+            answer = _read_line(stdout, START_TIMEOUT_S)
             reply = json.loads(answer)
         except (OSError, ValueError, TimeoutError) as exc:
             self._give_up(f"no answer ({exc})")
@@ -141,7 +143,8 @@ class Zygote:
         if proc is None:
             return
         try:
-            proc.stdin.close()
+            if proc.stdin is not None:  # always a pipe (see _start)
+                proc.stdin.close()
             proc.wait(timeout=10)
         except (OSError, subprocess.TimeoutExpired):
             proc.kill()

@@ -76,7 +76,8 @@ class ParallelConfig:
 @dataclass(kw_only=True)
 class ModelConfig:
     size: str = "tiny"
-    """Preset name this config came from (tiny | small | medium | base | large; hf when model.hf_config sets the sizes)."""
+    """Preset name this config came from (tiny | small | medium | base | large;
+    hf when model.hf_config sets the sizes)."""
     n_layer: int = 4
     """Transformer blocks, split over the pipeline stages."""
     d_model: int = 32
@@ -475,11 +476,13 @@ def _validate_train(t: TrainConfig) -> None:
         raise ConfigError(f"train.lr={t.lr} must be > 0. Fix: pass train.lr=<positive float>.")
     if t.resume_from is not None and not Path(t.resume_from, "checkpoints").is_dir():
         raise ConfigError(
-            f"train.resume_from={t.resume_from!r} holds no checkpoints/ directory. Fix: point it at a run directory that saved checkpoints (train.checkpoint_every>0)."
+            f"train.resume_from={t.resume_from!r} holds no checkpoints/ directory. "
+            "Fix: point it at a run directory that saved checkpoints (train.checkpoint_every>0)."
         )
     if t.data_path is not None and not Path(t.data_path).is_file():
         raise ConfigError(
-            f"train.data_path={t.data_path!r} is not a readable file. Fix: point train.data_path at a text file or leave it unset."
+            f"train.data_path={t.data_path!r} is not a readable file. "
+            "Fix: point train.data_path at a text file or leave it unset."
         )
 
 
@@ -563,7 +566,8 @@ def _validate_faults(cfg: RunConfig) -> None:
         _validate_amount(i, f)
         if not 0 <= f.step < cfg.train.steps:
             raise ConfigError(
-                f"faults[{i}].step={f.step} is outside the run; valid: 0..{cfg.train.steps - 1}. Fix: change faults[{i}].step."
+                f"faults[{i}].step={f.step} is outside the run; valid: 0..{cfg.train.steps - 1}. "
+                f"Fix: change faults[{i}].step."
             )
         _one_of(f.when, ("midstep", "recover", "transfer", "join"), f"faults[{i}].when")
         if f.when in ("transfer", "join") and f.kind not in ("kill", "stop", "hiccup"):
@@ -591,7 +595,8 @@ def _validate_gray(cfg: RunConfig) -> None:
         raise ConfigError("runtime.gray_min_excess_s must be >= 0. Fix: pass runtime.gray_min_excess_s=<seconds>.")
     if rt.link_probe_s < 0 or 0 < rt.link_probe_s < 0.1:
         raise ConfigError(
-            f"runtime.link_probe_s={rt.link_probe_s} must be 0 (off) or at least 0.1. Fix: pass runtime.link_probe_s=<seconds>."
+            f"runtime.link_probe_s={rt.link_probe_s} must be 0 (off) or at least 0.1. "
+            "Fix: pass runtime.link_probe_s=<seconds>."
         )
     if not 1 << 16 <= rt.link_probe_bytes <= 64 << 20:
         raise ConfigError(
@@ -602,7 +607,8 @@ def _validate_gray(cfg: RunConfig) -> None:
         raise ConfigError("runtime.link_probe_timeout_s must be > 0. Fix: pass runtime.link_probe_timeout_s=<seconds>.")
     if rt.link_slow_factor <= 1.0:
         raise ConfigError(
-            f"runtime.link_slow_factor={rt.link_slow_factor} must be > 1. Fix: pass runtime.link_slow_factor=<x> with x > 1."
+            f"runtime.link_slow_factor={rt.link_slow_factor} must be > 1. "
+            "Fix: pass runtime.link_slow_factor=<x> with x > 1."
         )
     _positive(rt.link_window, "runtime.link_window", minimum=2)
     if rt.gray_evict and cfg.parallel.dp < 2:
@@ -680,7 +686,8 @@ def validate(cfg: RunConfig) -> RunConfig:
     _validate_gray(cfg)
     if cfg.runtime.heartbeat_timeout_s <= 2 * cfg.runtime.heartbeat_interval_s:
         raise ConfigError(
-            "runtime.heartbeat_timeout_s must exceed 2 x runtime.heartbeat_interval_s. Fix: raise runtime.heartbeat_timeout_s."
+            "runtime.heartbeat_timeout_s must exceed 2 x runtime.heartbeat_interval_s. "
+            "Fix: raise runtime.heartbeat_timeout_s."
         )
     if cfg.runtime.node_timeout_s <= 2 * max(cfg.runtime.monitor_interval_s, cfg.runtime.heartbeat_interval_s):
         raise ConfigError(
@@ -706,6 +713,8 @@ def to_dataclass(node: Any) -> RunConfig:
     from omegaconf import OmegaConf
 
     data = OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
+    if not isinstance(data, dict):
+        raise ConfigError(f"a run config is a mapping, got a {type(data).__name__}. Fix: pass the composed DictConfig")
     data.pop("defaults", None)
     return from_dict(data)
 
@@ -766,7 +775,8 @@ def compose_config(overrides: list[str]) -> RunConfig:
         cfg = to_dataclass(node)
     except Exception as exc:  # OmegaConf's MissingMandatoryValue, TypeError from a dataclass
         raise ConfigError(
-            f"invalid override ({' '.join(overrides)}): {str(exc).splitlines()[0]}. Fix: faults need step, kind and rank, e.g. faults='[{{step:10,kind:drain,rank:1}}]'"
+            f"invalid override ({' '.join(overrides)}): {str(exc).splitlines()[0]}. "
+            "Fix: faults need step, kind and rank, e.g. faults='[{step:10,kind:drain,rank:1}]'"
         ) from None
     apply_cluster_defaults(cfg, overrides)
     apply_hf_config(cfg)

@@ -172,7 +172,7 @@ def _check_epoch(name: str, value: object) -> None:
 
 
 def _is_epoch(value: object) -> bool:
-    return _is_number(value) and math.isfinite(value) and value >= 0
+    return isinstance(value, (int, float)) and _is_number(value) and math.isfinite(value) and value >= 0
 
 
 def _is_number(value: object) -> bool:

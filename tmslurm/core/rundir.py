@@ -1,10 +1,10 @@
 """The run directory: every file name of a run in one place.
 
 Contract: :class:`RunDir` names each file a run keeps (``config.json``, ``token``,
-``controller.json``, ``jobs.json``, ``events.jsonl``, ``summary.json``, ``requeue.json``, ``snapshot.json``, ``steps.jsonl``, ``adopt.json``, ``spawner.json``,
-``controller-lost.json``, ``job-ending.json``, ``logs/``, ``final/``,
-``checkpoints/``, ``sandbox/``); no other module spells these names. :meth:`RunDir.create` makes the directory
-mode 0700 (the token, checkpoints and logs inside are the owner's alone). It does no other I/O.
+``controller.json``, ``jobs.json``, ``events.jsonl``, ``summary.json``, ``requeue.json``, ``snapshot.json``,
+``steps.jsonl``, ``adopt.json``, ``spawner.json``, ``controller-lost.json``, ``job-ending.json``, ``logs/``, ``final/``,
+``checkpoints/``, ``sandbox/``); no other module spells these names. :meth:`RunDir.create` makes the directory mode 0700
+(the token, checkpoints and logs inside are the owner's alone). It does no other I/O.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from tmslurm.core.errors import AuthError
-from tmslurm.wire.messages import SignedNotice, SignedPayload
+from tmslurm.wire.messages import NoticeEvent, SignedNotice, SignedPayload
 
 
 class NoticeRefused(AuthError):
@@ -80,7 +80,7 @@ def signed_notice(
     key: Ed25519PrivateKey,
     run: str,
     node: str,
-    event: str,
+    event: NoticeEvent,
     deadline: float | None = None,
     reason: str = "",
     now: float | None = None,

@@ -93,7 +93,8 @@ class Layout:
     def coord(self, rank: int) -> Coord:
         if not 0 <= rank < self.world:
             raise ConfigError(
-                f"rank {rank} is outside the layout dp={self.dp} pp={self.pp} tp={self.tp} (valid: 0..{self.world - 1})."
+                f"rank {rank} is outside the layout dp={self.dp} pp={self.pp} tp={self.tp} "
+                f"(valid: 0..{self.world - 1})."
             )
         tp_rank = rank % self.tp
         rest = rank // self.tp

@@ -82,7 +82,8 @@ class CliSlurmClient(SlurmClient):
             raise self._failed(args, proc)
         jobs = parse.parse_jobs(proc.stdout, cmd=shlex.join(args))
         match = [j for j in jobs if j.job_id == str(job_id)]
-        return (match or jobs or [None])[0]
+        found = match or jobs
+        return found[0] if found else None
 
     def job_record(self, job_id: str | int) -> JobRecord | None:
         args = ["scontrol", "show", "job", str(job_id)]

@@ -24,12 +24,12 @@ class Lane:
     def __init__(self, name: str = "slurm-lane", inline: bool = False) -> None:
         self.name = name
         self.inline = inline
-        self.items: queue.Queue[tuple[Callable[[], None], str]] = queue.Queue()
+        self.items: queue.Queue[tuple[Callable[[], object], str]] = queue.Queue()
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         if not inline:
             self.thread.start()
 
-    def submit(self, work: Callable[[], None], name: str) -> None:
+    def submit(self, work: Callable[[], object], name: str) -> None:
         if self.inline:
             self._one(work, name)
         else:
@@ -49,7 +49,7 @@ class Lane:
             self._one(work, name)
 
     @staticmethod
-    def _one(work: Callable[[], None], name: str) -> None:
+    def _one(work: Callable[[], object], name: str) -> None:
         try:
             work()
         except Exception:  # a Slurm helper bug must not kill the lane: later commands still run

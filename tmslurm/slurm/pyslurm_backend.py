@@ -6,8 +6,8 @@ Contract:
   ``sinfo --version`` reports (each pyslurm release is tied to one Slurm release; PyPI only
   carries 25.11 now, which does not talk to a 22.05 or 24.11 controller). It never raises.
 - :class:`PyslurmClient` reads nodes, a job and reservations through pyslurm and delegates every
-  other method (job_record, accounted_job, sacct, submit, cancel, update_job_nodelist, update_job_excludes, update_node, version) to the CLI
-  backend it is given. pyslurm failures become :class:`~tmslurm.core.errors.SlurmError`.
+  other method (job_record, accounted_job, sacct, submit, cancel, update_job_nodelist, update_job_excludes, update_node,
+  version) to the CLI backend it is given. pyslurm failures become :class:`~tmslurm.core.errors.SlurmError`.
 
 API mapping (pyslurm >= 23.2 "new" API, read from the pyslurm sources; NOT exercised against a
 live controller here, since no pyslurm build matching the local Slurm exists on this machine):

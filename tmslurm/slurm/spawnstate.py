@@ -101,6 +101,8 @@ class RecordWriter:
             with self.cond:
                 self.cond.wait_for(lambda: self.pending is not None)
                 record = self.pending
+            if record is None:  # wait_for returned with a pending record, so never; narrows the type
+                continue
             self._write(record)
             with self.cond:
                 if self.pending is record:
@@ -195,7 +197,7 @@ class SlurmOwner:
     def stop_all(self, grace_s: float = 0.0) -> None:
         record = self._record()
         listing = slurm_listing(list(record.spares)) if record is not None and record.spares else None
-        for job in sorted(listing[0] & set(record.spares)) if listing else []:
+        for job in sorted(listing[0] & set(record.spares)) if listing and record is not None else []:
             try:
                 subprocess.run(["scancel", job], capture_output=True, timeout=30)
             except (OSError, subprocess.TimeoutExpired) as exc:

@@ -48,7 +48,8 @@ def time_minutes(text: str, override: str = "slurm.time") -> int:
         minutes += int(days) * 1440 if days else 0
     except ValueError:
         raise ConfigError(
-            f"{override}={text!r} is not a Slurm time (D-HH:MM:SS, HH:MM:SS, MM:SS or MM). Fix: pass {override}=00:30:00"
+            f"{override}={text!r} is not a Slurm time (D-HH:MM:SS, HH:MM:SS, MM:SS or MM). "
+            f"Fix: pass {override}=00:30:00"
         ) from None
     return max(1, math.ceil(minutes))  # never shorter than asked
 

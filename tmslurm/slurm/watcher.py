@@ -140,7 +140,7 @@ class NodeWatch:
 def _event_for(node: NodeInfo | None, window: tuple[float, Reservation] | None, now: float) -> _Event | None:
     state = node.state if node is not None else ""
     kind = classify(node) if node is not None else "ok"
-    if kind in (FAILURE, MAINTENANCE):
+    if node is not None and kind in (FAILURE, MAINTENANCE):
         return _Event(kind, None, node.reason or f"Slurm node state {state}", state)
     if window is not None:
         start, resv = window

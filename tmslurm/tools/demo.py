@@ -112,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out).resolve()
     common = ["+experiment=demo", f"train.steps={args.steps}", "train.step_delay_s=0.1", f"cluster={args.cluster}"]
     drain, kill = args.steps // 3, 2 * args.steps // 3
-    faults = f"faults=[{{step:{drain},kind:drain,rank:1}},{{step:{kill},kind:{'kill' if args.cluster == 'local' else 'node_down'},rank:2}}]"
+    kill_kind = "kill" if args.cluster == "local" else "node_down"
+    faults = f"faults=[{{step:{drain},kind:drain,rank:1}},{{step:{kill},kind:{kill_kind},rank:2}}]"
     runs = Progress(3, "runs", sys.stdout, title="demo", inplace=False)
     print(f"== 1/3 reference run (uninterrupted) -> {out}/reference")
     with follow_steps(out / "reference", args.steps, "reference"):

@@ -60,10 +60,10 @@ class Arena:
 
     def bind(self, runner: Any) -> int:
         """Re-bind ``runner``'s host parameters and moments into the arena; returns the bytes they take."""
-        slots = list(_slots(runner))
+        slots: list[Slot | None] = list(_slots(runner))
         if not slots:
             raise ValueError("a runner with no host parameters cannot be bound to an arena")
-        need = _layout_bytes(t for _, t in slots)
+        need = _layout_bytes(s[1] for s in slots if s is not None)
         if need > self.nbytes:
             self.buffer = torch.empty(need, dtype=torch.uint8)
             for earlier in self.bound:

@@ -54,6 +54,9 @@ class _AlreadyStaged(AsyncStager):
     def stage(self, state_dict: dict) -> dict:
         return state_dict
 
+    def synchronize_staging(self) -> None:
+        return None
+
     def close(self) -> None:
         return None
 
@@ -80,6 +83,8 @@ class _InFlight:
         except (Exception, CheckpointException) as exc:  # CheckpointException derives from BaseException
             self._fail(exc)
             return
+        # an AsyncSaveResponse comes back only from a stager whose stage() returns a Future
+        assert isinstance(future, Future)
         future.add_done_callback(self._finish)
 
     def _finish(self, future: Future) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from tmslurm.core.errors import CheckpointError
 from tmslurm.core.jsonfile import write_json_atomic
@@ -234,13 +235,12 @@ def _template(path: Path, chunk: int) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"checkpoint {path} cannot be read: {type(exc).__name__}: {str(exc)[:300]}") from None
     out = {}
     for key, md in meta.items():
-        size = getattr(md, "size", None)
-        if size is None or (len(size) and tuple(size) != (chunk,)):
+        if not isinstance(md, TensorStorageMetadata) or (len(md.size) and tuple(md.size) != (chunk,)):
             raise CheckpointError(
-                f"checkpoint {path}: {key} has shape {size}, a slice of this model has ({chunk},) "
+                f"checkpoint {path}: {key} has shape {getattr(md, 'size', None)}, a slice of this model has ({chunk},) "
                 f"(saved from another model?)"
             )
-        out[key] = torch.empty(size, dtype=md.properties.dtype)
+        out[key] = torch.empty(md.size, dtype=md.properties.dtype)
     return out
 
 
@@ -259,7 +259,8 @@ def _saved_slices(path: Path) -> dict[int, tuple[Path, int]]:
         raise CheckpointError(f"checkpoint {path} is missing (no slice directories)")
     if len({t for _, t in saved.values()}) > 1:
         raise CheckpointError(
-            f"checkpoint {path} mixes slices of several data-parallel sizes: {sorted(p.name for p, _ in saved.values())}"
+            f"checkpoint {path} mixes slices of several data-parallel sizes: "
+            f"{sorted(p.name for p, _ in saved.values())}"
         )
     return saved
 

@@ -46,7 +46,8 @@ class TokenCorpus:
         self.seed = seed
         if len(self.data) < seq_len + 2:
             raise ConfigError(
-                f"train.data_path has {len(self.data)} tokens, fewer than model.seq_len+2={seq_len + 2}. Fix: use a longer file."
+                f"train.data_path has {len(self.data)} tokens, fewer than model.seq_len+2={seq_len + 2}. "
+                "Fix: use a longer file."
             )
 
     def batch(self, step: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:

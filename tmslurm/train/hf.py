@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import torch
@@ -67,7 +68,9 @@ class _NoPositions(nn.Module):
 class HFStage(nn.Module):
     """One stage: the architecture's base model with this stage's blocks, and the head on the last stage."""
 
-    def __init__(self, full: nn.Module, hf: HFModel, spec: StageSpec) -> None:
+    def __init__(self, full: Any, hf: HFModel, spec: StageSpec) -> None:
+        """``full``: the architecture's whole transformers model (a ``PreTrainedModel``; typed Any, as
+        transformers is imported only when a run uses it)."""
         super().__init__()
         self.first = spec.is_first
         self.body = getattr(full, full.base_model_prefix)
@@ -154,7 +157,8 @@ class CausalLMTask(CorpusLM):
         self._init_stage(stage, spec)
         stage = stage.to(device)
         if self.m.compile:
-            stage.forward = torch.compile(stage.forward, dynamic=False)
+            # torch's way to compile one module's forward; mypy forbids assigning to a method
+            stage.forward = torch.compile(stage.forward, dynamic=False)  # type: ignore[method-assign]
         return stage
 
     def _init_stage(self, stage: HFStage, spec: StageSpec) -> None:
@@ -174,7 +178,8 @@ class CausalLMTask(CorpusLM):
             done |= fill(layer, BLOCK0 + block)
         if spec.is_last:
             done |= fill(getattr(body, family.norm), NORM)
-            done |= fill(stage.head, HEAD)
+            if stage.head is not None:  # always set on the last stage
+                done |= fill(stage.head, HEAD)
         missed = [name for name, p in stage.named_parameters() if id(p) not in done]
         if missed:
             raise ConfigError(

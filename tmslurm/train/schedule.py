@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -86,7 +86,9 @@ class StageRunner:
             else:
                 outs[micro].backward(comm.recv_grad(micro))
             if not self.spec.is_first:
-                comm.send_grad(ins[micro].grad, micro)
+                grad = ins[micro].grad
+                assert grad is not None  # a later stage's input requires grad
+                comm.send_grad(grad, micro)
         self._reduce(comm)
         comm.end_step()
         return loss_sum * self.dp if self.spec.is_last else None
@@ -163,7 +165,9 @@ class StageRunner:
         return tensor_bytes(self.state())
 
 
-def optimizer_slots(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> Iterator[tuple[Any, torch.Tensor]]:
+def optimizer_slots(
+    optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]
+) -> Iterator[tuple[Any, torch.Tensor]]:
     """((state dict, key), tensor) of every host moment of ``params`` in ``optimizer`` (not 0-dim counts)."""
     for p in params:
         state = optimizer.state.get(p, {})

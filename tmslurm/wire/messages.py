@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 from itertools import repeat
-from typing import Annotated, Any, Literal, NamedTuple, Union
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
@@ -52,11 +52,18 @@ class Msg(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+AgentKind = Literal["worker", "standby", "monitor"]
+"""What a process says it is in its hello."""
+
+NoticeEvent = Literal["maintenance", "failure"]
+"""A notice's event: planned (``maintenance``) or not (``failure``)."""
+
+
 # ---- first line of a connection -----------------------------------------------------------------
 class Hello(Msg):
     type: Literal["hello"] = "hello"
     token: Token
-    kind: Literal["worker", "standby", "monitor"]
+    kind: AgentKind
     id: Count
     pid: AnyInt = 0
     """Reported for logs only: the controller never signals it."""
@@ -81,7 +88,7 @@ class NoticeRequest(Msg):
 
     type: Literal["notice"]
     token: Token
-    event: Literal["maintenance", "failure"]
+    event: NoticeEvent
     node: Name | None = None
     rank: Count | None = None
     deadline: Epoch | None = None
@@ -94,7 +101,7 @@ class SignedPayload(Msg):
 
     run: Name
     node: Name
-    event: Literal["maintenance", "failure"]
+    event: NoticeEvent
     deadline: Epoch | None = None
     timestamp: Epoch
     nonce: Annotated[str, Field(min_length=16, max_length=128)]
@@ -120,7 +127,9 @@ class RelayHello(Msg):
 FirstMessage = Annotated[
     Hello | RelayHello | StatusRequest | StopRequest | NoticeRequest | SignedNotice, Field(discriminator="type")
 ]
-Request = Union[StatusRequest, StopRequest, NoticeRequest, SignedNotice]
+Request = StatusRequest | StopRequest | NoticeRequest | SignedNotice
+OneShot = StatusRequest | StopRequest | NoticeRequest
+"""A request as the controller handles it: a signed notice, once verified, is a NoticeRequest."""
 
 
 # ---- agent -> controller ------------------------------------------------------------------------
@@ -748,8 +757,8 @@ def decode_agent(obj: Any) -> Any:
     return _decode(_AGENT, obj, "agent")
 
 
-def decode_first(obj: Any) -> Hello | Request:
-    """The first line of a connection: ``hello`` or a request; BadMessage otherwise."""
+def decode_first(obj: Any) -> Hello | RelayHello | Request:
+    """The first line of a connection: ``hello``, a relay's hello or a request; BadMessage otherwise."""
     return _decode(_FIRST, obj, "first")
 
 

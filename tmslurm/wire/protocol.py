@@ -79,7 +79,8 @@ class LineChannel:
     closed: bool
 
     def send_line(self, data: bytes) -> None:
-        """Send one line already encoded by :func:`encode_line` (a broadcast encodes once); ``OSError`` when it cannot."""
+        """Send one line already encoded by :func:`encode_line` (a broadcast encodes once);
+        ``OSError`` when it cannot."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -225,7 +226,8 @@ def connect(host: str, port: int, timeout_s: float = 10.0) -> Channel:
         except OSError as exc:
             if time.monotonic() > deadline:
                 raise TmslurmError(
-                    f"controller at {host}:{port} is unreachable: {exc}. Is the run still alive? (tmslurm status RUN_DIR)"
+                    f"controller at {host}:{port} is unreachable: {exc}. "
+                    "Is the run still alive? (tmslurm status RUN_DIR)"
                 ) from None
             time.sleep(0.1)
 

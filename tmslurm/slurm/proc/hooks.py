@@ -24,6 +24,7 @@ import logging
 import subprocess
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from tmslurm.core.errors import SlurmError
@@ -76,7 +77,7 @@ class SlurmHooks:
             inject_lab_fault(self.spawner.cfg, fault.kind, nodes, fault.amount, fired)
             return True
         for node in nodes:
-            self.spawner.lane.submit(lambda node=node: self._update_node(node, fault.kind), f"inject-{fault.kind}")
+            self.spawner.lane.submit(partial(self._update_node, node, fault.kind), f"inject-{fault.kind}")
         return True
 
     def _update_node(self, node: str, kind: str) -> None:

@@ -6,12 +6,12 @@ runs inside the main allocation, on its batch host. It runs the supervisor
 (:class:`~tmslurm.run.supervisor.Supervisor`: it holds the control socket and the rendezvous store and
 restarts a controller that dies, up to ``runtime.controller_restarts`` times), whose child
 controller (:mod:`tmslurm.slurm.proc.ctlmain`) starts one ``--no-kill`` step per rank, the spare jobs,
-and a :class:`~tmslurm.slurm.watcher.SlurmWatcher` over the job's and the spares' nodes whose notices drive planned switches (drain, reboot ASAP, maintenance reservation) and
-failures (DOWN, NOT_RESPONDING, FAIL). After a planned switch empties a node, the node is cut out of
-the job (``scontrol update jobid=J nodelist=...``) so a draining node becomes DRAINED while training
-goes on. A drain of the batch host itself cannot be handled by a switch (the job ends with it): the
-run checkpoints, then requeues itself excluding that node, and the requeued job resumes exactly from
-that checkpoint. Exit status 0 when the run finished.
+and a :class:`~tmslurm.slurm.watcher.SlurmWatcher` over the job's and the spares' nodes whose notices drive planned
+switches (drain, reboot ASAP, maintenance reservation) and failures (DOWN, NOT_RESPONDING, FAIL). After a planned switch
+empties a node, the node is cut out of the job (``scontrol update jobid=J nodelist=...``) so a draining node becomes
+DRAINED while training goes on. A drain of the batch host itself cannot be handled by a switch (the job ends with it):
+the run checkpoints, then requeues itself excluding that node, and the requeued job resumes exactly from that
+checkpoint. Exit status 0 when the run finished.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ monitor cut off from a live controller never requeues a healthy run:
 - it answers a ``status`` request: alive, nothing is done.
 Then it claims ``controller-lost.json`` with ``O_EXCL`` (one monitor acts per loss), writes there
 when, where and why (synced to disk first: the requeue ends this monitor's own step, often before
-``scontrol`` returns), runs ``scontrol requeue <main job>`` and, if still alive, adds its result. The job's next incarnation resumes
-from the latest complete checkpoint and records the loss as an event (see
+``scontrol`` returns), runs ``scontrol requeue <main job>`` and, if still alive, adds its result. The job's next
+incarnation resumes from the latest complete checkpoint and records the loss as an event (see
 :meth:`~tmslurm.controller.restarts.Restarts.resume_after_requeue`). A failing ``scontrol`` is
 written in the claim and the monitor's log; nothing here raises.
 """
@@ -139,11 +139,14 @@ def _batch_host_gone(client: SlurmClient, job_id: str) -> bool:
         job = client.job(job_id)
         if job is None or job.state != "RUNNING" or not job.batch_host:
             return True
-        (host,) = client.nodes([job.batch_host]) or [None]
+        hosts = client.nodes([job.batch_host])
+        if not hosts:
+            return True
+        (host,) = hosts
     except (SlurmError, ValueError) as exc:  # slurmctld unreachable from here: decide nothing
         log.warning("cannot read job %s from Slurm: %s", job_id, exc)
         return False
-    return host is None or bool(host.states & {"NOT_RESPONDING", "DOWN"})
+    return bool(host.states & {"NOT_RESPONDING", "DOWN"})
 
 
 def main(argv: list[str] | None = None) -> int:

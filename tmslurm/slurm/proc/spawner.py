@@ -399,7 +399,8 @@ class SlurmSpawner:
     def expiring(self, now: float) -> list[int]:
         """The standbys of running spare jobs whose time limit ends within the renewal lead and
         that were not named before (each spare once; no Slurm command: called from the loop)."""
-        lead, out = self.renew_lead, []
+        lead = self.renew_lead
+        out: list[int] = []
         if lead is None:
             return out
         with self.lock:
@@ -473,11 +474,13 @@ class SlurmSpawner:
         need to wait, because a fenced process is already shut out by its stale epoch."""
         if kind == "worker" and ident in self.rank_steps:
             log.info("fencing rank %d's step", ident)
-            self.background(lambda step=self.rank_steps[ident]: self._kill_step(*step), f"fence-{kind}{ident}")
+            step = self.rank_steps[ident]
+            self.background(lambda: self._kill_step(*step), f"fence-{kind}{ident}")
         elif kind == "standby":
             with self.lock:  # forgotten at once: a restart placing ranks right now must not pick this job
                 job = next((j for j, s in self.spares.items() if s["index"] == ident // self.rpn), None)
-                self.spares.pop(job, None)
+                if job is not None:
+                    self.spares.pop(job)
             if job is not None:
                 self._changed()
                 log.info("fencing spare job %s of standby %d", job, ident)
