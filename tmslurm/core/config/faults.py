@@ -40,10 +40,12 @@ FAULT_AMOUNTS = {"throttle": "30", "slowlink": "20mbit", "hiccup": "2", "slow": 
 
 @dataclass(kw_only=True)
 class FaultConfig:
+    """One injected fault, an entry of ``faults``: for tests, benchmarks and the demo."""
+
     step: int
     """Step at which the fault fires."""
     kind: str
-    """One of FAULT_KINDS:
+    """What happens to the rank (FAULT_KINDS):
 
     - ``drain``: a maintenance notice for the rank's node (a planned move);
     - ``kill``: SIGKILL of the rank's process (see ``when``);
@@ -52,7 +54,8 @@ class FaultConfig:
     - ``hiccup``: the rank's training thread stalls ``amount`` seconds (default 2) in the middle of
       ``step``, once, then goes on;
     - ``slow``: from ``step`` on, every step of the rank stalls ``amount`` seconds (default 0.2) in
-      its middle: a slow rank in one process (the lab's ``throttle`` slows a whole node);
+      its middle: a slow rank in one process (the lab's ``throttle`` slows a whole node); neither
+      hiccup nor slow starts a detection clock: they are not failures;
     - ``node_down``: ``scontrol update state=down`` of the rank's node (cluster=slurm);
     - ``power_off``: the failure lab powers the rank's node off, silent: no FIN, no RST
       (cluster=slurm with ``slurm.lab_command``);
@@ -76,9 +79,9 @@ class FaultConfig:
     when: str = "midstep"
     """kill/stop/hiccup: midstep (between forward and backward of ``step``), recover (when the rank
     is told to take part in a recovery at or after ``step``: a second failure during a switch),
-    transfer (in the middle of a state transfer the rank sends at or after ``step``: a recovery's
-    source or a planned move's leaver) or join (the standby joining as the rank is hit in the middle
-    of receiving its state, at or after ``step``)."""
+    transfer (in the middle of a state transfer the rank sends at or after ``step``, once its header
+    is out: a recovery's source or a planned move's leaver) or join (the standby joining as the rank
+    is hit in the middle of receiving its state, at or after ``step``)."""
 
 
 def fault_ranks(f: FaultConfig) -> list[int]:

@@ -24,6 +24,8 @@ SLURM_CHECKPOINT_EVERY = 50
 
 @dataclass(kw_only=True)
 class ParallelConfig:
+    """The layout: how the ranks split the model and the data, and how they sit on nodes."""
+
     dp: int = 2
     """Data-parallel degree: number of model replicas."""
     pp: int = 2
@@ -44,6 +46,8 @@ class ParallelConfig:
 
 @dataclass(kw_only=True)
 class ModelConfig:
+    """The reference transformer's sizes (a preset, ``model=<name>``, sets them together)."""
+
     size: str = "tiny"
     """Preset name this config came from (tiny | small | medium | base | large; hf when model.hf_config
     sets the sizes)."""
@@ -68,6 +72,8 @@ class ModelConfig:
 
 @dataclass(kw_only=True)
 class TrainConfig:
+    """What is trained and how: steps, batches, optimizer, Task, data and checkpoints."""
+
     steps: int = 50
     """Optimizer steps to run."""
     micro_batches: int = 2
@@ -104,6 +110,8 @@ class TrainConfig:
 
 @dataclass(kw_only=True)
 class StandbyConfig:
+    """Warm standbys: spare processes that take over a rank without a restart."""
+
     count: int = 0
     """Spare nodes: each holds parallel.ranks_per_node warm standby processes (a spare allocation on Slurm)."""
     warmup_iters: int = 2
@@ -127,6 +135,8 @@ class StandbyConfig:
 
 @dataclass(kw_only=True)
 class SlurmConfig:
+    """Jobs on Slurm (cluster=slurm): partition, time limits, spares, what happens at the limit."""
+
     partition: str = "debug"
     """Partition for the main job and the spares."""
     time: str = "00:30:00"
@@ -167,6 +177,8 @@ class SlurmConfig:
 
 @dataclass(kw_only=True)
 class RuntimeConfig:
+    """The controller's and agents' protocol: timeouts, detection, switches, metrics, gray failures."""
+
     shadow: bool = True
     """Planned switches move no state in their pause: each standby takes its leaver's state in the
     background, then applies the leaver's reduced gradient at every committed step (comm/shadow.py)."""
@@ -284,13 +296,22 @@ class RuntimeConfig:
 
 @dataclass(kw_only=True)
 class RunConfig:
+    """The root: one section per concern, where ranks run, the run directory and injected faults."""
+
     defaults: list[Any] = field(default_factory=lambda: ["_self_", {"model": "tiny"}])
+    """Hydra's defaults list (the presets chosen by default); not a setting."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """The layout."""
     model: ModelConfig = field(default_factory=ModelConfig)
+    """The model's sizes."""
     train: TrainConfig = field(default_factory=TrainConfig)
+    """Training."""
     standby: StandbyConfig = field(default_factory=StandbyConfig)
+    """Warm standbys."""
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    """Slurm jobs."""
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    """The runtime protocol."""
     cluster: str = "local"
     """Where ranks run: local (processes on this host) | slurm (submit jobs)."""
     run_dir: str = ""
