@@ -39,6 +39,36 @@ def test_bad_override_of_hydra_kind_exits_2_with_error(tmp_path):
     assert p.stderr.startswith("error:") and "parallel.dp=abc" in p.stderr
 
 
+def test_a_typo_gets_one_line_naming_the_key_it_meant(tmp_path):
+    p = run("-m", "tmslurm.cli.launch", "parallel.dpp=2", cwd=tmp_path)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == ["error: unknown key parallel.dpp; did you mean parallel.dp?"]
+
+
+def test_help_lists_the_groups_and_the_keys_with_their_docstrings(tmp_path):
+    p = run("-m", "tmslurm.cli.launch", "--help", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    for line in (
+        "cluster=slurm",
+        "model=small",
+        "+experiment=demo",
+        "slurm.spare_time=null",
+        "runtime.monitor_metrics_port=0",
+    ):
+        assert line in out, line
+    assert "parallel.dp=2" in out and "Data-parallel degree: number of model replicas." in out
+    assert "docs/config-reference.md" in out
+    assert max(len(line) for line in out.splitlines()) <= 120
+    assert not (tmp_path / "runs").exists()
+
+
+def test_cfg_job_with_hydra_run_dir_shows_it_as_the_run_dir(tmp_path):
+    p = run("-m", "tmslurm.cli.launch", "--cfg", "job", "hydra.run.dir=elsewhere", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "run_dir: elsewhere" in p.stdout
+
+
 def _summary() -> dict:
     return {
         "run_id": "finished-run",

@@ -13,7 +13,7 @@ Failure behaviour: every invalid input raises :class:`~tmslurm.core.errors.Confi
 message that names the override to change.
 """
 
-from tmslurm.core.config.compose import apply_cluster_defaults, check_environment, compose_config, presets_dir
+from tmslurm.core.config.compose import apply_cluster_defaults, check_environment, compose_config
 from tmslurm.core.config.dicts import from_dict, to_dataclass, to_dict
 from tmslurm.core.config.faults import (
     CLUSTER_FAULTS,
@@ -23,11 +23,11 @@ from tmslurm.core.config.faults import (
     fault_amount,
     fault_ranks,
 )
+from tmslurm.core.config.presets import CONF_DIR, MODEL_PRESETS, group_options
 from tmslurm.core.config.schema import (
     BACKENDS,
     CLUSTERS,
     DEVICES,
-    MODEL_PRESETS,
     ON_LIMIT,
     RESTART_MODES,
     SLURM_CHECKPOINT_EVERY,
@@ -52,7 +52,9 @@ __all__ = [
     "DEVICES",
     "FAULT_AMOUNTS",
     "FAULT_KINDS",
+    "CONF_DIR",
     "MODEL_PRESETS",
+    "group_options",
     "ON_LIMIT",
     "RESTART_MODES",
     "SLURM_CHECKPOINT_EVERY",
@@ -71,7 +73,6 @@ __all__ = [
     "fault_ranks",
     "from_dict",
     "num_nodes",
-    "presets_dir",
     "register_configs",
     "to_dataclass",
     "to_dict",

@@ -45,7 +45,8 @@ class FaultConfig:
     step: int
     """Step at which the fault fires."""
     kind: str
-    """What happens to the rank (FAULT_KINDS):
+    """What happens to the rank: drain, kill, stop, hang, hiccup, slow, node_down, power_off, partition,
+    throttle, slowlink or corrupt_shadow (FAULT_KINDS).
 
     - ``drain``: a maintenance notice for the rank's node (a planned move);
     - ``kill``: SIGKILL of the rank's process (see ``when``);

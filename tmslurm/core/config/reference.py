@@ -14,7 +14,8 @@ import inspect
 
 from tmslurm.core.config.faults import FaultConfig
 from tmslurm.core.config.fielddocs import Key, keys, sections
-from tmslurm.core.config.schema import MODEL_PRESETS, ModelConfig, RunConfig
+from tmslurm.core.config.presets import APPENDED_GROUPS, GROUPS, MODEL_PRESETS, group_doc, group_options
+from tmslurm.core.config.schema import ModelConfig, RunConfig
 
 PAGE = "docs/config-reference.md"
 COMMAND = "scripts/config-reference"
@@ -44,6 +45,19 @@ def _section(title: str, cls: type, ks: list[Key], strip: str) -> str:
     return "".join(lines)
 
 
+def _groups() -> str:
+    out = [
+        "## Config groups\n\n",
+        "Presets shipped inside the package (`tmslurm/conf/<group>/<preset>.yaml`, in the wheel too). ",
+        "`experiment` has no default: choose one with `+experiment=<name>`. ",
+        "`hydra.run.dir=DIR` is taken as the run directory (`run_dir=DIR`); other `hydra.*` overrides are refused.\n\n",
+    ]
+    for group in GROUPS:
+        plus = "+" if group in APPENDED_GROUPS else ""
+        out += [f"- **`{plus}{group}={name}`**: {group_doc(group, name)}\n" for name in group_options(group)]
+    return "".join(out)
+
+
 def _model_presets() -> str:
     sizes = [f.name for f in dataclasses.fields(ModelConfig) if f.name not in ("size", "hf_config", "hf_tokenizer")]
     out = ["## Model presets (`model=<name>`)\n\n", "| preset | " + " | ".join(sizes) + " |\n"]
@@ -57,7 +71,7 @@ def _model_presets() -> str:
 def render() -> str:
     """The whole reference page."""
     all_keys = keys()
-    parts = [HEAD, _model_presets()]
+    parts = [HEAD, _groups(), _model_presets()]
     for name, cls in sections():
         ks = [k for k in all_keys if k.section == name]
         parts.append(_section(f"`{name}` ({cls.__name__})", cls, ks, ""))

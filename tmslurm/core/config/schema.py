@@ -298,7 +298,7 @@ class RuntimeConfig:
 class RunConfig:
     """The root: one section per concern, where ranks run, the run directory and injected faults."""
 
-    defaults: list[Any] = field(default_factory=lambda: ["_self_", {"model": "tiny"}])
+    defaults: list[Any] = field(default_factory=lambda: ["_self_", {"model": "tiny"}, {"cluster": "local"}])
     """Hydra's defaults list (the presets chosen by default); not a setting."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     """The layout."""
@@ -320,24 +320,12 @@ class RunConfig:
     """Injected faults [{step, kind, rank}] for tests, benchmarks and the demo."""
 
 
-MODEL_PRESETS = {
-    "tiny": ModelConfig(size="tiny", n_layer=4, d_model=32, n_head=2, seq_len=32),
-    "small": ModelConfig(size="small", n_layer=6, d_model=128, n_head=4, seq_len=64),
-    # sized by state per rank (parameters + AdamW moments, 12 bytes a parameter) at DP2 x PP2:
-    "medium": ModelConfig(size="medium", n_layer=8, d_model=320, n_head=8, seq_len=64),  # ~60 MB per rank
-    "base": ModelConfig(size="base", n_layer=12, d_model=768, n_head=12, seq_len=64),  # ~0.5 GB per rank
-    "large": ModelConfig(size="large", n_layer=18, d_model=1024, n_head=16, seq_len=64),  # ~1.4 GB per rank
-}
-
-
 def register_configs() -> None:
-    """Register the schema and the model presets in Hydra's ConfigStore (idempotent)."""
+    """Register the schema in Hydra's ConfigStore as the primary config ``tmslurm`` (idempotent); the
+    presets of the config groups are files in tmslurm/conf/ (:mod:`.presets`)."""
     from hydra.core.config_store import ConfigStore
 
-    cs = ConfigStore.instance()
-    cs.store(name="tmslurm", node=RunConfig)
-    for name, preset in MODEL_PRESETS.items():
-        cs.store(group="model", name=name, node=preset)
+    ConfigStore.instance().store(name="tmslurm", node=RunConfig)
 
 
 def world_size(p: ParallelConfig) -> int:
