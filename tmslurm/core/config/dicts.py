@@ -30,8 +30,9 @@ def to_dataclass(node: Any) -> RunConfig:
     from omegaconf import OmegaConf
 
     data = OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
-    data.pop("defaults", None)
-    return from_dict(data)
+    if not isinstance(data, dict):
+        raise ConfigError(f"the composed config is a {type(data).__name__}, not a mapping of sections")
+    return from_dict({str(k): v for k, v in data.items()})
 
 
 def from_dict(data: dict) -> RunConfig:
