@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+import tmslurm
 from tmslurm.core.config import (
+    CONF_DIR,
     MODEL_PRESETS,
     SLURM_CHECKPOINT_EVERY,
     FaultConfig,
@@ -14,15 +18,16 @@ from tmslurm.core.config import (
     fault_amount,
     fault_ranks,
     from_dict,
+    group_options,
     to_dict,
 )
 from tmslurm.core.errors import ConfigError
 
 # (overrides, substrings the message must contain: the override or the key to change, and valid values)
 BAD = [
-    pytest.param(["parallel.foo=1"], ["parallel.foo=1", "foo"], id="unknown-key"),
-    pytest.param(["foo=1"], ["foo=1"], id="unknown-top-level-key"),
-    pytest.param(["+foo=1"], ["unknown config key 'foo'", "parallel"], id="appended-unknown-key"),
+    pytest.param(["parallel.foo=1"], ["unknown key parallel.foo"], id="unknown-key"),
+    pytest.param(["foo=1"], ["unknown key foo", "docs/config-reference.md"], id="unknown-top-level-key"),
+    pytest.param(["+foo=1"], ["unknown key foo"], id="appended-unknown-key"),
     pytest.param(["parallel.dp=abc"], ["parallel.dp=abc"], id="wrong-type-int"),
     pytest.param(["parallel.dp=1.5"], ["parallel.dp=1.5"], id="wrong-type-float-for-int"),
     pytest.param(["train.steps=abc"], ["train.steps=abc"], id="wrong-type-steps"),
@@ -111,11 +116,13 @@ BAD = [
         ["faults[0].when='later'", "midstep, recover, transfer, join"],
         id="bad-fault-when",
     ),
-    pytest.param(["faults=[{step:1,kind:kill,foo:1}]"], ["faults=", "foo"], id="unknown-fault-field"),
+    pytest.param(
+        ["faults=[{step:1,kind:kill,foo:1}]"], ["unknown key faults[i].foo", "when"], id="unknown-fault-field"
+    ),
     pytest.param(["faults={step:1}"], ["faults={step:1}"], id="faults-not-a-list"),
     pytest.param(["runtime.backend=mpi"], ["runtime.backend='mpi'", "gloo, nccl"], id="bad-backend"),
     pytest.param(["runtime.device=tpu"], ["runtime.device='tpu'", "cpu, cuda"], id="bad-device"),
-    pytest.param(["cluster=k8s"], ["cluster='k8s'", "local, slurm"], id="bad-cluster"),
+    pytest.param(["cluster=k8s"], ["cluster=k8s", "local, slurm"], id="bad-cluster"),
     pytest.param(
         ["runtime.restart_mode=pray"],
         ["runtime.restart_mode='pray'", "tmslurm, injob_restart, requeue_restart"],
@@ -260,3 +267,64 @@ def test_dict_round_trip_is_what_workers_receive():
 def test_from_dict_rejects_unknown_keys():
     with pytest.raises(ConfigError, match="unknown config key 'bogus'"):
         from_dict({"bogus": 1})
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("parallel.dpp=2", "unknown key parallel.dpp; did you mean parallel.dp?"),
+        ("+parallel.dpp=2", "unknown key parallel.dpp; did you mean parallel.dp?"),
+        ("train.stesp=3", "unknown key train.stesp; did you mean train.steps?"),
+        (
+            "runtime.heartbeat_timeout=3",
+            "unknown key runtime.heartbeat_timeout; did you mean runtime.heartbeat_timeout_s?",
+        ),
+        ("modle=small", "unknown key modle; did you mean model?"),
+        ("faults=[{step:1,kind:kill,rnak:1}]", "unknown key faults[i].rnak; did you mean faults[i].rank?"),
+    ],
+)
+def test_an_unknown_key_gets_the_closest_key_and_nothing_else(override, message):
+    with pytest.raises(ConfigError) as info:
+        compose_config([override])
+    assert str(info.value) == message
+
+
+def test_hydra_run_dir_is_the_run_directory(tmp_path):
+    assert compose_config([f"hydra.run.dir={tmp_path}/r"]).run_dir == f"{tmp_path}/r"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (["hydra.job.name=x"], ["hydra.job.name is not used", "Fix: remove hydra.job.name"]),
+        (["hydra.run.dir=a", "run_dir=b"], ["both name the run directory", "run_dir=DIR"]),
+        (["experiment=demo"], ["Fix: pass +experiment=demo"]),
+        (["+experiment=nope"], ["experiment=nope", "demo"]),
+    ],
+)
+def test_hydra_settings_and_groups_fail_naming_the_fix(overrides, named):
+    with pytest.raises(ConfigError) as info:
+        compose_config(overrides)
+    for text in named:
+        assert text in str(info.value)
+
+
+def test_the_config_groups_ship_inside_the_package():
+    assert CONF_DIR == Path(tmslurm.__file__).parent / "conf"
+    assert group_options("cluster") == ["local", "slurm"]
+    assert group_options("model") == ["tiny", "small", "medium", "base", "large"]
+    assert "demo" in group_options("experiment")
+    pyproject = (Path(tmslurm.__file__).parents[1] / "pyproject.toml").read_text()
+    assert 'tmslurm = ["conf/*/*.yaml"]' in pyproject  # package data: the wheel has every file below
+    assert sorted(CONF_DIR.rglob("*.yaml")) == sorted(CONF_DIR.glob("*/*.yaml"))
+
+
+@pytest.mark.parametrize("name", ["tiny", "small", "medium", "base", "large"])
+def test_each_model_preset_composes_to_its_model_presets_entry(name):
+    cfg = compose_config([f"model={name}", "parallel.pp=1", "parallel.dp=1"])
+    assert cfg.model == MODEL_PRESETS[name] and cfg.model.size == name
+
+
+@pytest.mark.parametrize("cluster", ["local", "slurm"])
+def test_cluster_is_a_config_group(cluster):
+    assert compose_config([f"cluster={cluster}"]).cluster == cluster

@@ -42,6 +42,36 @@ def test_bad_override_of_hydra_kind_exits_2_with_error(tmp_path):
     assert p.stderr.startswith("error:") and "parallel.dp=abc" in p.stderr
 
 
+def test_a_typo_gets_one_line_naming_the_key_it_meant(tmp_path):
+    p = run("-m", "tmslurm.cli.launch", "parallel.dpp=2", cwd=tmp_path)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == ["error: unknown key parallel.dpp; did you mean parallel.dp?"]
+
+
+def test_help_lists_the_groups_and_the_keys_with_their_docstrings(tmp_path):
+    p = run("-m", "tmslurm.cli.launch", "--help", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    for line in (
+        "cluster=slurm",
+        "model=small",
+        "+experiment=demo",
+        "slurm.spare_time=null",
+        "runtime.monitor_metrics_port=0",
+    ):
+        assert line in out, line
+    assert "parallel.dp=2" in out and "Data-parallel degree: number of model replicas." in out
+    assert "docs/config-reference.md" in out
+    assert max(len(line) for line in out.splitlines()) <= 120
+    assert not (tmp_path / "runs").exists()
+
+
+def test_cfg_job_with_hydra_run_dir_shows_it_as_the_run_dir(tmp_path):
+    p = run("-m", "tmslurm.cli.launch", "--cfg", "job", "hydra.run.dir=elsewhere", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "run_dir: elsewhere" in p.stdout
+
+
 def _summary() -> dict:
     return {
         "run_id": "finished-run",
@@ -91,10 +121,51 @@ def test_status_json_of_a_finished_run(tmp_path):
     assert st["final_params_sha256"] == "ab" * 32 and st["mode"] == "finished" and st["step"] == 20
 
 
-def test_status_of_an_empty_directory_says_the_controller_is_not_running(tmp_path):
+def test_status_of_a_directory_that_is_not_a_run_says_so(tmp_path):
+    p = run("-c", CLI, "status", str(tmp_path))
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == [
+        f"error: {tmp_path} is not a tmslurm run (it has no config.json or summary.json). "
+        "Fix: pass the directory tmslurm-launch made (runs/<time>, or the run_dir= it was given), or --job JOBID"
+    ]
+
+
+def test_status_of_a_run_whose_controller_has_not_started_says_not_running_yet(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
     p = run("-c", CLI, "status", str(tmp_path))
     assert p.returncode == 3
-    assert p.stderr.startswith("error:") and "not running" in p.stderr
+    assert p.stderr.startswith("error: the run's controller is not running yet")
+    assert str(tmp_path / "controller.json") in p.stderr
+
+
+def _starting_run(run_dir, *, controller: bool, token: bool):
+    run_dir.mkdir(mode=0o700)
+    (run_dir / "config.json").write_text("{}")
+    if controller:
+        (run_dir / "controller.json").write_text('{"host": "127.0.0.1", "port": 1}')
+    if token:
+        (run_dir / "token").write_text("t")
+    return run_dir
+
+
+@pytest.mark.parametrize(
+    "make, rc, missing",
+    [
+        (None, 2, "run does not exist (no such run directory)"),
+        (dict(controller=False, token=True), 3, "controller.json does not exist (the run's controller is not running"),
+        (dict(controller=True, token=False), 2, "token does not exist (pass --token"),
+    ],
+    ids=["no-run-dir", "no-controller-json", "no-token"],
+)
+def test_notify_names_the_missing_file(tmp_path, make, rc, missing):
+    """Exit 3 where the controller is not running (it cannot be reached), 2 for the other bad input."""
+    run_dir = tmp_path / "run"
+    if make is not None:
+        _starting_run(run_dir, **make)
+    p = run("-c", CLI, "notify", "--node", "n1", "--event", "maintenance", "--run-dir", str(run_dir))
+    assert p.returncode == rc, (p.stdout, p.stderr)
+    assert p.stderr.startswith("error: no run accepted the notice") and missing in p.stderr
+    assert "not trusted" not in p.stderr
 
 
 def test_notify_without_node_or_rank_fails_with_2(tmp_path):

@@ -37,6 +37,13 @@ def test_watch_of_a_finished_run_prints_one_plain_block_and_ends(tmp_path):
     assert "standby0.123       spare0         warm: first, last" in p.stdout
 
 
+def _starting(run_dir: Path) -> Path:
+    """A run directory as tmslurm-launch leaves it before the controller advertises itself."""
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.json").write_text("{}")
+    return run_dir
+
+
 def _watch(run_dir: Path, sigint_ignored: bool = False) -> subprocess.Popen:
     """``sigint_ignored``: start it as a shell without job control starts a background command."""
     return subprocess.Popen(
@@ -56,7 +63,7 @@ def _first_line(proc: subprocess.Popen) -> str:
 
 def test_watch_waits_through_an_absent_controller_and_ends_with_the_run(tmp_path):
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
+    _starting(run_dir)
     proc = _watch(run_dir)
     try:
         line = _first_line(proc)
@@ -72,7 +79,7 @@ def test_watch_waits_through_an_absent_controller_and_ends_with_the_run(tmp_path
 @pytest.mark.parametrize("sigint_ignored", [False, True], ids=["foreground", "started-with-sigint-ignored"])
 def test_ctrl_c_ends_the_watch_with_0(tmp_path, sigint_ignored):
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
+    _starting(run_dir)
     proc = _watch(run_dir, sigint_ignored)
     try:
         assert "controller unreachable" in _first_line(proc)
@@ -86,7 +93,7 @@ def test_ctrl_c_ends_the_watch_with_0(tmp_path, sigint_ignored):
 
 def test_a_reader_that_goes_away_ends_the_watch_quietly(tmp_path):
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
+    _starting(run_dir)
     proc = _watch(run_dir)
     try:
         assert "controller unreachable" in _first_line(proc)
@@ -136,12 +143,16 @@ def test_status_by_job_id_of_the_main_job_or_a_spare_from_any_directory(tmp_path
         (["RUN", "--watch", "--json"], {}, "--watch and --json do not combine"),
         (["RUN", "--watch", "--interval", "0"], {}, "--interval must be > 0"),
         (["MISSING"], {}, "is not a run directory (no such directory)"),
+        (["NOTARUN"], {}, "is not a tmslurm run (it has no config.json or summary.json)"),
+        (["NOTARUN", "--watch"], {}, "is not a tmslurm run"),
     ],
 )
 def test_bad_input_is_one_error_line_and_exit_2(tmp_path, args, jobs, message):
     run_dir = _finished(tmp_path / "run")
     path = _fake_slurm(tmp_path / "bin", jobs)
-    args = [str(run_dir) if a == "RUN" else str(tmp_path / "missing") if a == "MISSING" else a for a in args]
+    (tmp_path / "notarun").mkdir()
+    named = {"RUN": str(run_dir), "MISSING": str(tmp_path / "missing"), "NOTARUN": str(tmp_path / "notarun")}
+    args = [named.get(a, a) for a in args]
     p = tmslurm("status", *args, path=path)
     assert p.returncode == 2, (p.stdout, p.stderr)
     assert p.stderr.startswith("error:") and len(p.stderr.strip().splitlines()) == 1 and message in p.stderr

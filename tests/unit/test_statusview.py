@@ -66,7 +66,7 @@ def test_the_watch_view_shows_step_rate_ranks_standbys_events_and_jobs():
     [
         ({"main_job_id": None, "spare_job_ids": []}, "jobs: - (not on Slurm)"),
         ({"ranks": [], "standbys": [], "events": []}, "ranks:\n  -\nstandbys:\n  -\nevents:\n  -"),
-        ({"step": None, "steps": None, "loss": None}, "step None/?  ? steps/s  loss ?"),
+        ({"step": None, "steps": None, "loss": None}, "step ?/?  loss ?"),
     ],
 )
 def test_the_watch_view_of_partial_statuses(over, expect):
@@ -123,21 +123,21 @@ def test_a_summary_reads_as_a_finished_status():
 @pytest.mark.parametrize(
     "samples, expect",
     [
-        ([(0.0, 10, 0.25)], 4.0),  # one sample: 1 / step_time
-        ([(0.0, 10, None)], None),
-        ([(0.0, 10, 0.25), (2.0, 20, 0.25)], 5.0),  # step delta / time delta
-        ([(0.0, 10, 0.25), (2.0, 10, 0.25)], 0.0),  # stalled
-        ([(0.0, 10, 0.25), (2.0, 20, 0.25), (4.0, 40, 0.25)], 7.5),  # across the window
-        ([(0.0, 0, 0.1), (10.0, 10, 0.1), (20.0, 40, 0.1), (22.0, 44, 0.1)], 2.0),  # samples older than 10 s dropped
-        ([(0.0, 0, 0.1), (30.0, 30, 0.1)], 1.0),  # the previous sample is kept however old
-        ([(0.0, 50, 0.25), (2.0, 60, 0.25), (4.0, 40, 0.5)], 2.0),  # back to a checkpoint: starts again
-        ([(0.0, 10, 0.25), (0.0, 12, 0.25)], 4.0),  # no time passed
-        ([(0.0, None, 0.25)], None),
+        ([(0.0, 10)], None),  # one sample: not measured (never 1 / step time)
+        ([(0.0, 10), (2.0, 20)], 5.0),  # step delta / time delta
+        ([(0.0, 10), (2.0, 10)], 0.0),  # stalled
+        ([(0.0, 10), (2.0, 20), (4.0, 40)], 7.5),  # across the window
+        ([(0.0, 0), (10.0, 10), (20.0, 40), (22.0, 44)], 2.0),  # samples older than 10 s dropped
+        ([(0.0, 0), (30.0, 30)], 1.0),  # the previous sample is kept however old
+        ([(0.0, 50), (2.0, 60), (4.0, 40)], None),  # back to a checkpoint: starts again, one sample
+        ([(0.0, 50), (2.0, 60), (4.0, 40), (6.0, 44)], 2.0),
+        ([(0.0, 10), (0.0, 12)], None),  # no time passed
+        ([(0.0, None)], None),
     ],
 )
 def test_steps_per_second(samples, expect):
     meter = RateMeter(window_s=10.0)
-    rates = [meter.add(t, step, dt) for t, step, dt in samples]
+    rates = [meter.add(t, step) for t, step in samples]
     assert rates[-1] == (None if expect is None else pytest.approx(expect))
 
 
@@ -199,6 +199,7 @@ def test_a_run_that_is_ending_is_waited_for(tmp_path, monkeypatch):
     for the summary; without one in time it raises RunEnding, which the watch retries."""
     ending = {"type": "error", "error": "the run has finished; it takes no more requests", "ending": True}
     monkeypatch.setattr("tmslurm.wire.protocol.request", lambda *a, **k: ending)
+    (tmp_path / "controller.json").write_text("{}")  # the live controller advertised itself
     t = [0.0]
 
     def sleep(s: float) -> None:
@@ -249,3 +250,30 @@ def test_the_view_of_a_real_controller_status(tmp_path):
     assert "  n0             0 up" in lines and "  n2             2 up" in lines
     assert any(line.startswith("  n1             1 ") and not line.endswith(" up") for line in lines), lines
     assert any(line.endswith("warm 2/2 (first, last)") for line in lines), lines
+
+
+def test_a_fast_compute_step_in_a_slow_run_shows_the_measured_rate():
+    """The run makes 2 steps/s while each step computes in 1/16.5 s: the view says 2.00, never 16.50."""
+    script = Script(_status(step=10, step_time_s=1 / 16.5), _status(step=14, step_time_s=1 / 16.5, mode="finished"))
+    watch, out = _watch(script, tty=False)
+    assert watch.run() == 0
+    first, second = out.getvalue().split("\n\n")[:2]
+    assert "steps/s" not in first and "16.50" not in out.getvalue()
+    assert "step 14/900  2.00 steps/s" in second
+
+
+@pytest.mark.parametrize(
+    "event, line",
+    [
+        ({"kind": "requeue", "ranks": [], "node": None, "downtime_s": None}, "requeue"),
+        ({"kind": "requeue", "downtime_s": 12.5}, "requeue downtime=12.500s"),
+        (
+            {"kind": "failure", "ranks": [2], "node": "n3", "downtime_s": None, "detect_s": 0.5},
+            "failure ranks=[2] node=n3 detect=0.500s",
+        ),
+    ],
+)
+def test_event_lines_leave_out_empty_fields(event, line):
+    text = format_watch(RunStatus.from_dict(_status(events=[event])), None, 0.0)
+    assert text.splitlines()[-1] == f"  {line}"
+    assert "ranks=[]" not in text and "node=None" not in text and "node= " not in text

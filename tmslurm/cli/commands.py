@@ -3,7 +3,8 @@
 ``status RUN_DIR`` (or ``status --job JOBID``: any Slurm job of the run, resolved by
 :func:`tmslurm.slurm.runtag.resolve_job`) prints the run once (:mod:`tmslurm.cli.status_view`), or with
 ``--watch`` refreshes a live view every ``--interval`` seconds until the run finishes or Ctrl-C
-(exit 0 both ways; an unreachable controller is shown and retried).
+(exit 0 both ways; an unreachable controller is shown and retried). A directory that holds neither
+``config.json`` nor ``summary.json`` is not a tmslurm run: that is bad input (exit 2).
 
 Contract: every sub-command prints a readable result (or ``--json``) and exits 0, or prints one
 ``error:`` line and exits non-zero: 2 for bad input (unknown node, bad deadline, wrong token),
@@ -22,6 +23,7 @@ import sys
 from pathlib import Path
 
 from tmslurm.core.errors import TmslurmError
+from tmslurm.core.rundir import RunDir
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -66,6 +68,12 @@ def _status_run_dir(args: argparse.Namespace) -> Path:
     path = Path(args.run_dir)
     if not path.is_dir():
         raise TmslurmError(f"{path} is not a run directory (no such directory)")
+    rd = RunDir(path)
+    if not (rd.config.is_file() or rd.summary.is_file()):
+        raise TmslurmError(
+            f"{path} is not a tmslurm run (it has no config.json or summary.json). "
+            "Fix: pass the directory tmslurm-launch made (runs/<time>, or the run_dir= it was given), or --job JOBID"
+        )
     return path
 
 

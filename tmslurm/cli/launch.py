@@ -1,6 +1,7 @@
 """``tmslurm-launch``: the Hydra entry point. Plans the run and starts it locally or on Slurm.
 
-Contract: ``tmslurm-launch [--cfg job] [--help] [OVERRIDE ...]`` composes the config from Hydra
+Contract: ``tmslurm-launch [--cfg job] [--help] [OVERRIDE ...]`` (``--help``: the groups and keys,
+:mod:`tmslurm.cli.launch_help`) composes the config from Hydra
 overrides (``parallel.dp=2 model=small faults='[{step:10,kind:drain,rank:1}]'``), validates it, and
 
 - ``--cfg job`` prints the resolved config as YAML and exits 0;
@@ -27,11 +28,6 @@ from tmslurm.run.prepare import prepare_run_dir, warn_unprotected
 from tmslurm.wire.protocol import write_token
 
 log = logging.getLogger(__name__)
-USAGE = """usage: tmslurm-launch [--cfg job] [OVERRIDE ...]
-
-Overrides are Hydra's: key=value (parallel.dp=2 parallel.pp=2 standby.count=1 train.steps=50
-model=tiny|small cluster=local|slurm runtime.backend=gloo|nccl faults='[{step:10,kind:drain,rank:1}]').
-"""
 
 
 def run_local(cfg: RunConfig) -> dict[str, Any]:
@@ -84,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--help" in argv or "-h" in argv:
-        print(USAGE)
+        from tmslurm.cli.launch_help import usage
+
+        print(usage())
         return 0
     show = False
     if "--cfg" in argv:

@@ -1,9 +1,11 @@
 """Deliver an admin notice (``tmslurm notify``) to every tmslurm run that uses a node.
 
 Contract: finds the runs (``--run-dir`` given, or every directory under ``--runs-root`` with a live
-``controller.json``), keeps only runs it can trust (:func:`trusted_run`: ``controller.json`` is a
+``controller.json``), skips a run that lacks a file the notice needs (:func:`missing_file` names it:
+the run directory, ``controller.json``, or the ``token`` when neither ``--token`` nor a key is given),
+keeps only runs it can trust (:func:`trusted_run`: ``controller.json`` is a
 plain file owned by the run directory's owner, and neither is writable by group or others; a run
-whose token is used must also own its token file), validates the deadline
+whose token file is read must also own it), validates the deadline
 (:func:`tmslurm.core.notices.parse_deadline`) and sends each run one notice: signed with the admin's
 Ed25519 private key (``--private-key-file``; one signature per run, naming the run, with a fresh
 timestamp and nonce), or else authenticated by the run's own token (``--token`` or
@@ -36,6 +38,18 @@ def find_runs(args: argparse.Namespace) -> list[Path]:
     root = Path(args.runs_root)
     dirs = [RunDir(p) for p in sorted(root.iterdir()) if p.is_dir()] if root.is_dir() else []
     return [d.path for d in dirs if d.controller.exists() and not d.summary.exists()]
+
+
+def missing_file(run_dir: Path, with_token: bool) -> str | None:
+    """None when the files a notice needs are there, else which one is missing and what that means."""
+    rd = RunDir(run_dir)
+    if not run_dir.is_dir():
+        return f"{run_dir} does not exist (no such run directory)"
+    if not rd.controller.exists():
+        return f"{rd.controller} does not exist (the run's controller is not running, or the run ended)"
+    if with_token and not rd.token.exists():
+        return f"{rd.token} does not exist (pass --token, or sign with --private-key-file)"
+    return None
 
 
 def trusted_run(run_dir: Path, with_token: bool) -> str | None:
@@ -75,8 +89,13 @@ def notify(args: argparse.Namespace) -> list[str]:
     if not runs:
         raise NoticeError(f"no live tmslurm run found (looked under {args.runs_root}); pass --run-dir")
     out, refused, unknown = [], [], []
+    with_token = key is None and args.token is None  # RUN_DIR/token is read
     for run_dir in runs:
-        why = trusted_run(run_dir, with_token=key is None)
+        missing = missing_file(run_dir, with_token)
+        if missing is not None:
+            out.append(f"{run_dir}: skipped, {missing}")
+            continue
+        why = trusted_run(run_dir, with_token)
         if why is not None:
             out.append(f"{run_dir}: skipped, not trusted ({why})")
             continue

@@ -3,7 +3,8 @@
 Contract: :func:`fetch` returns the raw status dict (what ``tmslurm status --json`` prints): the
 controller's ``status`` reply, or for a finished run ``summary.json`` with ``mode`` ``finished`` and
 ``step``, ``loss``, ``step_time_s`` filled in. It raises :class:`~tmslurm.core.errors.TmslurmError`:
-"unreachable"/"not running" when no controller answers and no summary exists, the controller's own
+"unreachable"/"not running" when no controller answers and no summary exists ("not running yet",
+naming ``controller.json``, when the controller never advertised itself), the controller's own
 refusal (e.g. a wrong token) otherwise. A controller that answers that the run is ending (it
 takes no more requests) is followed by its ``summary.json``: :func:`fetch` waits for it, up to its
 timeout, then raises :class:`RunEnding`. :meth:`RunStatus.from_dict` turns either dict into a
@@ -143,7 +144,12 @@ def fetch(
     and how long a run that is ending may take to write its summary."""
     from tmslurm.wire.protocol import request
 
-    summary = RunDir(run_dir).summary
+    summary, controller = RunDir(run_dir).summary, RunDir(run_dir).controller
+    if not controller.exists() and not summary.is_file():
+        raise TmslurmError(
+            f"the run's controller is not running yet ({controller} does not exist): the run is starting, "
+            "or its job waits in the queue"
+        )
     try:
         reply = request(run_dir, {"type": "status"}, token=token, timeout_s=timeout_s)
     except TmslurmError:

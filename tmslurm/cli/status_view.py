@@ -5,9 +5,12 @@ Contract:
   :func:`format_watch` the compact view: step, steps/s, each rank's node and state (grouped by
   node), each standby's warmth (the shape classes it is warm for, out of the layout's), the last
   events with their downtime, and the Slurm job ids. Both are pure.
-- :class:`RateMeter` gives steps/s from successive samples (step delta over time delta, across the
-  samples of the last ``window_s``), from the status's step time while only one sample exists, and
-  starts again when the step goes back (a restart from a checkpoint).
+- :class:`RateMeter` gives steps/s measured between samples: step delta over elapsed time, across
+  the samples of the last ``window_s``; nothing (None, and the view shows no rate) until two samples
+  taken at different times exist. It never derives a rate from the status's step time (the compute
+  time of a step, which leaves out the pauses between steps), and starts again when the step goes
+  back (a restart from a checkpoint).
+- An event line leaves out what the event does not have (a requeue has no ranks and no node).
 - :class:`Watch` refreshes every ``interval_s``: on a terminal it redraws in place (ANSI home and
   clear), otherwise it prints plain successive blocks without escape codes. It returns 0 once the run
   has finished (its summary exists) or on Ctrl-C. A controller that cannot be reached while the run is
@@ -55,9 +58,10 @@ def format_status(st: RunStatus) -> str:
 
 def format_watch(st: RunStatus, steps_per_s: float | None, now: float) -> str:
     """The compact live view; ``now`` (epoch seconds) stamps it."""
-    rate = "?" if steps_per_s is None else f"{steps_per_s:.2f}"
+    rate = "" if steps_per_s is None else f"  {steps_per_s:.2f} steps/s"
+    step = f"{'?' if st.step is None else st.step}/{'?' if st.steps is None else st.steps}"
     head = (
-        f"run {st.run}  {st.mode}  step {st.step}/{'?' if st.steps is None else st.steps}  {rate} steps/s"
+        f"run {st.run}  {st.mode}  step {step}{rate}"
         f"  loss {'?' if st.loss is None else f'{st.loss:.4f}'}  [{time.strftime('%H:%M:%S', time.localtime(now))}]"
     )
     lines = [head, _jobs(st), "ranks:"]
@@ -99,9 +103,13 @@ def _warmth(s: StandbyView, classes: tuple[str, ...]) -> str:
 
 
 def _event(ev: EventView) -> str:
-    down = "?" if ev.downtime_s is None else f"{ev.downtime_s:.3f}s"
-    parts = " ".join(f"{k[:-2]}={v:.3f}s" for k, v in ev.parts.items())
-    return f"{ev.kind} ranks={ev.ranks} node={ev.node} downtime={down} {parts}".rstrip()
+    """``kind ranks=[..] node=.. downtime=..s part=..s``, each field only when the event has it."""
+    fields = [ev.kind]
+    fields += [f"ranks={ev.ranks}"] if ev.ranks else []
+    fields += [f"node={ev.node}"] if ev.node else []
+    fields += [] if ev.downtime_s is None else [f"downtime={ev.downtime_s:.3f}s"]
+    fields += [f"{k[:-2]}={v:.3f}s" for k, v in ev.parts.items()]
+    return " ".join(fields)
 
 
 @dataclass(frozen=True)
@@ -118,8 +126,8 @@ class RateMeter:
         self.window_s = window_s
         self.samples: deque[Sample] = deque()
 
-    def add(self, t: float, step: int | None, step_time_s: float | None) -> float | None:
-        """Record the step seen at ``t``; return the rate (None when nothing tells it)."""
+    def add(self, t: float, step: int | None) -> float | None:
+        """Record the step seen at ``t`` (monotonic seconds); the rate, None until it can be measured."""
         if step is None:
             return None
         if self.samples and step < self.samples[-1].step:
@@ -130,7 +138,7 @@ class RateMeter:
         first = self.samples[0]
         if len(self.samples) >= 2 and t > first.t:
             return (step - first.step) / (t - first.t)
-        return 1.0 / step_time_s if step_time_s else None
+        return None
 
 
 class Watch:
@@ -178,7 +186,7 @@ class Watch:
             log.debug("status refresh failed: %s", exc)
             line = f"controller unreachable: {exc}, retrying every {self.interval_s:g}s"
             return line if self.last_view is None else f"{line}\n{self.last_view}", False
-        self.last_view = format_watch(st, self.meter.add(self.clock(), st.step, st.step_time_s), self.wall())
+        self.last_view = format_watch(st, self.meter.add(self.clock(), st.step), self.wall())
         return self.last_view, st.finished
 
     def show(self, text: str) -> None:
