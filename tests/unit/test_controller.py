@@ -492,7 +492,7 @@ def test_a_gate_batch_is_handled_item_by_item_in_order(tmp_path):
     def bug(agent, msg):
         raise RuntimeError("a bug in a handler")
 
-    h.ctl.handlers[type(broken.msg)] = bug
+    h.ctl.dispatch.handlers[type(broken.msg)] = bug
     h.ctl.handle(Batch([votes[0], votes[1], broken, votes[2], votes[3]]))
     assert h.state.step == step + 1 and h.got(0, "decision")[-1]["step"] == step
     assert [e["item"] for e in h.journal("handler_error")] == ["msg"]

@@ -60,7 +60,7 @@ SAMPLES = {
 
 def test_the_dispatch_table_covers_every_kind_of_item_and_nothing_else(tmp_path):
     h = Harness(tmp_path)
-    assert set(h.ctl.item_handlers) == set(ITEM_TYPES) == set(SAMPLES)
+    assert set(h.ctl.dispatch.item_handlers) == set(ITEM_TYPES) == set(SAMPLES)
     assert len({t.label for t in ITEM_TYPES}) == len(ITEM_TYPES)
 
 
@@ -69,8 +69,8 @@ def test_every_kind_of_item_is_handled_by_its_handler(tmp_path, kind, monkeypatc
     h = Harness(tmp_path)
     item = SAMPLES[kind](h)
     called = []
-    handler = h.ctl.item_handlers[kind]
-    monkeypatch.setitem(h.ctl.item_handlers, kind, lambda it: (called.append(it), handler(it)))
+    handler = h.ctl.dispatch.item_handlers[kind]
+    monkeypatch.setitem(h.ctl.dispatch.item_handlers, kind, lambda it: (called.append(it), handler(it)))
     h.ctl.handle(item)
     assert called[0] is item and not h.journal("handler_error")
 

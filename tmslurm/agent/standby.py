@@ -34,6 +34,7 @@ from typing import Any
 
 from tmslurm.agent.build import build_runner, layout_of, make_fabric, peak_rss_mb, reset_peak_rss, rss_mb, stage_spec
 from tmslurm.agent.faults import FaultPlan
+from tmslurm.agent.groupspec import groups_to_build, wait_built
 from tmslurm.agent.link import Link
 from tmslurm.agent.shadowcheck import PendingCheck
 from tmslurm.agent.worker import Worker
@@ -189,14 +190,11 @@ class Standby:
         LOG_CONTEXT["who"] = f"standby{self.ident}->rank{rank}"
         runner, cold_reason = self._runner_for(rank)
         fabric = make_fabric(self.cfg, rank, self.link, self.address)
-        gens = dict(msg.groups)
         xfer = msg.xfer
         t0 = time.monotonic()
-        build = fabric.build_in_background(gens, {xfer: (epoch, 1)})
-        while not build.done():
-            time.sleep(0.01)
-            if self._cancelled(epoch):
-                return None
+        build = fabric.build_in_background(*groups_to_build(msg))
+        if not wait_built(build, lambda: self._cancelled(epoch)):
+            return None
         try:
             handles = build.join(0)
         except CommError as exc:

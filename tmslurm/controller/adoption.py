@@ -1,14 +1,12 @@
 """Re-adopting the live agents after the controller itself was restarted (by its supervisor).
 
-Contract: built by a restarted incarnation only (the supervisor wrote ``adopt.json``: the
-incarnation number, when the previous one died, and the (kind, ident) of every worker and standby
-process still running). :meth:`Adoption.restore` (called once, before the loop) takes back what the
-dead incarnation had committed: the step log (``steps.jsonl``), the completed events (``event`` journal
-lines), the fired faults, the standbys started, the incarnation and the highest epoch ever handed out
-(the snapshot, and the journal for what came after it), and puts the run in :data:`Mode.ADOPTING`,
-expecting a hello from the listed processes but those its journal found lost. The live agents reconnect
+Contract: built by a restarted incarnation only (the supervisor wrote ``adopt.json``:
+:class:`~tmslurm.controller.adoption_restore.AdoptOrder`). :meth:`Adoption.restore` (called once,
+before the loop) takes back what the dead incarnation had committed and puts the run in
+:data:`Mode.ADOPTING` (:mod:`tmslurm.controller.adoption_restore`). The live agents reconnect
 with a :class:`~tmslurm.wire.messages.Rejoin` (:mod:`tmslurm.agent.link`); :meth:`on_hello` records it.
-:meth:`tick` decides once every listed process said hello, or ``runtime.controller_lost_s`` after the start:
+:meth:`tick` decides once every listed process said hello, or ``runtime.controller_lost_s`` after the start
+(what the claims allow: :mod:`tmslurm.controller.adoption_claims`):
 
 - **Adopted** when every rank's slot is claimed once, no claim is inside a plan (but one caught in
   phase 1 of a planned switch, or the switch completed below), every rank is in the same epoch (or,
@@ -50,96 +48,62 @@ Nothing here raises.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from dataclasses import dataclass, field
 
 from tmslurm.controller import adopted_switch
-from tmslurm.controller.adopted_switch import Claim, Completion
+from tmslurm.controller.adopted_switch import Claim
+from tmslurm.controller.adoption_claims import Claims, rejoin_of
+from tmslurm.controller.adoption_restore import AdoptOrder, complete_log, open_restart_event, restore
 from tmslurm.controller.commits import Commits
 from tmslurm.controller.context import Context
-from tmslurm.controller.journal import journalled, read_journal
+from tmslurm.controller.journal import read_journal
 from tmslurm.controller.membership import Membership
 from tmslurm.controller.plan_types import PlannedSwitch
 from tmslurm.controller.planned_switches import Switches
 from tmslurm.controller.recoveries import Recoveries
-from tmslurm.controller.snapshot import read_snapshot, read_steps
-from tmslurm.controller.state import Agent, Mode, found_gone
+from tmslurm.controller.state import Agent, Mode
 from tmslurm.core.notices import Notice
-from tmslurm.wire.messages import Cancel, Decision, Joined, Rejoin, Resume
+from tmslurm.wire.messages import Cancel, Joined, Rejoin, Resume
 
+__all__ = ["AdoptOrder", "Adoption"]
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class AdoptOrder:
-    """What the supervisor tells a restarted controller (``adopt.json``)."""
-
-    incarnation: int
-    died_t: float
-    alive: list[tuple[str, int]]
-
-    @classmethod
-    def parse(cls, text: str) -> AdoptOrder:
-        data = json.loads(text)
-        alive = [(str(k), int(i)) for k, i in data["alive"] if k in ("worker", "standby")]
-        return cls(int(data["incarnation"]), float(data["died_t"]), alive)
-
-
-@dataclass
 class Adoption:
-    ctx: Context
-    members: Membership
-    commits: Commits
-    recoveries: Recoveries
-    switches: Switches
-    order: AdoptOrder
-    started_m: float = field(default_factory=time.monotonic)
-    started_t: float = field(default_factory=time.time)
-    claims: dict[str, Claim] = field(default_factory=dict)
-    open: bool = True
-    completion: Completion | None = None
-    """A planned switch whose decision went out before the death, to complete (:mod:`.adopted_switch`)."""
-    joins: dict[str, Joined] = field(default_factory=dict)
-    """``joined`` reports that arrived while adopting, by agent id: handled once the switch is taken back."""
+    def __init__(
+        self,
+        ctx: Context,
+        members: Membership,
+        commits: Commits,
+        recoveries: Recoveries,
+        switches: Switches,
+        order: AdoptOrder,
+    ) -> None:
+        self.ctx = ctx
+        self.members = members
+        self.commits = commits
+        self.recoveries = recoveries
+        self.switches = switches
+        self.order = order
+        self.started_m = time.monotonic()
+        self.started_t = time.time()
+        self.claims = Claims(ctx.state)
+        """What each agent said in its hello while adopting, and what that allows."""
+        self.open = True
+        """Adopting: the decision (:meth:`tick`) is not taken yet."""
+        self.joins: dict[str, Joined] = {}
+        """``joined`` reports that arrived while adopting, by agent id: handled once the switch is taken back."""
 
-    # ---- before the loop ----------------------------------------------------------------------
     def restore(self) -> None:
-        st, rd = self.ctx.state, self.ctx.rundir
-        snap = read_snapshot(rd.snapshot) or {}
-        journal = read_journal(rd.events)
-        st.step_log = read_steps(rd.steps)
-        st.step = st.step_log[-1]["step"] + 1 if st.step_log else st.start_step
-        st.fired = set(snap.get("fired", [])) | set(journalled(journal, ("fault", "fault_firing"), "index"))
-        st.standbys_started = max(
-            int(snap.get("standbys_started", 0)),
-            1 + max((i for k, i in self.order.alive if k == "standby"), default=-1),
-        )
-        st.epochs = max([int(snap.get("epochs", 0)), int(snap.get("epoch", 0)), *journalled(journal, None, "epoch")])
-        st.epoch = int(snap.get("epoch", 0))
-        st.incarnation = max([int(snap.get("incarnation", 0)), *journalled(journal, ("restart",), "incarnation")])
-        st.expected = set(self.order.alive) - found_gone(journal)  # not waited for: found lost already
-        st.mode = Mode.ADOPTING
-        self.ctx.events.restore(journal, st.step_log[-1]["t_end"] if st.step_log else None)
-        self.ctx.journal.write(
-            "adopting",
-            incarnation=self.order.incarnation,
-            step=st.step,
-            expected=[f"{k}{i}" for k, i in sorted(st.expected)],
-        )
-        log.warning(
-            "controller incarnation %d: adopting %d live processes at step %d",
-            self.order.incarnation,
-            len(st.expected),
-            st.step,
-        )
+        """Before the loop: take back what the dead incarnation committed (:func:`.adoption_restore.restore`)."""
+        restore(self.ctx, self.order)
 
     # ---- while adopting -----------------------------------------------------------------------
     def on_hello(self, agent: Agent, rejoin: Rejoin | None) -> None:
         if not self.open:
             return
-        self.claims[agent.aid] = Claim(agent, rejoin)
+        self.claims.by_agent[agent.aid] = Claim(agent, rejoin)
         if rejoin is not None and rejoin.leaving:  # it hands its slot over and exits (it took no slot)
             agent.rank, agent.expected_exit = rejoin.rank, True
 
@@ -159,15 +123,15 @@ class Adoption:
         if waiting and time.monotonic() - self.started_m < self.ctx.cfg.runtime.controller_lost_s:
             return
         self.open = False
-        recovering = self._recovering()
-        workers = self._workers()
+        recovering = self.claims.recovering()
+        workers = self.claims.workers()
         found = (
             None
-            if recovering or self._missing(workers)
+            if recovering or self.claims.missing(workers)
             else adopted_switch.find(
-                self.claims.values(),
+                self.claims.by_agent.values(),
                 workers,
-                self._last_step,
+                self.claims.last_step,
                 self.ctx.layout,
                 self.ctx.cfg.runtime.switch_mode == "full",
             )
@@ -175,9 +139,9 @@ class Adoption:
         if isinstance(found, str):
             self._refuse(found)
             return
-        self.completion = found
+        self.claims.completion = found
         self._drop_stray_joins()
-        why = self._resume_refusal() if recovering else self._refusal()
+        why = self.claims.resume_refusal() if recovering else self.claims.refusal()
         if why is not None:
             self._refuse(why)
         elif recovering:
@@ -188,111 +152,31 @@ class Adoption:
     def _drop_stray_joins(self) -> None:
         """A ``joined`` while adopting not of the completed switch (a recovery's): slot and vote taken back."""
         st = self.ctx.state
-        ours = {j.agent.aid for j in self.completion.joiners.values()} if self.completion is not None else set()
+        ours = (
+            {j.agent.aid for j in self.claims.completion.joiners.values()}
+            if self.claims.completion is not None
+            else set()
+        )
         for aid, msg in self.joins.items():
             if aid not in ours and st.slots.get(msg.rank) == aid:
                 del st.slots[msg.rank]
                 st.votes.pop(msg.rank, None)
                 st.agents[aid].rank = None
 
-    # ---- the decision -------------------------------------------------------------------------
-    def _workers(self) -> dict[int, Claim]:
-        """The claims that serve a slot by what they reported: a fresh worker by its id, a rejoin by its
-        rank (not a leaver handing its slot over, nor a joiner that joined while adopting)."""
-        return {
-            c.agent.rank: c
-            for c in self.claims.values()
-            if c.agent.rank is not None and (c.rejoin is None or (c.rejoin.rank is not None and not c.rejoin.leaving))
-        }
-
-    def _lead(self, workers: dict[int, Claim]) -> tuple[int, Decision | None]:
-        """The last step decided and its decision, None when no live process holds it."""
-        if self.completion is not None:
-            return self.completion.decision.step, self.completion.decision
-        last = max(self._last_step(c) for c in workers.values())
-        return last, next(
-            (
-                c.rejoin.decision
-                for c in workers.values()
-                if c.rejoin.decision is not None and c.rejoin.decision.step == last
-            ),
-            None,
-        )
-
-    def _last_step(self, c: Claim) -> int:
-        """The last step decided for this rank: its last decision's, else (a standby that joined and got
-        no decision since) the step before the one it computes next, else the run's start."""
-        d = c.rejoin.decision if c.rejoin is not None else None
-        if d is not None:
-            return d.step
-        if c.rejoin is not None and c.rejoin.step is not None:
-            return c.rejoin.step - 1
-        return self.ctx.state.start_step - 1
-
-    def _missing(self, workers: dict[int, Claim]) -> str | None:  # why the ranks back are not enough; None: they are
-        if not workers:
-            return "no rank came back"
-        if any(c.rejoin is None for c in workers.values()):
-            return "a rank started by the dead controller had not joined yet (a restart was in flight)"
-        return None
-
-    def _refusal(self) -> str | None:
-        workers = self._workers()
-        if (why := self._missing(workers)) is not None:
-            return why
-        in_plan = any(c.rejoin.in_plan for c in self.claims.values() if c.rejoin is not None)
-        if self.completion is None and in_plan and self._rollback() is None:
-            return "a switch or recovery was in flight"
-        switched = {self.completion.epoch} if self.completion is not None else set()
-        if len({c.rejoin.epoch for c in workers.values()} - switched) > 1:
-            return "the ranks are in different epochs"
-        last, lead = self._lead(workers)
-        steps = {self._last_step(c) for c in workers.values()} | {last}
-        if max(steps) - min(steps) > 1:
-            return f"the ranks' last decisions are more than one step apart: {sorted(steps)}"
-        if len(steps) > 1 and lead is None:
-            return f"no rank holds decision {last} to send again"
-        for c in workers.values():
-            d = c.rejoin.decision
-            if d is not None and d.checkpoint:
-                return "the last decision carried a checkpoint (a checkpoint-then-restart is not taken over)"
-            if self._last_step(c) < last and (c.rejoin.vote is None or c.rejoin.vote.step != last):
-                return f"rank {c.agent.rank} missed decision {last} without having voted for it"
-        return None
-
-    def _recovering(self) -> bool:
-        """A recovery was under way when the controller died: a rank saw an abort newer than its epoch."""
-        return any(c.rejoin is not None and c.rejoin.aborting for c in self.claims.values())
-
-    def _resume_refusal(self) -> str | None:
-        """Why a recovery caught by the controller's death cannot be redone from the start; None: it can."""
-        workers = self._workers()
-        if (why := self._missing(workers)) is not None:
-            return why
-        decisions = [c.rejoin.decision for c in workers.values() if c.rejoin.decision is not None]
-        steps = {self._last_step(c) for c in workers.values()}
-        if len(steps) > 1:
-            return f"a recovery was in flight and the ranks' last decisions differ: {sorted(steps)}"
-        if any(d.switch is not None or d.checkpoint for d in decisions):
-            return "the last decision carried a switch or a checkpoint"
-        if any(c.rejoin is not None and c.rejoin.leaving for c in self.claims.values()):
-            return "a recovery was in flight while a rank was handing its slot over in a switch"
-        return None
-
     def _resume_recovery(self) -> None:
         """Redo the recovery under way from its start: joiners still receiving state are cancelled
         (they stay warm), a new abort under a new epoch goes to every live rank, the ranks whose process
         is gone are the new plan's dead. No step was committed during a recovery: it is redone once."""
         st, now = self.ctx.state, time.time()
-        workers = self._workers()
-        last = max(self._last_step(c) for c in workers.values())  # one step (:meth:`_resume_refusal`)
-        st.epoch = max(c.rejoin.epoch for c in self.claims.values() if c.rejoin is not None)
+        workers = self.claims.workers()
+        last = max(self.claims.last_step(c) for c in workers.values())  # one step (:meth:`_resume_refusal`)
+        st.epoch = max(c.rejoin.epoch for c in self.claims.by_agent.values() if c.rejoin is not None)
         st.epochs = max(st.epochs, st.epoch)
         st.step, st.mode, st.votes = last + 1, Mode.RUNNING, {}
-        for c in self.claims.values():
+        for c in self.claims.by_agent.values():
             if c.agent.rank is None and c.rejoin is not None and c.rejoin.in_plan:
                 c.agent.channel.try_send(Cancel(epoch=c.rejoin.epoch))  # a join cut off: back to warm
-        self._open_event(now)
+        open_restart_event(self.ctx, self.order, self.started_t, now)
         missing = self._fence_missing()
         self.ctx.journal.write(
             "adopted",
@@ -305,25 +189,12 @@ class Adoption:
             adopt_s=round(now - self.started_t, 4),
             resumed_recovery=True,
         )
-        log.warning("adopted %d agents in the middle of a recovery at step %d: redoing it", len(self.claims), st.step)
+        log.warning(
+            "adopted %d agents in the middle of a recovery at step %d: redoing it", len(self.claims.by_agent), st.step
+        )
         dead = {r for r in range(self.ctx.layout.world) if not st.rank_alive(r)}
         self.recoveries.fail(dead, "the controller restarted during a recovery", now)
         st.retry_notices = True
-
-    def _rollback(self) -> set[int] | None:
-        """The epochs of planned switches caught in phase 1 that can be rolled back: every agent inside
-        a plan is inside one only by groups it prepared or a join not yet activated (no abort, no
-        applied switch: a decision carrying a switch is refused on its own). None when another plan
-        was in flight."""
-        epochs: set[int] = set()
-        for c in self.claims.values():
-            rj = c.rejoin
-            if rj is None or not rj.in_plan:
-                continue
-            if rj.aborting or not rj.prepared:
-                return None
-            epochs |= set(rj.prepared)
-        return epochs
 
     def _roll_back(self, epochs: set[int], now: float) -> None:
         """Cancel the planned switches caught in phase 1 everywhere and notice their ranks again: the
@@ -335,7 +206,7 @@ class Adoption:
             if e.get("type") == "event_begin" and e.get("kind") == "planned" and e.get("epoch") in epochs
         ]
         for epoch in sorted(epochs):
-            for c in self.claims.values():
+            for c in self.claims.by_agent.values():
                 c.agent.channel.try_send(Cancel(epoch=epoch))
             self.ctx.journal.write("event_cancelled", epoch=epoch)
         again = []
@@ -359,30 +230,32 @@ class Adoption:
 
     def _adopt(self) -> None:
         st, now = self.ctx.state, time.time()
-        rollback = (self._rollback() or set()) if self.completion is None else set()
-        workers = self._workers()
-        last, lead = self._lead(workers)
-        resent = [r for r, c in sorted(workers.items()) if self._last_step(c) < last]
-        for r in resent:
-            workers[r].agent.channel.try_send(lead)
-        epoch = self.completion.epoch if self.completion is not None else next(iter(workers.values())).rejoin.epoch
+        rollback = (self.claims.rollback() or set()) if self.claims.completion is None else set()
+        workers = self.claims.workers()
+        last, lead = self.claims.lead(workers)
+        resent = [r for r, c in sorted(workers.items()) if self.claims.last_step(c) < last]
+        if lead is not None:  # held whenever a rank is behind (:meth:`Claims.refusal`)
+            for r in resent:
+                workers[r].agent.channel.try_send(lead)
+        completion = self.claims.completion
+        epoch = completion.epoch if completion is not None else rejoin_of(next(iter(workers.values()))).epoch
         st.epoch, st.epochs = epoch, max(st.epochs, epoch)
-        self._complete_log(lead, workers, now)
+        complete_log(self.ctx, self.order, lead, [v for c in workers.values() if (v := rejoin_of(c).vote) is not None])
         st.step, st.mode = last + 1, Mode.RUNNING
         arrived = list(st.votes.values())  # sent after a rejoin, while adopting
         st.votes = {}
-        for vote in [c.rejoin.vote for c in workers.values() if c.rejoin.vote is not None] + arrived:
+        for vote in [v for c in workers.values() if (v := rejoin_of(c).vote) is not None] + arrived:
             if vote.step == st.step and vote.epoch == epoch:
                 st.votes[vote.rank] = vote
                 st.vote_t[vote.rank] = time.monotonic()
         completed = (
             {}
-            if self.completion is None
+            if self.claims.completion is None
             else adopted_switch.complete(
-                self.completion, self.ctx, self.switches, self.joins, self.order.incarnation, now
+                self.claims.completion, self.ctx, self.switches, self.joins, self.order.incarnation, now
             )
         )
-        self._open_event(now)
+        open_restart_event(self.ctx, self.order, self.started_t, now)
         missing = self._fence_missing()
         self.ctx.journal.write(
             "adopted",
@@ -396,7 +269,11 @@ class Adoption:
             **completed,
         )
         log.warning(
-            "adopted %d agents at step %d (decision %d sent again to ranks %s)", len(self.claims), st.step, last, resent
+            "adopted %d agents at step %d (decision %d sent again to ranks %s)",
+            len(self.claims.by_agent),
+            st.step,
+            last,
+            resent,
         )
         if rollback:
             self._roll_back(rollback, now)
@@ -414,49 +291,6 @@ class Adoption:
         """The ranks a completed switch is still moving to their joiners: nobody serves them meanwhile."""
         plan = self.ctx.state.plan
         return {m.rank for m in plan.moves if m.joiner in plan.waiting} if isinstance(plan, PlannedSwitch) else set()
-
-    def _complete_log(self, lead: Decision | None, workers: dict[int, Claim], now: float) -> None:
-        """A decided step the dead controller had no time to log gets an entry (its losses are gone)."""
-        st = self.ctx.state
-        logged = st.step_log[-1]["step"] if st.step_log else st.start_step - 1
-        for step in range(logged + 1, lead.step + 1 if lead is not None else 0):
-            votes = [
-                c.rejoin.vote for c in workers.values() if c.rejoin.vote is not None and c.rejoin.vote.step == step
-            ]
-            st.step_log.append(
-                {
-                    "step": step,
-                    "t_end": self.order.died_t,
-                    "dt": max((v.dt for v in votes), default=0.0),
-                    "loss": None,
-                    "epoch": lead.epoch,
-                    "restored": True,
-                }
-            )
-
-    def _open_event(self, now: float) -> None:
-        st = self.ctx.state
-        last_t = st.step_log[-1]["t_end"] if st.step_log else None
-        died, up = self.order.died_t, self.started_t
-        self.ctx.events.open_record(
-            {
-                "kind": "controller_restart",
-                "cause": "the controller process died",
-                "epoch": st.epoch,
-                "ranks": [],
-                "node": "",
-                "standby": "",
-                "notice_t": died,
-                "last_commit_t": last_t,
-                "status": "switched",
-                "switched_t": now,
-                "target_step": st.step,
-                "incarnation": self.order.incarnation,
-                "before_death_s": None if last_t is None else max(0.0, died - last_t),
-                "restart_s": max(0.0, up - died),
-                "adopt_s": max(0.0, now - up),
-            }
-        )
 
     def _fence_missing(self) -> list[str]:
         """Fence the listed processes that never came back; keep expecting standbys still queued."""
@@ -478,9 +312,9 @@ class Adoption:
             incarnation=self.order.incarnation,
             why=why,
             fallback="checkpoint_restart",
-            claims={c.agent.aid: (c.rejoin.model_dump() if c.rejoin else None) for c in self.claims.values()},
+            claims={c.agent.aid: (c.rejoin.model_dump() if c.rejoin else None) for c in self.claims.by_agent.values()},
         )
-        for c in self.claims.values():
+        for c in self.claims.by_agent.values():
             if c.agent.kind == "worker" or c.agent.rank is not None:
                 c.agent.expected_exit = True
                 self.members.kill(c.agent)

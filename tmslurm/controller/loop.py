@@ -1,19 +1,16 @@
-"""The controller: one per run, one thread, one queue, a dispatch table over typed messages.
+"""The controller: one per run, one thread, one queue; its collaborators built in dependency order.
 
 Contract:
 - Everything that can change the run arrives as a queue item (:mod:`tmslurm.controller.items`: a
   new agent, an agent's message, a disconnect, a request, a notice) and is handled on one thread,
   so every step is decided exactly once without locks: whichever of "last vote" and "failure" is
-  dequeued first wins. An item goes to its handler by its type (``item_handlers``), an agent's
-  message by the message's type (``handlers``); a node monitor's hello, messages and disconnect
-  go to the node watch.
-- Items reach the queue already authenticated and validated (:mod:`tmslurm.controller.gate`); a
-  handler that still fails is journalled (``handler_error``) and the run goes on (a failing
-  request is answered with an ``error``).
+  dequeued first wins. :class:`~tmslurm.controller.dispatch.Dispatch` sends each item to its handler
+  by its type, an agent's message by the message's type; a handler that fails is journalled
+  (``handler_error``) and the run goes on.
 - The work is done by collaborators built here, in dependency order, over one
   :class:`~tmslurm.controller.state.RunState`: membership, plan book, restarts, recoveries,
-  switches, commits, intake, deadlines, node watch (node monitors), summary. Cluster specifics come in as
-  :class:`~tmslurm.controller.hooks.ClusterHooks`, which never wait on the cluster: their results
+  switches, commits, intake, deadlines, node watch (node monitors), summary, dispatch. Cluster
+  specifics come in as :class:`~tmslurm.controller.hooks.ClusterHooks`, which never wait on the cluster: their results
   come back as queue items (:class:`~tmslurm.controller.items.Released`,
   :class:`~tmslurm.controller.items.FaultAt`), so no Slurm command delays a vote.
 - A restarted controller (``adopt``, from the supervisor) spawns nothing: it restores what was
@@ -31,7 +28,6 @@ import gc
 import logging
 import queue
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,22 +36,12 @@ from tmslurm.controller.adoption import Adoption, AdoptOrder
 from tmslurm.controller.commits import Commits
 from tmslurm.controller.context import Context
 from tmslurm.controller.deadlines import Deadlines
+from tmslurm.controller.dispatch import Dispatch
 from tmslurm.controller.events import EventLog
 from tmslurm.controller.gray import GrayEvictions
 from tmslurm.controller.hooks import ClusterHooks
 from tmslurm.controller.intake import Intake
-from tmslurm.controller.items import (
-    Batch,
-    Disconnected,
-    FaultAt,
-    HelloIn,
-    Item,
-    MessageIn,
-    NoticeIn,
-    Released,
-    RequestIn,
-    VotesIn,
-)
+from tmslurm.controller.items import Item, NoticeIn, RequestIn
 from tmslurm.controller.journal import Journal
 from tmslurm.controller.linkwatch import LinkProbes
 from tmslurm.controller.membership import Membership
@@ -68,7 +54,7 @@ from tmslurm.controller.restarts import Restarts
 from tmslurm.controller.server import ControlServer
 from tmslurm.controller.snapshot import Snapshots
 from tmslurm.controller.spawner import Spawner
-from tmslurm.controller.state import Agent, JobEnd, Mode, RunState
+from tmslurm.controller.state import JobEnd, Mode, RunState
 from tmslurm.controller.summary import Summary
 from tmslurm.core.config import RunConfig, wants_monitors
 from tmslurm.core.errors import TmslurmError
@@ -135,43 +121,24 @@ class Controller:
         self.deadlines = Deadlines(self.ctx, self.members, self.plans, self.recoveries, self.restarts, self.commits)
         self.monitors = NodeMonitors(self.ctx, self.members, self.recoveries, links)
         self.renewal = SpareRenewal(self.ctx, self.members)
-        self.handlers: dict[type, Callable[[Agent, Any], None]] = {
-            m.Vote: self.commits.on_vote,
-            m.Progress: self.commits.on_progress,
-            m.Groups: self.commits.on_groups,
-            m.Prepared: self.switches.on_prepared,
-            m.ShadowReady: self.switches.on_shadow_ready,
-            m.ShadowChecked: self.switches.on_shadow_checked,
-            m.Switched: self.switches.on_switched,
-            m.Left: self.switches.on_left,
-            m.Joined: self._on_joined,
-            m.JoinFailed: self.switches.on_join_failed,
-            m.Aborted: self.recoveries.on_aborted,
-            m.Recovered: self.recoveries.on_recovered,
-            m.CommErrorReport: self.recoveries.on_comm_error,
-            m.FaultFired: self.recoveries.on_fault,
-            m.Started: self._on_started,
-            m.Ready: self._on_ready,
-            m.Done: self._on_done,
-        }
-        self.item_handlers: dict[type, Callable[[Any], None]] = {
-            HelloIn: self._on_hello,
-            RequestIn: self._on_request,
-            MessageIn: self._on_message,
-            Disconnected: self._on_disconnect,
-            VotesIn: self._on_votes,
-            NoticeIn: self._on_notice,
-            FaultAt: self._on_fault_at,
-            Released: self._on_released,
-            Batch: self._on_batch,
-        }
-        """Queue item type -> its handler (:mod:`tmslurm.controller.items`), as ``handlers`` is for messages."""
         self.restarts.resume_after_requeue()
         self.adoption = (
             Adoption(self.ctx, self.members, self.commits, self.recoveries, self.switches, adopt) if adopt else None
         )
         if self.adoption is not None:
             self.adoption.restore()
+        self.dispatch = Dispatch(
+            self.ctx,
+            self.members,
+            self.commits,
+            self.switches,
+            self.recoveries,
+            self.restarts,
+            self.intake,
+            self.monitors,
+            self.adoption,
+        )
+        """The two dispatch tables (queue item class, agent message class -> handler) and their handlers."""
         self.logged = len(state.step_log)
         """Step log entries already handed to the snapshot writer (``steps.jsonl``)."""
         self.snapshots = Snapshots(rundir.snapshot, rundir.steps)
@@ -268,103 +235,8 @@ class Controller:
             self.members.touch(conn)
 
     def handle(self, item: Item) -> None:
-        """Handle one queue item (a gate's :class:`Batch`: each of its items); a failing handler is
-        journalled, never raised."""
-        try:
-            self.item_handlers[type(item)](item)
-        except Exception as exc:  # a bug must not end the run: journal it loudly and go on
-            log.exception("controller handler for %s failed", item.label)
-            self.ctx.journal.write("handler_error", item=item.label, error=repr(exc)[:300])
-            if isinstance(item, RequestIn):
-                item.ch.try_send(m.ErrorReply(error=f"internal error: {exc!r}"[:300]))
-                item.ch.close()
-        if self.state.retry_notices:
-            self.intake.retry_pending()
-
-    # ---- one handler per kind of queue item (:mod:`tmslurm.controller.items`) ----------------------
-    def _on_batch(self, item: Batch) -> None:
-        for one in item.items:
-            self.handle(one)
-
-    def _on_hello(self, item: HelloIn) -> None:
-        if item.hello.kind == "monitor":
-            self.monitors.hello(item.hello, item.conn, item.ch)
-            return
-        agent = self.members.hello(item.hello, item.conn, item.ch)
-        if agent is not None:
-            self.monitors.watch(agent)
-            if self.adoption is not None:
-                self.adoption.on_hello(agent, item.hello.rejoin)
-
-    def _on_message(self, item: MessageIn) -> None:
-        if self.monitors.owns(item.conn):
-            self.monitors.on_msg(item.conn, item.msg)
-            return
-        agent = self.members.agent_of_conn(item.conn)
-        if agent is None or not agent.alive:
-            return
-        handler = self.handlers.get(type(item.msg))
-        if handler is None:  # a monitor's message (exited, probed, ...) from a worker or standby: changes nothing
-            self.ctx.journal.write("message_refused", agent=agent.aid, msg=str(item.msg.type)[:40])
-            return
-        handler(agent, item.msg)
-
-    def _on_disconnect(self, item: Disconnected) -> None:
-        if self.monitors.owns(item.conn):
-            self.monitors.disconnect(item.conn)
-        else:
-            self.recoveries.disconnect(self.members.agent_of_conn(item.conn))
-
-    def _on_votes(self, item: VotesIn) -> None:
-        """A node relay's votes, for its agents' connections (0: refused)."""
-        agents = [self.members.agent_of_conn(c) if c else None for c in item.conns]
-        now_m = time.monotonic()
-        for agent in agents:  # a vote is a line from its agent: it proves it alive
-            if agent is not None:
-                agent.last_seen = now_m
-        self.commits.on_node_votes(agents, item.votes)
-
-    def _on_request(self, item: RequestIn) -> None:
-        self.intake.request(item.request, item.ch)
-
-    def _on_notice(self, item: NoticeIn) -> None:
-        self.intake.notice(item.notice)
-
-    def _on_fault_at(self, item: FaultAt) -> None:
-        self.recoveries.on_cluster_fault(item.fault, item.nodes, item.t)
-
-    def _on_released(self, item: Released) -> None:
-        """The cluster hooks gave a node back, off this thread."""
-        self.ctx.journal.write("node_released", node=item.node)
-
-    def _on_started(self, agent: Agent, msg: m.Started) -> None:
-        agent.starting = False
-        self.restarts.on_started(msg)
-
-    def _on_ready(self, agent: Agent, msg: m.Ready) -> None:
-        agent.starting = False
-        agent.roles[msg.role] = msg.model_dump(exclude={"type"})
-        self.ctx.journal.write(
-            "standby_ready",
-            agent=agent.aid,
-            node=agent.node,
-            **agent.roles[msg.role],
-            largest_rank_peak_rss_mb=self.commits.largest_rank_rss(),
-        )
-        self.commits.maybe_commit()
-        self.state.retry_notices = True
-
-    def _on_joined(self, agent: Agent, msg: m.Joined) -> None:
-        if self.adoption is not None and self.adoption.open:  # a switch the adoption may take back
-            self.adoption.on_joined(agent, msg)
-        else:
-            self.switches.on_joined(agent, msg)
-
-    def _on_done(self, agent: Agent, msg: m.Done) -> None:
-        if self.state.owns_slot(agent, msg.rank):
-            self.state.done[msg.rank] = msg
-            if len(self.state.done) >= self.ctx.layout.world:
-                self.state.mode = Mode.FINISHED
+        """Handle one queue item (:meth:`Dispatch.handle`: a failing handler is journalled, never raised)."""
+        self.dispatch.handle(item)
 
     # ---- the end ------------------------------------------------------------------------------
     def finish(self, server: ControlServer) -> dict[str, Any]:
