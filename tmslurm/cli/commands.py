@@ -21,6 +21,7 @@ import signal
 import sys
 from pathlib import Path
 
+from tmslurm.cli.guard import USAGE_ERROR, guarded
 from tmslurm.core.errors import TmslurmError
 
 
@@ -155,8 +156,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    try:
-        return args.fn(args)
-    except TmslurmError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 3 if "unreachable" in str(exc) or "not running" in str(exc) else 2
+    return guarded(lambda: args.fn(args), _status_of)
+
+
+def _status_of(exc: TmslurmError) -> int:
+    """3 when no controller answered (the run is not running), else 2."""
+    return 3 if "unreachable" in str(exc) or "not running" in str(exc) else USAGE_ERROR

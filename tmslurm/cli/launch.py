@@ -21,6 +21,7 @@ import logging
 import sys
 from pathlib import Path
 
+from tmslurm.cli.guard import guarded
 from tmslurm.core.config import RunConfig, compose_config, from_dict, to_dict, world_size
 from tmslurm.core.errors import TmslurmError
 from tmslurm.core.results import Summary, load_summary
@@ -90,38 +91,38 @@ def print_summary(summary: Summary, run_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tmslurm.core.logs import setup_logging
-
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--help" in argv or "-h" in argv:
         print(USAGE)
         return 0
     if argv[:1] == ["--prepared"] and len(argv) == 2:
-        return _run_prepared(Path(argv[1]))
+        return guarded(lambda: _run_prepared(Path(argv[1])))
     show = False
     if "--cfg" in argv:
         i = argv.index("--cfg")
         show = True
         del argv[i : i + (2 if i + 1 < len(argv) and argv[i + 1] in ("job", "all") else 1)]
-    try:
-        cfg = compose_config(argv)
-        if show:
-            from omegaconf import OmegaConf
+    return guarded(lambda: _launch(argv, show))
 
-            print(OmegaConf.to_yaml(OmegaConf.create(to_dict(cfg))))
-            return 0
-        setup_logging()
-        warn_unprotected(cfg)
-        if cfg.cluster == "local":
-            summary = run_local(cfg)
-            return 0 if summary.final_params_sha256 else 1
-        from tmslurm.slurm.proc.job import launch_slurm
 
-        launch_slurm(cfg)
+def _launch(argv: list[str], show: bool) -> int:
+    from tmslurm.core.logs import setup_logging
+
+    cfg = compose_config(argv)
+    if show:
+        from omegaconf import OmegaConf
+
+        print(OmegaConf.to_yaml(OmegaConf.create(to_dict(cfg))))
         return 0
-    except TmslurmError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    setup_logging()
+    warn_unprotected(cfg)
+    if cfg.cluster == "local":
+        summary = run_local(cfg)
+        return 0 if summary.final_params_sha256 else 1
+    from tmslurm.slurm.proc.job import launch_slurm
+
+    launch_slurm(cfg)
+    return 0
 
 
 def _run_prepared(run_dir: Path) -> int:
@@ -129,12 +130,8 @@ def _run_prepared(run_dir: Path) -> int:
     from tmslurm.core.logs import setup_logging
 
     setup_logging()
-    try:
-        cfg = from_dict(read_json_object(RunDir(run_dir).config, "run config"))
-        summary = supervise_local(cfg, run_dir)
-    except TmslurmError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    cfg = from_dict(read_json_object(RunDir(run_dir).config, "run config"))
+    summary = supervise_local(cfg, run_dir)
     return 0 if summary.final_params_sha256 else 1
 
 
