@@ -87,13 +87,13 @@ class Run:
                 raise WaitTimeout(f"run {self.run_dir} did not finish within {timeout:g} s (it goes on)")
             time.sleep(POLL_S)
         if self.proc is not None:
-            self._reap(deadline)
+            self._reap(self.proc, deadline)
         return load_summary(summary)
 
-    def _reap(self, deadline: float | None) -> None:
+    def _reap(self, proc: subprocess.Popen, deadline: float | None) -> None:
         """Wait for the local launcher, which exits right after the summary is written."""
         try:
-            rc = self.proc.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            rc = proc.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             raise WaitTimeout(f"run {self.run_dir}: its launcher has not exited yet (it goes on)") from None
         if not RunDir(self.run_dir).summary.is_file():

@@ -296,7 +296,9 @@ def check_epochs(files: RunFiles) -> Check:
     steps = [(e["epoch"], e) for e in files.steps if isinstance(e.get("epoch"), int)]
     bad += _went_down(with_jobs(steps, starts, lambda p: _t_end(p[1])), "step log epoch went down")
     groups = [(e.epoch, e) for e in files.journal if e.type == "groups" and e.rank is not None and e.epoch is not None]
-    for rank in sorted({e.rank for _, e in groups}):  # each rank's groups, built for the epoch in force
+    for rank in sorted(
+        {r for _, e in groups if (r := e.rank) is not None}
+    ):  # each rank's groups, built for the epoch in force
         mine = [p for p in groups if p[1].rank == rank]
         bad += _went_down(with_jobs(mine, starts, lambda p: p[1].t), f"rank {rank}'s groups epoch went down")
     return Check(
@@ -381,8 +383,8 @@ def journal_faults(journal: list[JournalEntry]) -> list[InjectedFault]:
             by_index.setdefault(e.index, []).append(e)
     out = []
     for index, recs in sorted(by_index.items()):
-        ranks = {r for e in recs for r in (e.ranks or [e.rank]) if r is not None}
-        nodes = {n for e in recs for n in (e.nodes or [e.node]) if n}
+        ranks = {r for e in recs for r in (e.ranks or ([] if e.rank is None else [e.rank]))}
+        nodes = {n for e in recs for n in (e.nodes or ([e.node] if e.node else []))}
         t = min(float(e.extra("at") or e.t) for e in recs)
         out.append(
             InjectedFault(
