@@ -14,10 +14,17 @@ from typing import Any
 
 import pytest
 
+from tmslurm.core.results import Summary
 from tmslurm.tools.chaoscheck import ChaosInputError, InjectedFault, check_run, main
 
 T0 = 1_700_000_000.0
 H = {"final_state_sha256": "aa" * 32, "final_params_sha256": "bb" * 32}
+RUN = {"run_id": "r", "layout": {"dp": 2, "pp": 2}, "events": []}
+"""What every summary holds besides the fields a case sets."""
+
+
+def _reference(**over: Any) -> Summary:
+    return Summary.parse({**RUN, "steps": 20, **H, **over}, "test reference")
 
 
 def _event(kind: str, epoch: int, ranks: list[int], t: float, **more: Any) -> dict[str, Any]:
@@ -54,6 +61,7 @@ def switch_run() -> dict[str, Any]:
     ]
     steps = [{"step": s, "t_end": T0 + s + 0.9, "epoch": 0 if s < 11 else 1 if s < 16 else 2} for s in range(20)]
     summary = {
+        **RUN,
         "steps": 20,
         "resumed_from_step": 0,
         **H,
@@ -323,12 +331,12 @@ def test_driver_fault_explains_an_event(tmp_path):
 def test_final_state(tmp_path):
     path = write_run(tmp_path / "run", switch_run())
     assert check_run(path).checks[-1].status == "SKIP"
-    assert check_run(path, reference=dict(H)).checks[-1].status == "PASS"
-    bad = check_run(path, reference=dict(H, final_state_sha256="cc" * 32))
+    assert check_run(path, reference=_reference()).checks[-1].status == "PASS"
+    bad = check_run(path, reference=_reference(final_state_sha256="cc" * 32))
     assert bad.checks[-1].status == "FAIL" and not bad.passed
     assert bad.checks[-1].offending[0]["problem"] == "final_state_sha256 differs"
     with pytest.raises(ChaosInputError, match="reference"):
-        check_run(path, reference=dict(H, final_params_sha256=None))
+        check_run(path, reference=_reference(final_params_sha256=None))
 
 
 def test_cli_reference_without_hashes_names_it(tmp_path, capsys):
@@ -390,7 +398,7 @@ def test_bad_input_names_the_file(tmp_path, capsys, spoil, name):
 def test_cli(tmp_path, capsys):
     good = write_run(tmp_path / "good", switch_run())
     ref = tmp_path / "ref.json"
-    ref.write_text(json.dumps(H))
+    ref.write_text(json.dumps({**RUN, "steps": 20, **H}))
     assert main([str(good), "--reference-summary", str(ref)]) == 0
     out = capsys.readouterr().out
     assert "PASS  commits" in out and "PASS  final_state" in out and "SKIP  processes" in out
@@ -499,14 +507,14 @@ def test_real_local_run_with_a_kill_and_a_drain_passes(tmp_path):
     journal = [json.loads(line) for line in (tmp_path / "chaos" / "events.jsonl").read_text().splitlines()]
     pids = [e["pid"] for e in journal if e["type"] in ("agent_up", "monitor_up")]  # every process is on this host
     pids.append(json.loads((tmp_path / "chaos" / "controller.json").read_text())["pid"])
-    report = check_run(tmp_path / "chaos", reference=ref, pids=pids)
+    report = check_run(tmp_path / "chaos", reference=Summary.parse(ref, "ref"), pids=pids)
     assert report.passed, report.to_json()
     assert all(c.status == "PASS" for c in report.checks), [(c.name, c.status) for c in report.checks]
     assert report.faults_by_kind == {"kill": 1, "drain": 1} and not report.false_alarms
     assert sum(report.events_by_kind.values()) >= 2 and report.downtime_s["n"] >= 2
     broken = copy.deepcopy(ref)
     broken["final_params_sha256"] = "00" * 32
-    assert not check_run(tmp_path / "chaos", reference=broken).passed
+    assert not check_run(tmp_path / "chaos", reference=Summary.parse(broken, "broken")).passed
 
 
 @pytest.mark.parametrize("pending,status", [(True, "PASS"), (False, "FAIL")])
@@ -517,7 +525,7 @@ def test_a_drain_the_run_was_still_waiting_on_is_explained_by_its_pending_notice
     run = switch_run()
     if pending:
         run["summary"]["pending_notices"] = [
-            {"kind": "maintenance", "node": "n3", "rank": None, "reason": "DRAIN", "time": T0 + 18.4}
+            {"kind": "maintenance", "node": "n3", "rank": None, "source": "slurm", "reason": "DRAIN", "time": T0 + 18.4}
         ]
     drain = InjectedFault(t=T0 + 18.0, kind="drain", ranks=(3,), nodes=("n3",))
     report = check_run(write_run(tmp_path / "run", run), faults=[drain])

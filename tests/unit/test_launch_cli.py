@@ -78,6 +78,7 @@ def _summary() -> dict:
         "layout": {"dp": 2, "pp": 2, "tp": 1},
         "steps": 20,
         "final_params_sha256": "ab" * 32,
+        "final_state_sha256": "12" * 32,
         "stage_digests": ["cd" * 32, "ef" * 32],
         "replicas_equal": True,
         "replica_mismatch_steps": [],

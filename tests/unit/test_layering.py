@@ -56,6 +56,8 @@ FORBIDDEN = [
     ("tmslurm.comm", "tmslurm.controller"),
     ("tmslurm.train", "tmslurm.agent"),
     ("tmslurm.train", "tmslurm.controller"),
+    ("tmslurm.core", "tmslurm.agent"),
+    ("tmslurm.core", "tmslurm.controller"),
 ]
 
 

@@ -23,7 +23,7 @@ def _summary() -> dict:
         t += dt
         steps.append({"step": step, "t_end": t, "dt": dt, "loss": 5.0 - step * 0.05})
     base = {
-        "rank": 1,
+        "ranks": [1],
         "node": "n2",
         "standby": "s1",
         "detect_s": 0.01,
@@ -35,17 +35,17 @@ def _summary() -> dict:
     }
     events = [
         dict(base, kind="drain", notice_t=T0 + 3.0, downtime_s=1.3),
-        dict(base, kind="kill", rank=3, node="n4", notice_t=T0 + 8.0, detect_s=0.8, transfer_s=None, downtime_s=2.1),
+        dict(base, kind="kill", ranks=[3], node="n4", notice_t=T0 + 8.0, detect_s=0.8, transfer_s=None, downtime_s=2.1),
         {
             "kind": "node_down",
-            "rank": 2,
+            "ranks": [2],
             "node": "n3",
             "standby": "s2",
             "notice_t": T0 + 13.0,
             "detect_s": 1.2,
             "phase2_s": 0.4,
             "downtime_s": 1.8,
-            "extra_key": "ignored",
+            "extra_key": "kept",
         },
     ]
     return {
@@ -53,12 +53,12 @@ def _summary() -> dict:
         "layout": {"dp": 2, "pp": 2, "tp": 1},
         "steps": 60,
         "final_params_sha256": "ab" * 32,
+        "final_state_sha256": "cd" * 32,
         "loss_first": 5.0,
         "loss_last": 2.05,
         "median_step_s": 0.2,
         "step_log": steps,
         "events": events,
-        "unknown": 1,
     }
 
 
@@ -176,11 +176,22 @@ def test_run_without_bench_files(tmp_path: Path) -> None:
     assert not (tmp_path / "out" / "scaling.png").exists()
 
 
-@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"step_log": 3}', '{"events": [1, 2]}'])
+@pytest.mark.parametrize(
+    "content",
+    [
+        "{not json",
+        "[1, 2]",
+        json.dumps(dict(_summary(), step_log=3)),
+        json.dumps(dict(_summary(), events=[1, 2])),
+        json.dumps(dict(_summary(), unknown=1)),
+        json.dumps({k: v for k, v in _summary().items() if k != "run_id"}),
+    ],
+)
 def test_corrupt_summary_names_file(tmp_path: Path, content: str) -> None:
     (tmp_path / "summary.json").write_text(content)
     with pytest.raises(TmslurmError, match="summary.json"):
         write_report(tmp_path)
+    assert not (tmp_path / "report").exists()
 
 
 def test_missing_summary_names_file(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit import slurm_text as T
 from tmslurm.core.errors import SlurmParseError
 from tmslurm.slurm import parse as P
 
@@ -170,7 +171,7 @@ def test_scontrol_show_res(version, name):
 @pytest.mark.parametrize("version", VERSIONS)
 def test_sinfo_T(version):
     cmd, text = load(version, "sinfo-T-maint.txt")
-    (resv,) = P.parse_sinfo_reservations(text, cmd=cmd)
+    (resv,) = T.parse_sinfo_reservations(text, cmd=cmd)
     start, end = RESV_TIMES[version]
     assert (resv.name, resv.state, resv.nodes) == ("maint1", "INACTIVE", names(version, 1))
     assert (resv.start_time, resv.end_time) == (datetime.fromisoformat(start), datetime.fromisoformat(end))
@@ -236,7 +237,7 @@ SINFO = {
 @pytest.mark.parametrize("version,name", list(SINFO), ids=[f"{v}-{n}" for v, n in SINFO])
 def test_sinfo_nodes(version, name):
     cmd, text = load(version, name)
-    rows = P.parse_sinfo_nodes(text, cmd=cmd)
+    rows = T.parse_sinfo_nodes(text, cmd=cmd)
     expected = [
         (f"{PREFIX[version]}{i + 1}", frozenset(s.upper().split("+")), r)
         for i, (s, r) in enumerate(SINFO[version, name])
@@ -248,12 +249,12 @@ def test_sinfo_nodes(version, name):
 
 def test_sinfo_command_matches_recorded_widths():
     cmd, _ = load("22.05", "sinfo-N-O-idle.txt")
-    assert cmd == "sinfo " + " ".join(P.sinfo_node_args())
+    assert cmd == "sinfo " + " ".join(T.sinfo_node_args())
 
 
 def test_sinfo_row_to_node_info_classifies_like_scontrol():
     cmd, text = load("22.05", "sinfo-N-O-down.txt")
-    infos = [row.to_node_info() for row in P.parse_sinfo_nodes(text, cmd=cmd)]
+    infos = [row.to_node_info() for row in T.parse_sinfo_nodes(text, cmd=cmd)]
     assert [(i.base_state, P.classify(i), i.drain_phase) for i in infos] == [
         ("MIXED", "ok", None),
         ("IDLE", "maintenance", "drained"),
@@ -272,11 +273,11 @@ def test_sinfo_row_to_node_info_classifies_like_scontrol():
 def test_squeue(version):
     p, job, requeued = PREFIX[version], JOB_ID[version], REQUEUED_JOB_ID[version]
     cmd, text = load(version, "squeue-job-running.txt")
-    assert P.parse_squeue(text, cmd=cmd) == [
+    assert T.parse_squeue(text, cmd=cmd) == [
         {"job_id": job, "state": "RUNNING", "node_list": f"{p}[1-3]", "num_nodes": "3", "reason": "None"}
     ]
     cmd, text = load(version, "squeue-after-node-loss.txt")
-    assert P.parse_squeue(text, cmd=cmd) == [
+    assert T.parse_squeue(text, cmd=cmd) == [
         {"job_id": requeued, "state": "PENDING", "node_list": "", "num_nodes": "1", "reason": "BeginTime"},
         {"job_id": job, "state": "RUNNING", "node_list": f"{p}[1,3]", "num_nodes": "2", "reason": "None"},
     ]
@@ -284,7 +285,7 @@ def test_squeue(version):
 
 def test_squeue_command_matches_format():
     cmd, _ = load("24.11", "squeue-after-node-loss.txt")
-    assert cmd.endswith(P.SQUEUE_FORMAT)
+    assert cmd.endswith(T.SQUEUE_FORMAT)
 
 
 def test_sacct_parsable2_22_05():
@@ -315,9 +316,9 @@ def test_sacct_parsable2_22_05():
         (P.parse_jobs, "\n"),
         (P.parse_jobs, "No jobs in the system\n"),
         (P.parse_reservations, "No reservations in the system\n"),
-        (P.parse_sinfo_nodes, ""),
-        (P.parse_sinfo_reservations, ""),
-        (P.parse_squeue, ""),
+        (T.parse_sinfo_nodes, ""),
+        (T.parse_sinfo_reservations, ""),
+        (T.parse_squeue, ""),
         (P.parse_sacct, ""),
         (P.parse_sacct, "JobID|State\n"),
     ],
@@ -444,7 +445,7 @@ def test_classify(state, kind):
 def test_classify_accepts_word_iterables_and_rows():
     assert P.classify(["idle", "drain"]) == "maintenance"
     assert P.classify({"DOWN"}) == "failure"
-    assert P.classify(P.SinfoNode("n1", frozenset({"IDLE"}), "")) == "ok"
+    assert P.classify(T.SinfoNode("n1", frozenset({"IDLE"}), "").to_node_info()) == "ok"
 
 
 def test_parse_state_suffixes_and_abbreviations():
@@ -475,13 +476,13 @@ SINFO_LINE = f"{'tmn1':<40}{'idle':<60}{'none':<80}"
         (P.parse_jobs, "JobId=10 JobState=RUNNING Restarts=0 NodeList=n[3-1]\n", "NodeList=n[3-1]"),
         (P.parse_reservations, "ReservationName=m StartTime=soon EndTime=later Nodes=n1\n", "StartTime=soon"),
         (P.parse_reservations, "ReservationName=m StartTime=2026-12-02T10:44:06\n", "ReservationName=m"),
-        (P.parse_sinfo_nodes, "tmn1 idle none\n", "tmn1 idle none"),
-        (P.parse_sinfo_nodes, "tmn1\n", "tmn1"),
-        (P.parse_sinfo_nodes, f"{'tmn1':<40}{'x' * 60}none\n", "x" * 40),  # state fills its column
-        (P.parse_sinfo_nodes, f"{'n' * 40}{'idle':<60}none\n", "n" * 40),  # node fills its column
-        (P.parse_sinfo_reservations, "maint1 INACTIVE 2026-12-02T10:44:06\n", "maint1 INACTIVE"),
-        (P.parse_sinfo_reservations, "maint1 INACTIVE now later 01:00:00 tmn1\n", "maint1 INACTIVE now"),
-        (P.parse_squeue, "10|RUNNING\n", "10|RUNNING"),
+        (T.parse_sinfo_nodes, "tmn1 idle none\n", "tmn1 idle none"),
+        (T.parse_sinfo_nodes, "tmn1\n", "tmn1"),
+        (T.parse_sinfo_nodes, f"{'tmn1':<40}{'x' * 60}none\n", "x" * 40),  # state fills its column
+        (T.parse_sinfo_nodes, f"{'n' * 40}{'idle':<60}none\n", "n" * 40),  # node fills its column
+        (T.parse_sinfo_reservations, "maint1 INACTIVE 2026-12-02T10:44:06\n", "maint1 INACTIVE"),
+        (T.parse_sinfo_reservations, "maint1 INACTIVE now later 01:00:00 tmn1\n", "maint1 INACTIVE now"),
+        (T.parse_squeue, "10|RUNNING\n", "10|RUNNING"),
         (P.parse_sacct, "JobID|State\n10|RUNNING|extra\n", "10|RUNNING|extra"),
         (P.parse_sacct, "<html>error</html>\n", "<html>error</html>"),
         (P.parse_sbatch_parsable, "Submitted batch job 12\n", "Submitted batch job 12"),
@@ -500,13 +501,13 @@ def test_sinfo_default_width_truncation_is_detected():
     # With sinfo's default -O width (20) the state below is cut to "allocated+drain+rebo".
     line = f"{'tmn3':<20}{'allocated+drain+reboot_requested'[:20]}{'kernel update':<20}\n"
     with pytest.raises(SlurmParseError, match="truncated"):
-        P.parse_sinfo_nodes(line, widths=(20, 20, 20))
+        T.parse_sinfo_nodes(line, widths=(20, 20, 20))
     ok = f"{'tmn3':<20}{'mixed+drain':<20}{'kernel update':<20}\n"
-    assert P.parse_sinfo_nodes(ok, widths=(20, 20, 20)) == [("tmn3", frozenset({"MIXED", "DRAIN"}), "kernel update")]
+    assert T.parse_sinfo_nodes(ok, widths=(20, 20, 20)) == [("tmn3", frozenset({"MIXED", "DRAIN"}), "kernel update")]
 
 
 def test_valid_sinfo_line_built_like_the_tests_parses():
-    assert P.parse_sinfo_nodes(SINFO_LINE) == [("tmn1", frozenset({"IDLE"}), "")]
+    assert T.parse_sinfo_nodes(SINFO_LINE) == [("tmn1", frozenset({"IDLE"}), "")]
 
 
 def test_parse_error_truncates_long_lines():

@@ -5,6 +5,7 @@ the end of the run and Ctrl-C; and the view of a real controller's status reply.
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
 
@@ -12,6 +13,17 @@ from tests.unit.controller_harness import Harness
 from tmslurm.cli.run_status import RunEnding, RunStatus, StandbyView, fetch, from_summary
 from tmslurm.cli.status_view import CLEAR, RateMeter, Watch, _warmth, format_status, format_watch
 from tmslurm.core.errors import AuthError, TmslurmError
+from tmslurm.core.results import Summary
+
+SUMMARY = {
+    "run_id": "r",
+    "layout": {"dp": 2, "pp": 1},
+    "steps": 24,
+    "final_params_sha256": None,
+    "final_state_sha256": None,
+    "loss_last": 1.5,
+    "events": [],
+}
 
 
 def _status(**over) -> dict:
@@ -105,17 +117,21 @@ def test_the_one_shot_listing_keeps_its_format():
 
 
 def test_a_summary_reads_as_a_finished_status():
-    st = RunStatus.from_dict(
-        from_summary(
-            {
-                "run_id": "r",
-                "steps": 20,
-                "loss_last": 3.0,
-                "median_step_s": 0.5,
-                "standbys": [{"id": "s0", "node": "n", "roles": {"last": {}, "first": {}}}],
-            }
-        )
+    summary = Summary.parse(
+        {
+            "run_id": "r",
+            "layout": {"dp": 2, "pp": 1},
+            "steps": 20,
+            "final_params_sha256": "ab" * 32,
+            "final_state_sha256": "cd" * 32,
+            "loss_last": 3.0,
+            "median_step_s": 0.5,
+            "events": [],
+            "standbys": [{"id": "s0", "node": "n", "roles": {"last": {}, "first": {}}}],
+        },
+        "test summary",
     )
+    st = RunStatus.from_dict(from_summary(summary))
     assert st.finished and st.step == 20 and st.loss == 3.0 and st.step_time_s == 0.5
     assert st.standbys[0].warm == ("first", "last") and st.ranks == []
 
@@ -205,7 +221,7 @@ def test_a_run_that_is_ending_is_waited_for(tmp_path, monkeypatch):
     def sleep(s: float) -> None:
         t[0] += s
         if t[0] >= 0.3:
-            (tmp_path / "summary.json").write_text('{"steps": 24, "loss_last": 1.5, "events": []}')
+            (tmp_path / "summary.json").write_text(json.dumps(SUMMARY))
 
     st = fetch(tmp_path, None, timeout_s=5, clock=lambda: t[0], sleep=sleep)
     assert st["mode"] == "finished" and st["step"] == 24

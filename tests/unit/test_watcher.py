@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit import slurm_text as T
 from tmslurm.core.errors import ConfigError, SlurmError
 from tmslurm.slurm import parse as P
 from tmslurm.slurm.client import CliSlurmClient
@@ -28,7 +29,7 @@ def load(version: str, name: str) -> tuple[str, str]:
 
 def sinfo_nodes(version: str, name: str) -> list[P.NodeInfo]:
     cmd, text = load(version, name)
-    return [row.to_node_info() for row in P.parse_sinfo_nodes(text, cmd=cmd)]
+    return [row.to_node_info() for row in T.parse_sinfo_nodes(text, cmd=cmd)]
 
 
 def scontrol_nodes(version: str, name: str) -> list[P.NodeInfo]:
@@ -193,7 +194,7 @@ def test_drain_before_announced_maintenance_is_reported_again_as_earlier():
 
 def test_reservations_that_do_not_concern_us():
     (maint,) = reservations("22.05")
-    (no_flags,) = P.parse_sinfo_reservations(load("22.05", "sinfo-T-maint.txt")[1])
+    (no_flags,) = T.parse_sinfo_reservations(load("22.05", "sinfo-T-maint.txt")[1])
     start = maint.start_time.timestamp()
     assert NodeWatch({"tmn2": "main"}).observe([], [maint], start - 60) == []  # other node
     assert NodeWatch({"tmn1": "main"}).observe([], [no_flags], start - 60) == []  # not MAINT

@@ -22,6 +22,7 @@ import signal
 import sys
 from pathlib import Path
 
+from tmslurm.cli.guard import USAGE_ERROR, guarded
 from tmslurm.core.errors import TmslurmError
 from tmslurm.core.rundir import RunDir
 
@@ -163,8 +164,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    try:
-        return args.fn(args)
-    except TmslurmError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 3 if "unreachable" in str(exc) or "not running" in str(exc) else 2
+    return guarded(lambda: args.fn(args), _status_of)
+
+
+def _status_of(exc: TmslurmError) -> int:
+    """3 when no controller answered (the run is not running), else 2."""
+    return 3 if "unreachable" in str(exc) or "not running" in str(exc) else USAGE_ERROR

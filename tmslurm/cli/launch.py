@@ -11,18 +11,21 @@ overrides (``parallel.dp=2 model=small faults='[{step:10,kind:drain,rank:1}]'``)
   written);
 - ``cluster=slurm`` submits the main job and the spares (see :mod:`tmslurm.slurm.proc.job`).
 A bad override prints one ``error:`` line naming the override and exits 2; nothing is started.
+``tmslurm-launch --prepared RUN_DIR`` runs a ``cluster=local`` run whose directory
+:func:`~tmslurm.run.prepare.prepare_run_dir` already wrote (``config.json`` and the token), as
+:func:`tmslurm.launch` does in a child process; it exits as above.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any
 
-from tmslurm.core.config import RunConfig, compose_config, to_dict, world_size
+from tmslurm.cli.guard import guarded
+from tmslurm.core.config import RunConfig, compose_config, from_dict, to_dict, world_size
 from tmslurm.core.errors import TmslurmError
+from tmslurm.core.results import Summary, load_summary
 from tmslurm.core.rundir import RunDir
 from tmslurm.run.prepare import prepare_run_dir, warn_unprotected
 from tmslurm.wire.protocol import write_token
@@ -30,16 +33,26 @@ from tmslurm.wire.protocol import write_token
 log = logging.getLogger(__name__)
 
 
-def run_local(cfg: RunConfig) -> dict[str, Any]:
+def run_local(cfg: RunConfig) -> Summary:
     """Run the whole job on this host under a supervisor (it restarts a controller that dies); the summary."""
+    return supervise_local(cfg, prepare_local(cfg))
+
+
+def prepare_local(cfg: RunConfig) -> Path:
+    """The run directory of a local run, written (config and token) and ready for :func:`supervise_local`."""
+    run_dir = prepare_run_dir(cfg)
+    write_token(run_dir)
+    return run_dir
+
+
+def supervise_local(cfg: RunConfig, run_dir: Path) -> Summary:
+    """Run the prepared ``run_dir`` on this host under a supervisor; the summary."""
     import socket
 
     from tmslurm.controller.server import open_store
     from tmslurm.controller.spawner import LocalSpawner
     from tmslurm.run.supervisor import Supervisor, log_as_supervisor
 
-    run_dir = prepare_run_dir(cfg)
-    write_token(run_dir)
     host = "127.0.0.1"
     sup = Supervisor(cfg, run_dir, LocalSpawner(run_dir, cfg), socket.create_server((host, 0)), open_store(host), host)
     log_as_supervisor(RunDir(run_dir))
@@ -54,60 +67,70 @@ def run_local(cfg: RunConfig) -> dict[str, Any]:
         run_dir,
     )
     rc = sup.run()
-    try:
-        summary = json.loads(RunDir(run_dir).summary.read_text())
-    except (OSError, ValueError):
-        raise TmslurmError(
-            f"the run ended without a summary (controller status {rc}); see {RunDir(run_dir).events}"
-        ) from None
+    if not RunDir(run_dir).summary.is_file():
+        raise TmslurmError(f"the run ended without a summary (controller status {rc}); see {RunDir(run_dir).events}")
+    summary = load_summary(RunDir(run_dir).summary)
     print_summary(summary, run_dir)
     return summary
 
 
-def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
+def print_summary(summary: Summary, run_dir: Path) -> None:
+    num = lambda v: "?" if v is None else f"{v:.4f}"  # noqa: E731
     print(
-        f"run {run_dir}: {summary['steps']} steps, loss {summary['loss_first']:.4f} -> {summary['loss_last']:.4f}, "
-        f"median step {summary['median_step_s']:.3f}s"
+        f"run {run_dir}: {summary.steps} steps, loss {num(summary.loss_first)} -> {num(summary.loss_last)}, "
+        f"median step {num(summary.median_step_s)}s"
     )
-    for ev in summary["events"]:
-        down = ev.get("downtime_s")
-        print(f"  event {ev['kind']:<12} ranks={ev.get('ranks')} downtime={'?' if down is None else f'{down:.3f}s'}")
-    print(f"final_params_sha256 {summary['final_params_sha256']}")
+    for ev in summary.events:
+        down = "?" if ev.downtime_s is None else f"{ev.downtime_s:.3f}s"
+        print(f"  event {ev.kind:<12} ranks={ev.ranks} downtime={down}")
+    print(f"final_params_sha256 {summary.final_params_sha256}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tmslurm.core.logs import setup_logging
-
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--help" in argv or "-h" in argv:
         from tmslurm.cli.launch_help import usage
 
         print(usage())
         return 0
+    if argv[:1] == ["--prepared"] and len(argv) == 2:
+        return guarded(lambda: _run_prepared(Path(argv[1])))
     show = False
     if "--cfg" in argv:
         i = argv.index("--cfg")
         show = True
         del argv[i : i + (2 if i + 1 < len(argv) and argv[i + 1] in ("job", "all") else 1)]
-    try:
-        cfg = compose_config(argv)
-        if show:
-            from omegaconf import OmegaConf
+    return guarded(lambda: _launch(argv, show))
 
-            print(OmegaConf.to_yaml(OmegaConf.create(to_dict(cfg))))
-            return 0
-        setup_logging()
-        warn_unprotected(cfg)
-        if cfg.cluster == "local":
-            summary = run_local(cfg)
-            return 0 if summary["final_params_sha256"] else 1
-        from tmslurm.slurm.proc.job import launch_slurm
 
-        launch_slurm(cfg)
+def _launch(argv: list[str], show: bool) -> int:
+    from tmslurm.core.logs import setup_logging
+
+    cfg = compose_config(argv)
+    if show:
+        from omegaconf import OmegaConf
+
+        print(OmegaConf.to_yaml(OmegaConf.create(to_dict(cfg))))
         return 0
-    except TmslurmError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    setup_logging()
+    warn_unprotected(cfg)
+    if cfg.cluster == "local":
+        summary = run_local(cfg)
+        return 0 if summary.final_params_sha256 else 1
+    from tmslurm.slurm.proc.job import launch_slurm
+
+    launch_slurm(cfg)
+    return 0
+
+
+def _run_prepared(run_dir: Path) -> int:
+    from tmslurm.core.jsonfile import read_json_object
+    from tmslurm.core.logs import setup_logging
+
+    setup_logging()
+    cfg = from_dict(read_json_object(RunDir(run_dir).config, "run config"))
+    summary = supervise_local(cfg, run_dir)
+    return 0 if summary.final_params_sha256 else 1
 
 
 if __name__ == "__main__":

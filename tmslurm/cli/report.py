@@ -13,7 +13,8 @@ writes into ``out_dir`` (default ``<run_dir>/report/``):
   vs full rebuild;
 - ``report.md`` linking them, with the numbers as tables.
 
-Extra keys are ignored; a missing or null part is plotted as 0 and listed under "Notes".
+The summary is read as a :class:`~tmslurm.core.results.Summary`; a missing or null part of an
+event is plotted as 0 and listed under "Notes".
 Failure behaviour: a missing, unreadable or malformed summary.json (or a benchmark file that was
 passed but cannot be read) raises :class:`~tmslurm.core.errors.TmslurmError` naming the file. Plots
 need matplotlib (the ``report`` extra), imported lazily and drawn with the Agg canvas only.
@@ -32,6 +33,7 @@ from typing import Any
 from tmslurm.controller.events import pause_parts
 from tmslurm.core.errors import TmslurmError
 from tmslurm.core.jsonfile import read_json_object
+from tmslurm.core.results import Event, Summary, load_summary
 from tmslurm.core.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -103,16 +105,6 @@ def _list_of_dicts(data: dict, key: str, path: Path, what: str) -> list[dict]:
     return value
 
 
-def load_summary(path: Path) -> dict:
-    """Read and check a run's summary.json; TmslurmError naming the file if it is unusable."""
-    data = read_json_object(path, "run summary")
-    data["step_log"] = _list_of_dicts(data, "step_log", path, "run summary")
-    data["events"] = _list_of_dicts(data, "events", path, "run summary")
-    if not isinstance(data.get("layout", {}), (dict, type(None))):
-        raise TmslurmError(f"run summary {path}: 'layout' must be an object")
-    return data
-
-
 def load_bench(path: Path | str | None, what: str) -> dict | None:
     """Read a benchmark JSON with a ``rows`` list, or None when no path was passed."""
     if path is None:
@@ -141,9 +133,9 @@ def _fmt(value: float | None, unit: str = "") -> str:
     return "n/a" if value is None else f"{value:.3g}{unit}"
 
 
-def _event_label(i: int, ev: dict) -> str:
+def _event_label(i: int, ev: Event) -> str:
     ranks = _ranks(ev)
-    return f"#{i} {ev.get('kind', '?')}" + (f" r{ranks}" if ranks else "")
+    return f"#{i} {ev.kind}" + (f" r{ranks}" if ranks else "")
 
 
 def _new_figure(title: str):
@@ -189,29 +181,25 @@ def _colors(n: int) -> list:
 # ---------------------------------------------------------------- run plots
 
 
-def _event_downtime(ev: dict) -> float | None:
+def _event_downtime(ev: Event) -> float | None:
     """The event's measured downtime, else the sum of its pause parts (phase 1 excluded)."""
-    measured = _num(ev.get("downtime_s"))
+    measured = ev.part("downtime_s")
     if measured is not None:
         return measured
-    parts = [_num(ev.get(p)) for p in EVENT_PARTS if p != "phase1_s"]
+    parts = [ev.part(p) for p in EVENT_PARTS if p != "phase1_s"]
     return sum(p for p in parts if p is not None) if any(p is not None for p in parts) else None
 
 
-def plot_throughput(summary: dict, out_dir: Path, notes: list[str]) -> str | None:
+def plot_throughput(summary: Summary, out_dir: Path, notes: list[str]) -> str | None:
     """Step time vs wall time with each interruption as a labelled band; None without steps."""
-    steps = [
-        (t, dt)
-        for s in summary["step_log"]
-        if (t := _num(s.get("t_end"))) is not None and (dt := _num(s.get("dt"))) is not None
-    ]
-    if len(steps) < len(summary["step_log"]):
-        notes.append(f"{len(summary['step_log']) - len(steps)} step_log entries without numeric t_end/dt were skipped.")
+    steps = [(t, dt) for s in summary.step_log if (t := _num(s.t_end)) is not None and (dt := _num(s.dt)) is not None]
+    if len(steps) < len(summary.step_log):
+        notes.append(f"{len(summary.step_log) - len(steps)} step_log entries with a non-finite t_end/dt were skipped.")
     if not steps:
         notes.append("No usable step_log: throughput plot skipped.")
         return None
     t0 = min(t - dt for t, dt in steps)
-    fig, ax = _new_figure(f"Step time over the run ({summary.get('run_id', 'run')})")
+    fig, ax = _new_figure(f"Step time over the run ({summary.run_id})")
     ax.hlines(
         [dt for _, dt in steps],
         [t - dt - t0 for t, dt in steps],
@@ -225,23 +213,23 @@ def plot_throughput(summary: dict, out_dir: Path, notes: list[str]) -> str | Non
     if dts and max(dts) / min(dts) > 20:
         ax.set_yscale("log")
         _plain_ticks(ax, "y")
-    _mark_events(ax, summary["events"], t0, notes)
+    _mark_events(ax, summary.events, t0, notes)
     ax.set_xlabel("wall time since the first step started (s)")
     ax.set_ylabel("step time (s)")
     _legend_outside(ax)
     return _save(fig, out_dir, "throughput.png")
 
 
-def _mark_events(ax, events: list[dict], t0: float, notes: list[str]) -> None:
-    kinds = _ordered((str(e.get("kind", "?")) for e in events), ())
+def _mark_events(ax, events: list[Event], t0: float, notes: list[str]) -> None:
+    kinds = _ordered((e.kind for e in events), ())
     color = dict(zip(kinds, _colors(len(kinds))))
     labelled: set[str] = set()
     for i, ev in enumerate(events, 1):
-        start = _num(ev.get("notice_t"))
+        start = ev.part("notice_t")
         if start is None:
             notes.append(f"Event {_event_label(i, ev)} has no notice_t: not marked in time.")
             continue
-        kind, x = str(ev.get("kind", "?")), start - t0
+        kind, x = ev.kind, start - t0
         width = _event_downtime(ev) or 0.0
         legend = None if kind in labelled else f"{kind} (notice → +downtime)"
         labelled.add(kind)
@@ -291,35 +279,33 @@ def _bars(
     _legend_outside(ax)
 
 
-def plot_event_parts(summary: dict, out_dir: Path, notes: list[str]) -> str | None:
+def plot_event_parts(summary: Summary, out_dir: Path, notes: list[str]) -> str | None:
     """Stacked pause parts per event of the run, ``other`` included, so each bar is the event's gap
     (marked); None without events."""
-    events = summary["events"]
+    events = summary.events
     if not events:
         notes.append("The run had no interruptions: downtime-parts plot skipped.")
         return None
-    order = _ordered((p for ev in events for p in pause_parts(ev)), EVENT_PARTS + RESTART_PARTS)
+    order = _ordered((p for ev in events for p in _pause_parts(ev)), EVENT_PARTS + RESTART_PARTS)
     stacks: dict[str, list[float]] = {}
     for part in order + ["other_s"]:
         stacks[part] = [
-            max(0.0, _num(ev.get(part)) or 0.0) if part in pause_parts(ev) or part == "other_s" else 0.0
-            for ev in events
+            max(0.0, ev.part(part) or 0.0) if part in _pause_parts(ev) or part == "other_s" else 0.0 for ev in events
         ]
     for i, ev in enumerate(events, 1):
-        missing = [p for p in pause_parts(ev) if _num(ev.get(p)) is None]
+        missing = [p for p in _pause_parts(ev) if ev.part(p) is None]
         if missing:
             notes.append(
                 f"Event {_event_label(i, ev)}: {', '.join(missing)} missing or null, "
                 "plotted as 0 (their time is in 'other')."
             )
-        other = _num(ev.get("other_s"))
-        if other is not None and other < 0:
+        if (other := ev.part("other_s") or 0.0) < 0:
             notes.append(
                 f"Event {_event_label(i, ev)}: its parts overlap by {-other:.3g} s (negative 'other', plotted as 0)."
             )
     fig, ax = _new_figure("Pause parts per interruption (they add up to the gap)")
     labels = [_event_label(i, ev) for i, ev in enumerate(events, 1)]
-    _bars(ax, labels, stacks, totals=[_num(ev.get("gap_s")) for ev in events], total_label="measured gap")
+    _bars(ax, labels, stacks, totals=[ev.part("gap_s") for ev in events], total_label="measured gap")
     ax.set_ylabel("event (#, kind, ranks)")
     return _save(fig, out_dir, "downtime_parts.png")
 
@@ -448,18 +434,17 @@ def _image(name: str | None, alt: str) -> list[str]:
     return [f"![{alt}]({name})", ""] if name else []
 
 
-def _run_section(summary: dict, images: dict) -> list[str]:
-    layout = summary.get("layout") or {}
-    lay = " × ".join(f"{k}={v}" for k, v in layout.items()) or "n/a"
+def _run_section(summary: Summary, images: dict) -> list[str]:
+    lay = " × ".join(f"{k}={v}" for k, v in summary.layout.model_dump().items())
     lines = [
-        f"# Run report: {summary.get('run_id', 'unknown run')}",
+        f"# Run report: {summary.run_id}",
         "",
         f"- layout: {lay}",
-        f"- steps: {summary.get('steps', 'n/a')}",
-        f"- loss: {_fmt(_num(summary.get('loss_first')))} → {_fmt(_num(summary.get('loss_last')))}",
-        f"- median step time: {_fmt(_num(summary.get('median_step_s')), ' s')}",
-        f"- final parameters sha256: `{summary.get('final_params_sha256', 'n/a')}`",
-        f"- interruptions: {len(summary['events'])}",
+        f"- steps: {summary.steps}",
+        f"- loss: {_fmt(_num(summary.loss_first))} → {_fmt(_num(summary.loss_last))}",
+        f"- median step time: {_fmt(_num(summary.median_step_s), ' s')}",
+        f"- final parameters sha256: `{summary.final_params_sha256 or 'n/a'}`",
+        f"- interruptions: {len(summary.events)}",
         "",
         "## Step time",
         "",
@@ -467,23 +452,23 @@ def _run_section(summary: dict, images: dict) -> list[str]:
     return lines + _image(images.get("throughput"), "step time over wall time")
 
 
-def _events_section(summary: dict, images: dict) -> list[str]:
+def _events_section(summary: Summary, images: dict) -> list[str]:
     lines = ["## Interruptions", ""]
-    if not summary["events"]:
+    if not summary.events:
         return lines + ["No interruptions in this run.", ""]
     header = ["#", "kind", "ranks", "node", "standby", "gap", "= pause parts + other", "downtime"]
     rows = [
         [
             str(i),
-            str(ev.get("kind", "?")),
+            ev.kind,
             _ranks(ev),
-            str(ev.get("node") or ""),
-            str(ev.get("standby") or ""),
-            _fmt(_num(ev.get("gap_s")), " s"),
+            ev.node or "",
+            ev.standby or "",
+            _fmt(ev.part("gap_s"), " s"),
             _sum_text(ev),
-            _fmt(_num(ev.get("downtime_s")), " s"),
+            _fmt(ev.part("downtime_s"), " s"),
         ]
-        for i, ev in enumerate(summary["events"], 1)
+        for i, ev in enumerate(summary.events, 1)
     ]
     lines += _table(header, rows) + [""]
     lines += [
@@ -496,19 +481,23 @@ def _events_section(summary: dict, images: dict) -> list[str]:
     return lines + _image(images.get("parts"), "pause parts per event")
 
 
-def _ranks(ev: dict) -> str:
-    ranks = ev.get("ranks", ev.get("rank"))
-    return ",".join(str(r) for r in ranks) if isinstance(ranks, list) else ("" if ranks is None else str(ranks))
+def _ranks(ev: Event) -> str:
+    return ",".join(str(r) for r in ev.ranks)
 
 
-def _sum_text(ev: dict) -> str:
+def _pause_parts(ev: Event) -> tuple[str, ...]:
+    """The parts that lie one after the other in the event's pause (:func:`~tmslurm.controller.events.pause_parts`)."""
+    return pause_parts(ev.record())
+
+
+def _sum_text(ev: Event) -> str:
     terms = [
-        f"{PART_LABELS.get(p, p[:-2]).split(' (')[0]} {_num(ev[p]):.3f}"
-        for p in pause_parts(ev)
-        if _num(ev.get(p)) is not None
+        f"{PART_LABELS.get(p, p[:-2]).split(' (')[0]} {value:.3f}"
+        for p in _pause_parts(ev)
+        if (value := ev.part(p)) is not None
     ]
-    if _num(ev.get("other_s")) is not None:
-        terms.append(f"other {_num(ev['other_s']):.3f}")
+    if (other := ev.part("other_s")) is not None:
+        terms.append(f"other {other:.3f}")
     return " + ".join(terms) or "n/a"
 
 
@@ -575,7 +564,7 @@ def write_report(
     missing or malformed; nothing is written in that case.
     """
     run_dir = Path(run_dir)
-    summary = load_summary(RunDir(Path(run_dir)).summary)
+    summary = load_summary(RunDir(run_dir).summary)
     downtime = load_bench(downtime_json, "downtime benchmark")
     scaling = load_bench(scaling_json, "scaling benchmark")
     out = Path(out_dir) if out_dir is not None else run_dir / "report"

@@ -1,19 +1,21 @@
 """A run's status as typed data, read from its live controller or, once it has ended, ``summary.json``.
 
 Contract: :func:`fetch` returns the raw status dict (what ``tmslurm status --json`` prints): the
-controller's ``status`` reply, or for a finished run ``summary.json`` with ``mode`` ``finished`` and
-``step``, ``loss``, ``step_time_s`` filled in. It raises :class:`~tmslurm.core.errors.TmslurmError`:
-"unreachable"/"not running" when no controller answers and no summary exists ("not running yet",
-naming ``controller.json``, when the controller never advertised itself), the controller's own
+controller's ``status`` reply, or for a finished run ``summary.json`` (read as a
+:class:`~tmslurm.core.results.Summary`: a malformed one raises TmslurmError naming the file) with
+``mode`` ``finished`` and ``step``, ``loss``, ``step_time_s`` filled in. It raises
+:class:`~tmslurm.core.errors.TmslurmError`: "unreachable"/"not running" when no controller answers
+and no summary exists ("not running yet", naming ``controller.json``, when the controller never
+advertised itself), the controller's own
 refusal (e.g. a wrong token) otherwise. A controller that answers that the run is ending (it
 takes no more requests) is followed by its ``summary.json``: :func:`fetch` waits for it, up to its
 timeout, then raises :class:`RunEnding`. :meth:`RunStatus.from_dict` turns either dict into a
-:class:`RunStatus`; missing fields (an older controller, a summary) read as unknown, never fail.
+:class:`RunStatus` (its events read as :class:`~tmslurm.core.results.Event`); missing fields (an older
+controller, a summary) read as unknown, never fail.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tmslurm.core.errors import TmslurmError
+from tmslurm.core.results import Event, Summary, load_summary
 from tmslurm.core.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -101,7 +104,7 @@ class RunStatus:
             shape_classes=tuple(st.get("shape_classes") or ()),
             ranks=[_rank(r) for r in st.get("ranks") or []],
             standbys=[_standby(s) for s in st.get("standbys") or []],
-            events=[_event(e) for e in st.get("events") or []],
+            events=[_event(Event.parse(e, "status event")) for e in st.get("events") or []],
             main_job_id=None if st.get("main_job_id") is None else str(st["main_job_id"]),
             spare_job_ids=[str(j) for j in st.get("spare_job_ids") or []],
             incarnation=int(st.get("incarnation") or 0),
@@ -117,16 +120,9 @@ def _standby(s: dict[str, Any]) -> StandbyView:
     return StandbyView(str(s.get("id")), s.get("node"), tuple(sorted(s.get("roles") or ())), bool(s.get("busy", False)))
 
 
-def _event(ev: dict[str, Any]) -> EventView:
-    parts = {k: float(ev[k]) for k in EVENT_PARTS if isinstance(ev.get(k), (int, float))}
-    down = ev.get("downtime_s")
-    return EventView(
-        str(ev.get("kind")),
-        list(ev.get("ranks") or []),
-        ev.get("node"),
-        float(down) if isinstance(down, (int, float)) else None,
-        parts,
-    )
+def _event(ev: Event) -> EventView:
+    parts = {k: v for k in EVENT_PARTS if (v := ev.part(k)) is not None}
+    return EventView(ev.kind, list(ev.ranks), ev.node, ev.part("downtime_s"), parts)
 
 
 class RunEnding(TmslurmError):
@@ -155,7 +151,7 @@ def fetch(
     except TmslurmError:
         if not summary.is_file():
             raise
-        return from_summary(json.loads(summary.read_text()))
+        return from_summary(load_summary(summary))
     if "status" in reply:
         return reply["status"]
     if not reply.get("ending"):
@@ -165,15 +161,15 @@ def fetch(
         if clock() >= deadline:
             raise RunEnding(f"{reply.get('error')}; no summary.json yet")
         sleep(0.1)
-    return from_summary(json.loads(summary.read_text()))
+    return from_summary(load_summary(summary))
 
 
-def from_summary(summary: dict[str, Any]) -> dict[str, Any]:
+def from_summary(summary: Summary) -> dict[str, Any]:
     """``summary.json`` in the shape of a status reply."""
     return {
-        **summary,
-        "mode": summary.get("mode", "finished"),
-        "step": summary.get("steps"),
-        "loss": summary.get("loss_last"),
-        "step_time_s": summary.get("median_step_s"),
+        **summary.model_dump(mode="json"),
+        "mode": "finished",
+        "step": summary.steps,
+        "loss": summary.loss_last,
+        "step_time_s": summary.median_step_s,
     }

@@ -192,17 +192,17 @@ class Layout:
         out: dict[str, GroupSpec] = {}
         for stage in range(self.pp):
             for t in range(self.tp):
-                name = f"dp/stage{stage}" + (f"/tp{t}" if self.tp > 1 else "")
+                name = self._dp_name(stage, t)
                 out[name] = GroupSpec(name, tuple(self.rank(d, stage, t) for d in range(self.dp)))
         for d in range(self.dp):
             for stage in range(self.pp - 1):
                 for t in range(self.tp):
-                    name = f"pp/replica{d}/{stage}-{stage + 1}" + (f"/tp{t}" if self.tp > 1 else "")
+                    name = self._pair_name(d, stage, t)
                     out[name] = GroupSpec(name, (self.rank(d, stage, t), self.rank(d, stage + 1, t)))
         if self.tp > 1:
             for d in range(self.dp):
                 for stage in range(self.pp):
-                    name = f"tp/replica{d}/stage{stage}"
+                    name = self._tp_name(d, stage)
                     out[name] = GroupSpec(name, tuple(self.rank(d, stage, t) for t in range(self.tp)))
         return out
 
@@ -225,15 +225,22 @@ class Layout:
 
     def dp_group(self, rank: int) -> str:
         c = self.coord(rank)
-        return f"dp/stage{c.stage}" + (f"/tp{c.tp}" if self.tp > 1 else "")
+        return self._dp_name(c.stage, c.tp)
 
     def tp_group(self, rank: int) -> str | None:
         """The tensor-parallel group of ``rank`` (None when tp = 1)."""
         c = self.coord(rank)
-        return f"tp/replica{c.dp}/stage{c.stage}" if self.tp > 1 else None
+        return self._tp_name(c.dp, c.stage) if self.tp > 1 else None
+
+    # the one place each group name is spelled (``groups`` and the per-rank look-ups above use them)
+    def _dp_name(self, stage: int, tp: int) -> str:
+        return f"dp/stage{stage}" + (f"/tp{tp}" if self.tp > 1 else "")
 
     def _pair_name(self, dp: int, stage: int, tp: int) -> str:
         return f"pp/replica{dp}/{stage}-{stage + 1}" + (f"/tp{tp}" if self.tp > 1 else "")
+
+    def _tp_name(self, dp: int, stage: int) -> str:
+        return f"tp/replica{dp}/stage{stage}"
 
 
 def split_layers(n_layer: int, pp: int) -> list[range]:

@@ -13,10 +13,9 @@ Contract:
 Hostlists (``n[1-3,5]``) are expanded and compressed by :mod:`tmslurm.slurm.hostlist`, whose two
 functions are re-exported here.
 
-Formats handled: ``scontrol [-o] show node|job|res``, ``sinfo -N -h -O NodeList:W,StateComplete:W,
-Reason:W`` (fixed width; ``-O`` pads each field to its width and *truncates* longer values, so the
-widths must be known and wide enough), ``sinfo -T``, ``squeue -h -o <fields joined by |>``,
-``sacct --parsable2``, ``sbatch --parsable`` and ``sinfo --version``.
+Formats handled: ``scontrol [-o] show node|job|res``, ``sacct --parsable2``, ``sbatch --parsable`` and
+``sinfo --version`` (the tests' parsers of ``sinfo -N -O``, ``sinfo -T`` and ``squeue`` live beside
+them, in tests/unit/slurm_text.py).
 
 Node state classification (:func:`classify`) -- failure wins over maintenance wins over ok:
 
@@ -38,7 +37,6 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import NamedTuple
 
 from tmslurm.core.errors import SlurmParseError
 from tmslurm.slurm.hostlist import compress_hostlist, expand_hostlist  # noqa: F401 (re-exported)
@@ -84,24 +82,6 @@ _COMPACT = {
 }
 _SUFFIX_CHARS = "".join(_SUFFIX_FLAGS)
 _STATE_WORD = re.compile(r"^[A-Z][A-Z_]*$")
-# Slurm's base states, then the long names sinfo uses as a whole state; the first found is the base.
-_BASE_ORDER = (
-    "DOWN",
-    "IDLE",
-    "ALLOCATED",
-    "MIXED",
-    "ERROR",
-    "FUTURE",
-    "UNKNOWN",
-    "DRAINED",
-    "DRAINING",
-    "FAIL",
-    "FAILING",
-    "MAINT",
-    "RESERVED",
-    "PLANNED",
-    "POWERED_DOWN",
-)
 _MAX_QUOTE = 160
 
 
@@ -165,21 +145,6 @@ class Reservation:
         return "MAINT" in self.flags
 
 
-class SinfoNode(NamedTuple):
-    """One row of ``sinfo -N -h -O NodeList,StateComplete,Reason``; unpacks as (node, states, reason)."""
-
-    node: str
-    states: frozenset[str]
-    reason: str
-
-    def to_node_info(self) -> NodeInfo:
-        """The row as a :class:`NodeInfo` (``raw`` empty), e.g. to feed the watcher from sinfo."""
-        base = next((s for s in _BASE_ORDER if s in self.states), None) or sorted(self.states)[0]
-        flags = frozenset(self.states - {base})
-        state = "+".join([base, *sorted(flags)])
-        return NodeInfo(self.node, state, base, flags, self.reason)
-
-
 # ----------------------------------------------------------------------------------------------
 # Errors
 # ----------------------------------------------------------------------------------------------
@@ -222,14 +187,14 @@ def parse_state(text: str) -> tuple[str, frozenset[str]]:
     return base, frozenset(flags - {base})
 
 
-def classify(node: NodeInfo | SinfoNode | str | Iterable[str]) -> str:
+def classify(node: NodeInfo | str | Iterable[str]) -> str:
     """``"ok"``, ``"maintenance"`` or ``"failure"`` for a node or its states (see module table).
 
-    Accepts a NodeInfo, a SinfoNode, a state string (``"IDLE+DRAIN"``, ``"down*"``) or an iterable
+    Accepts a NodeInfo, a state string (``"IDLE+DRAIN"``, ``"down*"``) or an iterable
     of state words. Failure wins over maintenance, maintenance over ok. A malformed state string
     raises ValueError (parsers have already rejected those with SlurmParseError).
     """
-    if isinstance(node, (NodeInfo, SinfoNode)):
+    if isinstance(node, NodeInfo):
         states = node.states
     elif isinstance(node, str):
         states = _state_words(node)
@@ -422,59 +387,6 @@ def parse_reservations(text: str, cmd: str = "scontrol show res") -> list[Reserv
 # sinfo
 # ----------------------------------------------------------------------------------------------
 
-SINFO_NODE_WIDTHS = (40, 60, 80)
-
-
-def sinfo_node_args(widths: tuple[int, int, int] = SINFO_NODE_WIDTHS) -> list[str]:
-    """The sinfo arguments whose output :func:`parse_sinfo_nodes` reads with the same widths."""
-    w1, w2, w3 = widths
-    return ["-N", "-h", "-O", f"NodeList:{w1},StateComplete:{w2},Reason:{w3}"]
-
-
-def parse_sinfo_nodes(
-    text: str,
-    widths: tuple[int, int, int] = SINFO_NODE_WIDTHS,
-    cmd: str = "sinfo -N -h -O NodeList,StateComplete,Reason",
-) -> list[SinfoNode]:
-    """Parse fixed-width ``sinfo -N -h -O NodeList:W1,StateComplete:W2,Reason:W3`` rows.
-
-    ``-O`` left-justifies each value in its column and cuts what does not fit (default width 20,
-    too narrow for ``allocated+drain+reboot_requested``), so a node or state that fills its column
-    may be truncated and is rejected. Reason ``none`` (sinfo's "no reason") becomes "".
-    A node in several partitions appears once per partition.
-    """
-    w1, w2, _ = widths
-    rows = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        node, state, reason = line[:w1], line[w1 : w1 + w2], line[w1 + w2 :].strip()
-        if not node.strip() or " " in node.strip() or not state.strip() or " " in state.strip():
-            raise parse_error(cmd, line, f"expected columns NodeList:{w1},StateComplete:{w2},Reason")
-        if not node.endswith(" ") or (len(state) == w2 and not state.endswith(" ")):
-            raise parse_error(cmd, line, "a value fills its column and may be truncated; widen it")
-        try:
-            base, flags = parse_state(state)
-        except ValueError as exc:
-            raise parse_error(cmd, line, str(exc)) from None
-        rows.append(SinfoNode(node.strip(), flags | {base}, "" if reason == "none" else reason))
-    return rows
-
-
-def parse_sinfo_reservations(text: str, cmd: str = "sinfo -T") -> list[Reservation]:
-    """Parse ``sinfo -T`` (header optional). Flags are not printed by sinfo: they come back empty."""
-    out = []
-    for line in text.splitlines():
-        cols = line.split(None, 5)
-        if not cols or cols[0] == "RESV_NAME":
-            continue
-        if len(cols) < 5:
-            raise parse_error(cmd, line, "expected RESV_NAME STATE START_TIME END_TIME DURATION NODELIST")
-        start, end = _times(cols[2], cols[3], cmd, line)
-        node_list = _null(cols[5]) if len(cols) == 6 else ""
-        out.append(Reservation(cols[0], start, end, _nodes(node_list, cmd, line), frozenset(), node_list, cols[1]))
-    return out
-
 
 def parse_version(text: str, cmd: str = "sinfo --version") -> str:
     """``slurm 22.05.8`` -> ``"22.05.8"``."""
@@ -487,24 +399,6 @@ def parse_version(text: str, cmd: str = "sinfo --version") -> str:
 # ----------------------------------------------------------------------------------------------
 # squeue, sacct, sbatch
 # ----------------------------------------------------------------------------------------------
-
-SQUEUE_FORMAT = "%i|%T|%N|%D|%r"
-SQUEUE_FIELDS = ("job_id", "state", "node_list", "num_nodes", "reason")
-
-
-def parse_squeue(
-    text: str, fields: tuple[str, ...] = SQUEUE_FIELDS, cmd: str = f"squeue -h -o {SQUEUE_FORMAT}"
-) -> list[dict[str, str]]:
-    """Parse ``squeue -h -o`` with ``|``-joined fields; the last field may itself contain ``|``."""
-    rows = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        cols = line.split("|", len(fields) - 1)
-        if len(cols) != len(fields):
-            raise parse_error(cmd, line, f"expected {len(fields)} '|'-separated fields {fields}")
-        rows.append(dict(zip(fields, cols)))
-    return rows
 
 
 def parse_sacct(text: str, cmd: str = "sacct --parsable2") -> list[dict[str, str]]:

@@ -17,8 +17,10 @@ driver passes must be gone or a zombie in ``/proc`` (``os.kill(pid, 0)`` semanti
 SKIP without pids; 6. ``final_state``: both final hashes equal the reference run's (SKIP without one).
 
 Failure behaviour: a missing file, a line of ``events.jsonl``/``steps.jsonl`` that is not a JSON
-object (a torn line too), or a summary without the hash keys raises :class:`ChaosInputError` naming
-the file (and line); the CLI prints it and exits 2. A violated invariant is a FAIL with its
+object (a torn line too) or not a journal record, or a summary that is not one
+(:class:`~tmslurm.core.results.Summary`: one without the hash keys too) raises :class:`ChaosInputError`
+naming the file (and line); a reference summary with a null hash raises it too; the CLI prints it
+and exits 2. A violated invariant is a FAIL with its
 offending records (CLI exit 1); SKIP fails nothing.
 CLI: ``python -m tmslurm.tools.chaoscheck RUN_DIR [--reference-summary PATH] [--pid PID ...] [--json]``.
 """
@@ -31,16 +33,16 @@ import json
 import logging
 import sys
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from tmslurm.controller.journal import read_journal
 from tmslurm.controller.snapshot import read_steps
 from tmslurm.controller.state import process_of
 from tmslurm.core.errors import TmslurmError
 from tmslurm.core.jsonfile import read_json_object
+from tmslurm.core.results import Event, JournalEntry, Summary, load_journal, load_summary
 from tmslurm.core.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -100,9 +102,9 @@ class CheckReport:
 
 @dataclass(kw_only=True)
 class RunFiles:
-    journal: list[dict[str, Any]]
+    journal: list[JournalEntry]
     steps: list[dict[str, Any]]
-    summary: dict[str, Any]
+    summary: Summary
     notes: list[dict[str, Any]]
 
 
@@ -130,54 +132,61 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
     return read_json_object(path, what, ChaosInputError)
 
 
-def require_hashes(summary: dict[str, Any], path: Path | str, null_ok: bool = True) -> None:
-    """Both hash keys are there (a null one, a run whose replicas diverged, only where ``null_ok``)."""
-    missing = [k for k in HASH_KEYS if k not in summary or (summary[k] is None and not null_ok)]
+def read_reference(path: Path) -> Summary:
+    """The reference run's summary: both hashes set (its replicas agreed), or ChaosInputError naming it."""
+    ref = load_summary(path, ChaosInputError)
+    require_hashes(ref, path)
+    return ref
+
+
+def require_hashes(summary: Summary, where: Path | str) -> None:
+    """Both hashes are set (not null: a run whose replicas diverged has none)."""
+    missing = [k for k in HASH_KEYS if getattr(summary, k) is None]
     if missing:
-        raise ChaosInputError(f"{path}: summary without {', '.join(missing)} (not a finished run's summary.json?)")
+        raise ChaosInputError(f"{where}: summary with a null {', '.join(missing)} (its replicas diverged?)")
 
 
 def load_run(run_dir: Path) -> RunFiles:
     rd = RunDir(Path(run_dir))
     if not rd.path.is_dir():
         raise ChaosInputError(f"{rd.path}: not a directory")
-    _require_jsonl(rd.events)
+    journal = load_journal(rd.events, ChaosInputError)
     _require_jsonl(rd.steps)
-    summary = read_json(rd.summary, "run summary")
-    require_hashes(summary, rd.summary)
+    summary = load_summary(rd.summary, ChaosInputError)
     notes = [
         {"t": read_json(p, "archived note").get(key), "note": p.name}
         for glob, key in NOTES.items()
         for p in sorted(rd.path.glob(glob))
     ]
     log.debug("%s: %d archived notes of earlier jobs", rd.path, len(notes))
-    return RunFiles(journal=read_journal(rd.events), steps=read_steps(rd.steps), summary=summary, notes=notes)
+    return RunFiles(journal=journal, steps=read_steps(rd.steps), summary=summary, notes=notes)
 
 
 # ---- 1. commits ------------------------------------------------------------------------------
-def redo_allowances(files: RunFiles, events: list[dict[str, Any]]) -> Counter[tuple[int, int]]:
+def redo_allowances(files: RunFiles, events: list[Event]) -> Counter[tuple[int, int]]:
     """How many redos from (checkpoint step, step reached before) restarts and requeues started:
     the most either source lists (the journal has every job's records, the events may lack some)."""
     journal: Counter[tuple[int, int]] = Counter()
     for e in files.journal:
-        if e.get("type") == "restart" and _ints(e, "from_step", "lost_steps"):
-            journal[e["from_step"], e["from_step"] + e["lost_steps"]] += 1
-        elif str(e.get("type")).startswith("resumed_after_") and _ints(e, "from_step", "redo_steps"):
-            journal[e["from_step"], e["from_step"] + e["redo_steps"]] += 1
+        start, lost, redo = e.from_step, e.lost_steps, e.redo_steps
+        if e.type == "restart" and start is not None and lost is not None:
+            journal[start, start + lost] += 1
+        elif e.type.startswith("resumed_after_") and start is not None and redo is not None:
+            journal[start, start + redo] += 1
     evs = Counter(
-        (e["from_checkpoint_step"], e["from_checkpoint_step"] + e["lost_steps"])
+        (e.from_checkpoint_step, e.from_checkpoint_step + e.lost_steps)
         for e in events
-        if _ints(e, "from_checkpoint_step", "lost_steps")
+        if e.from_checkpoint_step is not None and e.lost_steps is not None
     )
     return Counter({k: n for k, n in (journal | evs).items() if k[1] > k[0]})
 
 
-def check_commits(files: RunFiles, events: list[dict[str, Any]]) -> Check:
+def check_commits(files: RunFiles, events: list[Event]) -> Check:
     steps, summary = files.steps, files.summary
     if not steps:
         return Check(name="commits", status="FAIL", detail="the step log is empty", offending=[])
-    last = (summary["steps"] if _ints(summary, "steps") else steps[-1]["step"] + 1) - 1
-    expected = min(steps[0]["step"], summary["resumed_from_step"] if _ints(summary, "resumed_from_step") else 0)
+    last = summary.steps - 1
+    expected = min(steps[0]["step"], summary.resumed_from_step)
     start, bad = expected, []
     allowed = redo_allowances(files, events)
     for i, entry in enumerate(steps):
@@ -225,63 +234,73 @@ CONTEXT_KEYS = (
 )
 
 
-def journal_between(journal: list[dict[str, Any]], t0: Any, t1: Any, most: int = 40) -> list[str]:
+def journal_between(journal: list[JournalEntry], t0: Any, t1: Any, most: int = 40) -> list[str]:
     """The journal records stamped from ``t0`` to ``t1`` (what happened between two commits of one
     step), one short line each with the keys that say why steps were redone; [] without both times."""
     if not isinstance(t0, (int, float)) or not isinstance(t1, (int, float)):
         return []
-    out = [
-        f"{e.get('t', 0) - t0:+.2f}s {e.get('type')} "
-        + " ".join(f"{k}={str(e[k])[:80]}" for k in CONTEXT_KEYS if k in e)
-        for e in journal
-        if isinstance(e.get("t"), (int, float)) and t0 <= e["t"] <= t1
-    ]
+    out = []
+    for e in journal:
+        if t0 <= e.t <= t1:
+            rec = e.record()
+            keys = " ".join(f"{k}={str(rec[k])[:80]}" for k in CONTEXT_KEYS if k in rec)
+            out.append(f"{e.t - t0:+.2f}s {e.type} {keys}")
     return out if len(out) <= most else out[: most // 2] + [f"... {len(out) - most} more ..."] + out[-most // 2 :]
-
-
-def _ints(rec: dict[str, Any], *keys: str) -> bool:
-    return all(isinstance(rec.get(k), int) and not isinstance(rec.get(k), bool) for k in keys)
 
 
 # ---- 2. epochs -------------------------------------------------------------------------------
 def job_start_times(files: RunFiles) -> list[float]:
     """When Slurm jobs of the run ended and the next took over (journal records, archived notes)."""
-    recs = [*(e for e in files.journal if e.get("type") in JOB_STARTS), *files.notes]
-    return sorted(float(e["t"]) for e in recs if isinstance(e.get("t"), (int, float)))
+    notes = [float(n["t"]) for n in files.notes if isinstance(n.get("t"), (int, float))]
+    return sorted([e.t for e in files.journal if e.type in JOB_STARTS] + notes)
 
 
-def with_jobs(recs: list[dict[str, Any]], starts: list[float], key: str = "t") -> Iterable[tuple[int, dict[str, Any]]]:
-    """Each record with its Slurm job (how many job boundaries lie before its time ``key``)."""
+R = TypeVar("R")
+
+
+def with_jobs(recs: list[R], starts: list[float], time_of: Callable[[R], Any]) -> Iterable[tuple[int, R]]:
+    """Each record with its Slurm job (how many job boundaries lie before its time)."""
     job = 0
     for rec in recs:
-        t = rec.get(key)
+        t = time_of(rec)
         job = bisect.bisect_left(starts, t) if isinstance(t, (int, float)) else job
         yield job, rec
+
+
+def _t(e: JournalEntry) -> float:
+    return e.t
+
+
+def _t_end(step: dict[str, Any]) -> Any:
+    return step.get("t_end")
 
 
 def check_epochs(files: RunFiles) -> Check:
     starts = job_start_times(files)
     handed = [
-        e
+        (e.epoch, e)
         for e in files.journal
-        if e.get("type") in HANDED_OUT
-        and isinstance(e.get("epoch"), int)
-        and not (e["type"] == "event_begin" and e.get("kind") == "controller_restart")
+        if e.type in HANDED_OUT
+        and e.epoch is not None
+        and not (e.type == "event_begin" and e.kind == "controller_restart")
     ]  # the epoch in force
-    bad = _went_down(with_jobs(handed, starts), "journal epoch went down")
-    plans: dict[tuple[int, int], dict[str, Any]] = {}
-    for job, e in with_jobs(handed, starts):
-        if e["type"] in ("event_begin", "restart"):
-            if (job, e["epoch"]) in plans:
-                bad.append({"problem": "epoch handed out twice", "first": plans[job, e["epoch"]], "record": e})
-            plans[job, e["epoch"]] = e
-    steps = [e for e in files.steps if isinstance(e.get("epoch"), int)]
-    bad += _went_down(with_jobs(steps, starts, "t_end"), "step log epoch went down")
-    groups = [e for e in files.journal if e.get("type") == "groups" and _ints(e, "rank", "epoch")]
-    for rank in sorted({e["rank"] for e in groups}):  # each rank's groups, built for the epoch in force
-        bad += _went_down(
-            with_jobs([e for e in groups if e["rank"] == rank], starts), f"rank {rank}'s groups epoch went down"
-        )
+    bad = _went_down(with_jobs(handed, starts, lambda p: p[1].t), "journal epoch went down")
+    plans: dict[tuple[int, int], JournalEntry] = {}
+    for job, (epoch, e) in with_jobs(handed, starts, lambda p: p[1].t):
+        if e.type in ("event_begin", "restart"):
+            if (job, epoch) in plans:
+                bad.append(
+                    {"problem": "epoch handed out twice", "first": plans[job, epoch].record(), "record": e.record()}
+                )
+            plans[job, epoch] = e
+    steps = [(e["epoch"], e) for e in files.steps if isinstance(e.get("epoch"), int)]
+    bad += _went_down(with_jobs(steps, starts, lambda p: _t_end(p[1])), "step log epoch went down")
+    groups = [(e.epoch, e) for e in files.journal if e.type == "groups" and e.rank is not None and e.epoch is not None]
+    for rank in sorted(
+        {r for _, e in groups if (r := e.rank) is not None}
+    ):  # each rank's groups, built for the epoch in force
+        mine = [p for p in groups if p[1].rank == rank]
+        bad += _went_down(with_jobs(mine, starts, lambda p: p[1].t), f"rank {rank}'s groups epoch went down")
     return Check(
         name="epochs",
         status="FAIL" if bad else "PASS",
@@ -291,38 +310,46 @@ def check_epochs(files: RunFiles) -> Check:
     )
 
 
-def _went_down(recs: Iterable[tuple[int, dict[str, Any]]], problem: str) -> list[dict[str, Any]]:
+def _went_down(recs: Iterable[tuple[int, tuple[int, Any]]], problem: str) -> list[dict[str, Any]]:
+    """(job, (epoch, record)) in time order: every record whose epoch is below the one before it in its job."""
     bad, prev, prev_job = [], None, 0
-    for job, rec in recs:
-        if prev is not None and job == prev_job and rec["epoch"] < prev["epoch"]:
-            bad.append({"problem": problem, "before": prev, "record": rec})
-        prev, prev_job = rec, job
+    for job, (epoch, rec) in recs:
+        if prev is not None and job == prev_job and epoch < prev[0]:
+            bad.append({"problem": problem, "before": _plain(prev[1]), "record": _plain(rec)})
+        prev, prev_job = (epoch, rec), job
     return bad
 
 
+def _plain(rec: Any) -> dict[str, Any]:
+    """A record as JSON-ready fields (a journal record) or itself (a step log entry)."""
+    return rec.record() if isinstance(rec, JournalEntry) else rec
+
+
 # ---- 3. slots --------------------------------------------------------------------------------
-def serving_claims(journal: list[dict[str, Any]], starts: list[float]) -> list[tuple[tuple[int, int, int], str, dict]]:
+def serving_claims(
+    journal: list[JournalEntry], starts: list[float]
+) -> list[tuple[tuple[int, int, int], str, JournalEntry]]:
     """((job, epoch, rank), process, record) for every record saying a process serves a rank in an
     epoch; a worker's ``agent_up`` serves its own rank in the epoch in force (the last ``restart``,
     ``adopted`` or ``joined``; 0 when a Slurm job starts)."""
     out, epoch, last_job = [], 0, 0
-    for job, e in with_jobs(journal, starts):
-        kind, aid = e.get("type"), e.get("agent")
+    for job, e in with_jobs(journal, starts, _t):
+        kind, aid = e.type, e.agent
         epoch, last_job = (0 if job != last_job else epoch), job
-        if kind in ("restart", "adopted", "joined") and isinstance(e.get("epoch"), int):
-            epoch = e["epoch"]
-        if kind == "agent_up" and isinstance(aid, str) and aid.startswith("worker"):
+        if kind in ("restart", "adopted", "joined") and e.epoch is not None:
+            epoch = e.epoch
+        if kind == "agent_up" and aid is not None and aid.startswith("worker"):
             rank = aid[len("worker") :].split(".", 1)[0]
             if rank.isdigit():
                 out.append(((job, epoch, int(rank)), process_of(aid), e))
-        elif kind == "joined" or (kind == "late_join" and e.get("outcome") == "adopted"):
-            if _ints(e, "epoch", "rank") and isinstance(aid, str):
-                out.append(((job, e["epoch"], e["rank"]), process_of(aid), e))
+        elif kind == "joined" or (kind == "late_join" and e.extra("outcome") == "adopted"):
+            if e.epoch is not None and e.rank is not None and aid is not None:
+                out.append(((job, e.epoch, e.rank), process_of(aid), e))
     return out
 
 
 def check_slots(files: RunFiles) -> Check:
-    seen: dict[tuple[int, int, int], dict[str, dict[str, Any]]] = {}
+    seen: dict[tuple[int, int, int], dict[str, JournalEntry]] = {}
     bad: list[dict[str, Any]] = []
     claims = serving_claims(files.journal, job_start_times(files))
     for slot, proc, rec in claims:
@@ -335,7 +362,7 @@ def check_slots(files: RunFiles) -> Check:
                     "job": job,
                     "epoch": epoch,
                     "rank": rank,
-                    "records": list(procs.values()),
+                    "records": [r.record() for r in procs.values()],
                 }
             )
     return Check(
@@ -347,21 +374,22 @@ def check_slots(files: RunFiles) -> Check:
 
 
 # ---- 4. faults and events --------------------------------------------------------------------
-def journal_faults(journal: list[dict[str, Any]]) -> list[InjectedFault]:
-    """One fault per index of the journal's ``fault``/``fault_firing`` records, at its earliest time."""
-    by_index: dict[int, list[dict[str, Any]]] = {}
+def journal_faults(journal: list[JournalEntry]) -> list[InjectedFault]:
+    """One fault per index of the journal's ``fault``/``fault_firing`` records, at its earliest time
+    (``at``, the instant it fired, where the record has one)."""
+    by_index: dict[int, list[JournalEntry]] = {}
     for e in journal:
-        if e.get("type") in ("fault", "fault_firing") and isinstance(e.get("index"), int):
-            by_index.setdefault(e["index"], []).append(e)
+        if e.type in ("fault", "fault_firing") and e.index is not None:
+            by_index.setdefault(e.index, []).append(e)
     out = []
     for index, recs in sorted(by_index.items()):
-        ranks = {r for e in recs for r in (e.get("ranks") or [e.get("rank")]) if isinstance(r, int)}
-        nodes = {n for e in recs for n in (e.get("nodes") or [e.get("node")]) if isinstance(n, str) and n}
-        t = min(float(e.get("at") or e.get("t") or 0.0) for e in recs)
+        ranks = {r for e in recs for r in (e.ranks or ([] if e.rank is None else [e.rank]))}
+        nodes = {n for e in recs for n in (e.nodes or ([e.node] if e.node else []))}
+        t = min(float(e.extra("at") or e.t) for e in recs)
         out.append(
             InjectedFault(
                 t=t,
-                kind=str(recs[0].get("kind")),
+                kind=str(recs[0].kind),
                 ranks=tuple(sorted(ranks)),
                 nodes=tuple(sorted(nodes)),
                 index=index,
@@ -371,66 +399,56 @@ def journal_faults(journal: list[dict[str, Any]]) -> list[InjectedFault]:
     return out
 
 
-def run_events(files: RunFiles) -> list[dict[str, Any]]:
+def run_events(files: RunFiles) -> list[Event]:
     """The summary's events, plus completed ones (journal ``event``) it lost with an earlier job,
     plus the notices still pending at the end (kind ``pending_notice``: the run saw the fault and was
     waiting, e.g. for a warm standby, when the run ended or the admin withdrew it)."""
-    events = [e for e in files.summary.get("events") or [] if isinstance(e, dict)]
+    events = list(files.summary.events)
     keys = {_event_key(e) for e in events}
-    for e in files.journal:
-        if e.get("type") == "event" and _event_key(e) not in keys:
+    for line in files.journal:
+        if line.type == "event" and _event_key(e := line.event()) not in keys:
             keys.add(_event_key(e))
-            events.append({k: v for k, v in e.items() if k not in ("t", "type")})
-    for n in files.summary.get("pending_notices") or []:
-        if isinstance(n, dict) and isinstance(n.get("time"), (int, float)):
-            events.append(
-                {
-                    "kind": "pending_notice",
-                    "cause": n.get("reason"),
-                    "node": n.get("node") or "",
-                    "ranks": [n["rank"]] if isinstance(n.get("rank"), int) else [],
-                    "notice_t": n["time"],
-                }
+            events.append(e)
+    for n in files.summary.pending_notices:
+        events.append(
+            Event(
+                kind="pending_notice",
+                cause=n.reason,
+                node=n.node or "",
+                ranks=[] if n.rank is None else [n.rank],
+                notice_t=n.time,
             )
+        )
     return sorted(events, key=lambda e: _event_t(e) or 0.0)
 
 
-def _event_key(e: dict[str, Any]) -> tuple[Any, ...]:
-    return e.get("kind"), e.get("epoch"), e.get("notice_t"), e.get("target_step")
+def _event_key(e: Event) -> tuple[Any, ...]:
+    return e.kind, e.epoch, e.notice_t, e.target_step
 
 
-def _event_t(e: dict[str, Any]) -> float | None:
-    return next(
-        (float(e[k]) for k in ("notice_t", "switched_t", "first_step_t") if isinstance(e.get(k), (int, float))), None
-    )
+def _event_t(e: Event) -> float | None:
+    return next((t for t in (e.notice_t, e.switched_t, e.first_step_t) if t is not None), None)
 
 
-def _overlap(f: InjectedFault, e: dict[str, Any]) -> bool:
-    ranks = {r for r in e.get("ranks") or [] if isinstance(r, int)}
-    nodes = {n for n in str(e.get("node") or "").split(",") if n}
+def _overlap(f: InjectedFault, e: Event) -> bool:
+    ranks = set(e.ranks)
+    nodes = {n for n in (e.node or "").split(",") if n}
     if not (f.ranks or f.nodes) or not (ranks or nodes):
         return True  # a job-wide fault or event: any on the other side may be its match
     return bool(set(f.ranks) & ranks or set(f.nodes) & nodes)
 
 
-def matches(f: InjectedFault, e: dict[str, Any], max_lag_s: float) -> bool:
+def matches(f: InjectedFault, e: Event, max_lag_s: float) -> bool:
     t = _event_t(e)
     return t is not None and -SLACK_S <= t - f.t <= max_lag_s and _overlap(f, e)
 
 
 def check_faults(
-    faults: list[InjectedFault], events: list[dict[str, Any]], max_lag_s: float
+    faults: list[InjectedFault], events: list[Event], max_lag_s: float
 ) -> tuple[Check, list[dict[str, Any]]]:
     unexplained = [f for f in faults if f.kind in REQUIRES_EVENT and not any(matches(f, e, max_lag_s) for e in events)]
     alarms = [
-        {
-            "kind": e.get("kind"),
-            "cause": e.get("cause"),
-            "epoch": e.get("epoch"),
-            "ranks": e.get("ranks"),
-            "node": e.get("node"),
-            "t": _event_t(e),
-        }
+        {"kind": e.kind, "cause": e.cause, "epoch": e.epoch, "ranks": e.ranks, "node": e.node, "t": _event_t(e)}
         for e in events
         if not any(matches(f, e, max_lag_s) for f in faults)
     ]
@@ -453,8 +471,8 @@ def proc_alive(pid: int) -> tuple[bool, str]:
     return state not in ("Z", "X"), state
 
 
-def check_processes(journal: list[dict[str, Any]], pids: Iterable[int] | None) -> Check:
-    started = [e for e in journal if e.get("type") == "agent_up"]
+def check_processes(journal: list[JournalEntry], pids: Iterable[int] | None) -> Check:
+    started = [e for e in journal if e.type == "agent_up"]
     if pids is None:
         return Check(
             name="processes",
@@ -466,7 +484,7 @@ def check_processes(journal: list[dict[str, Any]], pids: Iterable[int] | None) -
     for pid in sorted(set(pids)):
         alive, state = proc_alive(pid)
         if alive:
-            by = next((e for e in started if e.get("pid") == pid), None)
+            by = next((e.record() for e in started if e.pid == pid), None)
             bad.append({"problem": "process outlives the run", "pid": pid, "state": state, "agent_up": by})
     return Check(
         name="processes",
@@ -477,17 +495,17 @@ def check_processes(journal: list[dict[str, Any]], pids: Iterable[int] | None) -
 
 
 # ---- 6. final state --------------------------------------------------------------------------
-def check_final(summary: dict[str, Any], reference: dict[str, Any] | None) -> Check:
+def check_final(summary: Summary, reference: Summary | None) -> Check:
     if reference is None:
         return Check(name="final_state", status="SKIP", detail="no reference summary given")
-    require_hashes(reference, "the reference summary", null_ok=False)
+    require_hashes(reference, "the reference summary")
     bad = [
-        {"problem": f"{k} differs", "run": summary.get(k), "reference": reference.get(k)}
+        {"problem": f"{k} differs", "run": getattr(summary, k), "reference": getattr(reference, k)}
         for k in HASH_KEYS
-        if summary.get(k) is None or summary.get(k) != reference.get(k)
+        if getattr(summary, k) is None or getattr(summary, k) != getattr(reference, k)
     ]
-    if bad and summary.get("diverging"):
-        bad.append({"problem": "replicas diverged", "diverging": summary["diverging"]})
+    if bad and summary.diverging:
+        bad.append({"problem": "replicas diverged", "diverging": summary.diverging})
     return Check(
         name="final_state",
         status="FAIL" if bad else "PASS",
@@ -506,15 +524,15 @@ def quantile(xs: list[float], q: float) -> float | None:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def downtime(events: list[dict[str, Any]]) -> dict[str, float | None]:
-    xs = [float(e["downtime_s"]) for e in events if isinstance(e.get("downtime_s"), (int, float))]
+def downtime(events: list[Event]) -> dict[str, float | None]:
+    xs = [d for e in events if (d := e.part("downtime_s")) is not None]
     return {"n": len(xs), "p50": quantile(xs, 0.5), "p90": quantile(xs, 0.9), "max": max(xs, default=None)}
 
 
 def check_run(
     run_dir: Path,
     *,
-    reference: dict[str, Any] | None = None,
+    reference: Summary | None = None,
     faults: list[InjectedFault] | None = None,
     pids: Iterable[int] | None = None,
     max_lag_s: float = 120.0,
@@ -534,13 +552,13 @@ def check_run(
         check_processes(files.journal, pids),
         check_final(files.summary, reference),
     ]
-    switches = sum(1 for e in events if e.get("kind") in ("planned", "unexpected"))
-    fallbacks = sum(1 for e in events if e.get("from_checkpoint_step") is not None)
+    switches = sum(1 for e in events if e.kind in ("planned", "unexpected"))
+    fallbacks = sum(1 for e in events if e.from_checkpoint_step is not None)
     return CheckReport(
         run_dir=str(run_dir),
         checks=checks,
         faults_by_kind=dict(Counter(f.kind for f in all_faults)),
-        events_by_kind=dict(Counter(str(e.get("kind")) for e in events)),
+        events_by_kind=dict(Counter(e.kind for e in events)),
         switches=switches,
         checkpoint_fallbacks=fallbacks,
         downtime_s=downtime(events),
@@ -595,9 +613,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     args = ap.parse_args(argv)
     try:
-        ref = read_json(args.reference_summary, "reference summary") if args.reference_summary else None
-        if ref is not None:
-            require_hashes(ref, args.reference_summary, null_ok=False)
+        ref = read_reference(args.reference_summary) if args.reference_summary else None
         faults = driver_faults(args.faults) if args.faults else None
         report = check_run(args.run_dir, reference=ref, faults=faults, pids=args.pid, max_lag_s=args.max_lag_s)
     except ChaosInputError as exc:

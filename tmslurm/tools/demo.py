@@ -41,7 +41,7 @@ POLL_S = 1.0
 def _run(overrides: list[str]) -> dict[str, Any]:
     from tmslurm.cli.launch import run_local
 
-    return run_local(compose_config(overrides))
+    return run_local(compose_config(overrides)).record()
 
 
 def snapshot_step(run_dir: Path) -> int | None:

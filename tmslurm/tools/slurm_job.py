@@ -86,18 +86,6 @@ class SlurmJob:
     def events_done(self, st: dict[str, Any]) -> list[dict[str, Any]]:
         return [e for e in st.get("events", []) if e.get("status") == "done"]
 
-    def done_count(self) -> int:
-        return len(self.events_done(self.status()))
-
-    def wait_event(self, before: int, t_inject: float, timeout: float = 900) -> dict[str, Any]:
-        """The first event completed after ``before`` others whose notice came after the injection."""
-
-        def new(st: dict[str, Any]) -> list[dict[str, Any]]:
-            return [e for e in self.events_done(st)[before:] if (e.get("notice_t") or 0) >= t_inject - 0.5]
-
-        st = self.wait(lambda s: bool(new(s)), timeout, "the injected event to complete")
-        return new(st)[0]
-
     def node_of_rank(self, rank: int) -> tuple[str, int]:
         st = self.status()
         r = next(x for x in st["ranks"] if x["rank"] == rank)

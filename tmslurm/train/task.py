@@ -17,13 +17,12 @@ the role, the number of blocks and ``tp_group`` (parameter values are loaded at 
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
-from tmslurm.core.errors import ConfigError
+from tmslurm.core.imports import import_class
 from tmslurm.train.tp import TPGroup
 
 
@@ -70,12 +69,4 @@ class Task(Protocol):
 
 def load_task(cfg: Any) -> Task:
     """Build the Task named by ``train.task`` (``module:Class``) from the model and train configs."""
-    spec = cfg.train.task
-    module_name, _, cls_name = spec.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module_name), cls_name)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ConfigError(
-            f"train.task={spec!r} cannot be imported ({exc}). Fix: pass train.task=package.module:ClassName"
-        ) from None
-    return cls(cfg.model, cfg.train)
+    return import_class(cfg.train.task, "train.task")(cfg.model, cfg.train)
