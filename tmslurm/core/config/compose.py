@@ -26,6 +26,7 @@ from tmslurm.core.config.schema import SLURM_CHECKPOINT_EVERY, RunConfig, regist
 from tmslurm.core.config.validation import validate
 from tmslurm.core.errors import ConfigError
 from tmslurm.core.hfconfig import apply_hf_config
+from tmslurm.core.imports import import_class
 
 FAULT_FIELDS = tuple(f.name for f in dataclasses.fields(FaultConfig))
 _FAULT_FIELD = re.compile(r"Key '(\w+)' not in 'FaultConfig'")
@@ -92,20 +93,11 @@ def _hydra_message(exc: Exception, overrides: list[str]) -> str:
 
 
 def _check_task(spec: str) -> None:
-    module_name, _, cls_name = spec.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module_name), cls_name, None) if cls_name else None
-        if not isinstance(cls, type):
-            raise ImportError(f"no class {cls_name or '(missing)'!r} in {module_name}")
-    except (ImportError, ValueError) as exc:
-        raise ConfigError(
-            f"train.task={spec!r} cannot be imported ({exc}). Fix: pass train.task=package.module:ClassName"
-        ) from None
+    import_class(spec, "train.task")
 
 
 def _check_task_tp(spec: str, tp: int) -> None:
-    module_name, _, cls_name = spec.partition(":")
-    if not getattr(getattr(importlib.import_module(module_name), cls_name), "supports_tp", False):
+    if not getattr(import_class(spec, "train.task"), "supports_tp", False):
         raise ConfigError(
             f"train.task={spec!r} does not support tensor parallelism (no supports_tp = True); "
             f"parallel.tp={tp}. Fix: pass parallel.tp=1 or make the Task tensor-parallel."
