@@ -23,10 +23,9 @@ from tmslurm.wire.protocol import exchange, read_token
 
 pytestmark = pytest.mark.dist
 EXAMPLES = 1500  # derandomized: the same 1,500 lines every run (2,500 took ~40 s more of CI)
-# liveness is not what this test checks, and it asserts that the run had no event at all: under a
-# loaded CI host a rank once went 3.03 s without a heartbeat while it started (before any message
-# was sent), the 3 s default fenced it and every rank restarted (docs/recovery.md "Noticed")
-FUZZ_RUN = ["train.steps=1000000", "train.step_delay_s=0.05", "runtime.heartbeat_timeout_s=15.0"]
+# The default heartbeat timeout: a rank still starting (before its ``started``) is allowed
+# runtime.connect_timeout_s, which covers the start-up silence once seen here under a loaded CI host.
+FUZZ_RUN = ["train.steps=1000000", "train.step_delay_s=0.05"]
 TYPES = [
     "hello",
     "hb",

@@ -38,7 +38,6 @@ def test_pp8_compiled_drain_of_every_shape_class_joins_warm(launch, baseline):
         f"standby.count={len(DRAINED)}",
         "standby.start_when_warm=true",
         "train.step_delay_s=0.05",
-        "runtime.heartbeat_timeout_s=20",
         f"faults=[{faults}]",
     ).wait(timeout=600)
     assert_exact(s, ref)
