@@ -15,15 +15,11 @@ from test_recovery import BASE, STEPS, assert_exact, events_of
 pytestmark = pytest.mark.dist
 
 TP_LAYOUT = ("parallel.dp=2", "parallel.pp=2", "parallel.tp=2")
-# Ten processes (8 ranks, 2-3 standbys) start on 2 cores here: BASE's 2 s heartbeat timeout once
-# declared a starting rank hung at step 0 (CI) and the run restarted. No test here hangs a rank;
-# their faults are kills and drains, found by process exit and notices.
-HEARTBEAT = "runtime.heartbeat_timeout_s=10.0"
 
 
 def _run(launch, baseline, *extra):
     ref = baseline(*TP_LAYOUT, f"train.steps={STEPS}")
-    run = launch(*TP_LAYOUT, *BASE, HEARTBEAT, *extra)
+    run = launch(*TP_LAYOUT, *BASE, *extra)
     s = run.wait()
     assert_exact(s, ref)
     assert s["steps"] == STEPS and not events_of(s, "restart")
@@ -95,8 +91,20 @@ def test_second_death_outside_the_joiners_groups_during_recovery_is_exact(launch
         "faults=[{step:12,kind:kill,rank:1},{step:12,kind:kill,rank:6,when:recover}]",
     )
     journal = run.journal()
-    assert {1, 6} <= {r for e in journal if e["type"] == "abort" for r in e["dead"]}, s["events"]
-    assert [ev["ranks"] for ev in events_of(s, "unexpected")] in ([[1], [6]], [[1, 6]], [[6]]), s["events"]
-    # a late 'joined' (the race) is adopted: the joiner owns rank 1 and only rank 6 is replaced after it
-    for late in (e for e in journal if e["type"] == "late_join"):
-        assert late["outcome"] == "adopted" and late["rank"] == 1, late
+    aborts = [e for e in journal if e["type"] == "abort"]
+    assert aborts[0]["dead"] == [1] and {1, 6} <= {r for e in aborts for r in e["dead"]}, aborts
+    # Rank 6 dies as it applies the first recovery's recover, so that recovery can never finish (it
+    # waits for rank 6's recovered): rank 6's death cancels its event. Two outcomes, by the race:
+    # - taken: rank 1's joiner finished that recovery's join (its 'joined' came before rank 6's death
+    #   was handled, or after it as a late join, adopted): it owns rank 1, and the next recovery
+    #   moves rank 6 alone: one event, [6];
+    # - retaken: the controller handled rank 6's death first and the joiner never finished: the next
+    #   recovery moves both: one event, [1, 6].
+    late = [e for e in journal if e["type"] == "late_join"]
+    assert all(e["outcome"] == "adopted" and e["rank"] == 1 for e in late), late
+    taken = late or [
+        e for e in journal if e["type"] == "joined" and e["rank"] == 1 and e["epoch"] == aborts[0]["epoch"]
+    ]
+    assert len(taken) <= 1, taken
+    shapes = [ev["ranks"] for ev in events_of(s, "unexpected")]
+    assert shapes == ([[6]] if taken else [[1, 6]]), (shapes, taken, aborts)
