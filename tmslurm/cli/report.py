@@ -33,21 +33,12 @@ from typing import Any
 from tmslurm.controller.events import pause_parts
 from tmslurm.core.errors import TmslurmError
 from tmslurm.core.jsonfile import read_json_object
-from tmslurm.core.results import Event, Summary, load_summary
+from tmslurm.core.results import PAUSE_PARTS, Event, Summary, load_summary
 from tmslurm.core.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
-EVENT_PARTS = (
-    "before_fault_s",
-    "detect_s",
-    "pick_s",
-    "phase1_s",
-    "phase2_s",
-    "transfer_s",
-    "verify_wait_s",
-    "first_step_s",
-)
+EVENT_PARTS = PAUSE_PARTS
 RESTART_PARTS = ("stop_s", "reschedule_s", "startup_s", "group_setup_s", "ckpt_load_s", "warmup_s", "redo_s")
 STRATEGIES = ("tmslurm", "injob_restart", "requeue_restart")
 EVENT_KINDS = (

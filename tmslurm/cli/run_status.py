@@ -24,22 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from tmslurm.core.errors import TmslurmError
-from tmslurm.core.results import Event, Summary, load_summary
+from tmslurm.core.results import PAUSE_PARTS, Event, Summary, load_summary
 from tmslurm.core.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
-EVENT_PARTS = (
-    "before_fault_s",
-    "detect_s",
-    "pick_s",
-    "phase1_s",
-    "phase2_s",
-    "transfer_s",
-    "verify_wait_s",
-    "first_step_s",
-)
-"""The parts of an event's downtime, in the order they happen."""
+EVENT_PARTS = PAUSE_PARTS
 
 
 @dataclass(frozen=True)

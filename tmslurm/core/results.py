@@ -32,6 +32,19 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from tmslurm.core.errors import TmslurmError
 from tmslurm.core.jsonfile import read_json_object
 
+PAUSE_PARTS = (
+    "before_fault_s",
+    "detect_s",
+    "pick_s",
+    "phase1_s",
+    "phase2_s",
+    "transfer_s",
+    "verify_wait_s",
+    "first_step_s",
+)
+"""The parts of a switch's or recovery's downtime that people are shown, in the order they happen
+(the controller's event record may carry more, e.g. ``apply_s``, ``verify_s``, which overlap these)."""
+
 M = TypeVar("M", bound="Record")
 
 
