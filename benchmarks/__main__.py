@@ -1,5 +1,6 @@
 """``python -m benchmarks NAME`` (also ``scripts/bench``), NAME one of
-``{downtime,chaos,scaling,overhead,memory,roles,control,ckpt,soak,abortpoints,linkbw,statesize,zero,gray,project}``."""
+``{downtime,chaos,scaling,overhead,memory,roles,control,ckpt,soak,abortpoints,linkbw,statesize,zero,gray,project,
+plots,tables}``."""
 
 from __future__ import annotations
 
@@ -232,6 +233,12 @@ def parser() -> argparse.ArgumentParser:
     ch.add_argument("--slurm-time", default="04:00:00", help="the main job's time limit")
     ch.add_argument("--seed", type=int, default=0)
     ch.add_argument("--json", default="docs/bench/chaos.json")
+    pl = sub.add_parser(
+        "plots", help="plot a downtime.json and/or a scaling.json: PNGs and bench.md in --out (needs matplotlib)"
+    )
+    pl.add_argument("--downtime-json", default=None, metavar="PATH", help="e.g. docs/bench/downtime.json")
+    pl.add_argument("--scaling-json", default=None, metavar="PATH", help="e.g. docs/bench/scaling.json")
+    pl.add_argument("--out", required=True, metavar="DIR", help="where the PNGs and bench.md go")
     t = sub.add_parser("tables", help="render docs/bench/*.json as markdown")
     t.add_argument("--dir", default="docs/bench")
     sub.add_parser(
@@ -254,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         parser().error(f"unrecognized arguments: {' '.join(rest)}")
     module = __import__(f"benchmarks.{args.cmd}", fromlist=["main"])
     result = module.main(args)
+    if isinstance(result, int):
+        return result
     return 1 if isinstance(result, dict) and result.get("passed") is False else 0
 
 

@@ -1,4 +1,5 @@
-"""report.write_report on synthetic run and benchmark files: markdown, valid PNGs, errors."""
+"""report.write_report on a synthetic run: markdown, valid PNGs, errors; the benchmark options
+that moved to ``python -m benchmarks plots`` give an error naming it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
+from tmslurm.cli.commands import main as tmslurm_main  # noqa: E402
 from tmslurm.cli.report import write_report  # noqa: E402
 from tmslurm.core.errors import TmslurmError  # noqa: E402
 
@@ -62,70 +64,6 @@ def _summary() -> dict:
     }
 
 
-def _downtime() -> dict:
-    rows = []
-    for repeat in range(3):
-        for event in ("planned", "unexpected", "hang"):
-            rows.append(
-                {
-                    "event": event,
-                    "strategy": "tmslurm",
-                    "repeat": repeat,
-                    "downtime_s": 1.5 + repeat * 0.1,
-                    "parts": {"detect_s": 0.2, "phase2_s": 0.3, "transfer_s": 0.4, "first_step_s": 0.6},
-                }
-            )
-            rows.append(
-                {
-                    "event": event,
-                    "strategy": "injob_restart",
-                    "repeat": repeat,
-                    "downtime_s": 30.0 + repeat,
-                    "parts": {
-                        "stop_s": 1,
-                        "startup_s": 5,
-                        "group_setup_s": 2,
-                        "ckpt_load_s": 3,
-                        "warmup_s": 15,
-                        "redo_s": 4,
-                    },
-                }
-            )
-            rows.append(
-                {
-                    "event": event,
-                    "strategy": "requeue_restart",
-                    "repeat": repeat,
-                    "downtime_s": 150.0 + repeat,
-                    "parts": {
-                        "stop_s": 1,
-                        "reschedule_s": 121,
-                        "startup_s": 5,
-                        "group_setup_s": 2,
-                        "ckpt_load_s": 3,
-                        "warmup_s": 15,
-                        "redo_s": 4,
-                    },
-                }
-            )
-    return {
-        "rows": rows,
-        "medians": {},
-        "ratio_planned": 19.4,
-        "ratio_unexpected": 19.4,
-        "ratio_planned_requeue": 94.4,
-        "ratio_unexpected_requeue": 94.4,
-    }
-
-
-def _scaling() -> dict:
-    rows = []
-    for ranks in (4, 8, 16, 32):
-        rows.append({"ranks": ranks, "mode": "delta", "phase2_s": 0.05, "downtime_s": 1.2})
-        rows.append({"ranks": ranks, "mode": "full", "phase2_s": 0.1 * ranks, "downtime_s": 1.2 + 0.1 * ranks})
-    return {"rows": rows}
-
-
 def _write(path: Path, data) -> Path:
     path.write_text(json.dumps(data))
     return path
@@ -136,11 +74,7 @@ def report(tmp_path: Path) -> Path:
     run = tmp_path / "run"
     run.mkdir()
     _write(run / "summary.json", _summary())
-    return write_report(
-        run,
-        downtime_json=_write(tmp_path / "downtime.json", _downtime()),
-        scaling_json=_write(tmp_path / "scaling.json", _scaling()),
-    )
+    return write_report(run)
 
 
 def test_report_md_mentions_every_event(report: Path) -> None:
@@ -150,13 +84,10 @@ def test_report_md_mentions_every_event(report: Path) -> None:
     for needle in ("drain", "kill", "node_down", "n2", "n4", "n3"):
         assert needle in text
     assert "transfer_s" in text  # the null/missing part is noted
-    assert "injob_restart" in text and "requeue_restart" in text
-    assert "ranks" in text and "delta" in text and "full" in text
+    assert "benchmark" not in text.lower()
 
 
-@pytest.mark.parametrize(
-    "name", ["throughput.png", "downtime_parts.png", "downtime_compare.png", "bench_parts.png", "scaling.png"]
-)
+@pytest.mark.parametrize("name", ["throughput.png", "downtime_parts.png"])
 def test_pngs_are_valid_and_linked(report: Path, name: str) -> None:
     png = report.parent / name
     data = png.read_bytes()
@@ -165,7 +96,7 @@ def test_pngs_are_valid_and_linked(report: Path, name: str) -> None:
     assert f"({name})" in report.read_text()
 
 
-def test_run_without_bench_files(tmp_path: Path) -> None:
+def test_run_without_events(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
     _write(run / "summary.json", dict(_summary(), events=[]))
@@ -173,7 +104,7 @@ def test_run_without_bench_files(tmp_path: Path) -> None:
     assert out == tmp_path / "out" / "report.md"
     assert "No interruptions" in out.read_text()
     assert (tmp_path / "out" / "throughput.png").exists()
-    assert not (tmp_path / "out" / "scaling.png").exists()
+    assert not (tmp_path / "out" / "downtime_parts.png").exists()
 
 
 @pytest.mark.parametrize(
@@ -199,7 +130,10 @@ def test_missing_summary_names_file(tmp_path: Path) -> None:
         write_report(tmp_path)
 
 
-def test_missing_bench_file_names_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("option", ["--downtime-json", "--scaling-json"])
+def test_moved_benchmark_option_names_the_new_command(tmp_path: Path, capsys, option: str) -> None:
     _write(tmp_path / "summary.json", _summary())
-    with pytest.raises(TmslurmError, match="nope.json"):
-        write_report(tmp_path, downtime_json=tmp_path / "nope.json")
+    assert tmslurm_main(["report", str(tmp_path), option, "x.json"]) == 2
+    err = capsys.readouterr().err
+    assert option in err and "python -m benchmarks plots" in err
+    assert not (tmp_path / "report").exists()

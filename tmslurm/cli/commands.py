@@ -101,8 +101,13 @@ def _keygen(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from tmslurm.cli.report import write_report
 
-    kwargs = {k: v for k, v in (("downtime_json", args.downtime_json), ("scaling_json", args.scaling_json)) if v}
-    path = write_report(Path(args.run_dir), Path(args.out) if args.out else None, **kwargs)
+    moved = [o for o, v in (("--downtime-json", args.downtime_json), ("--scaling-json", args.scaling_json)) if v]
+    if moved:
+        raise TmslurmError(
+            f"tmslurm report no longer plots benchmark results ({', '.join(moved)}): in a source checkout run "
+            "`python -m benchmarks plots --downtime-json PATH --scaling-json PATH --out DIR`"
+        )
+    path = write_report(Path(args.run_dir), Path(args.out) if args.out else None)
     print(f"report written to {path}")
     return 0
 
@@ -156,8 +161,9 @@ def parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="write a markdown report with plots for a run")
     rp.add_argument("run_dir")
     rp.add_argument("--out", default=None)
-    rp.add_argument("--downtime-json", default=None)
-    rp.add_argument("--scaling-json", default=None)
+    # moved to `python -m benchmarks plots`: still parsed, so that using them gives a clear error
+    rp.add_argument("--downtime-json", default=None, help=argparse.SUPPRESS)
+    rp.add_argument("--scaling-json", default=None, help=argparse.SUPPRESS)
     rp.set_defaults(fn=_report)
     return ap
 
