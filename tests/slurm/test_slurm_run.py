@@ -75,6 +75,7 @@ class SlurmRun:
                 "-m",
                 "tmslurm.cli.launch",
                 "cluster=slurm",
+                "slurm.partition=debug",  # the lab's partition (scripts/local-slurm)
                 f"run_dir={run_dir}",
                 *overrides,
                 timeout=120,

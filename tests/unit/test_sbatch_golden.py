@@ -72,3 +72,20 @@ def test_bad_slurm_time_names_the_override():
 
     with pytest.raises(ConfigError, match="slurm.time"):
         time_minutes("soon")
+
+
+def _sbatch_options(text: str) -> dict[str, str]:
+    lines = [ln.split(None, 1)[1] for ln in text.splitlines() if ln.startswith("#SBATCH ")]
+    return dict((opt.split("=", 1) + [""])[:2] for opt in lines)
+
+
+def test_the_sbatch_wrapper_asks_for_what_tmslurm_launch_asks_for(tmp_path):
+    """scripts/tmslurm.sbatch and tmslurm-launch's main job: same name, exclusive nodes, --no-kill,
+    --requeue, one task per node and the default signal lead (the wrapper's to its batch shell,
+    ``B:``, which runs the supervisor itself; tmslurm-launch's to every step)."""
+    wrapper = _sbatch_options((Path(__file__).resolve().parents[2] / "scripts" / "tmslurm.sbatch").read_text())
+    main = _sbatch_options(main_sbatch_text(tmp_path / "run", compose_config(["cluster=slurm"])))
+    for opt in ("--job-name", "--exclusive", "--no-kill", "--requeue", "--ntasks-per-node"):
+        assert wrapper[opt] == main[opt], opt
+    assert wrapper["--signal"] == "B:" + main["--signal"]
+    assert "--partition" not in wrapper and "--partition" not in main  # the cluster's default partition

@@ -1,6 +1,6 @@
 """``tmslurm-launch``: the Hydra entry point. Plans the run and starts it locally or on Slurm.
 
-Contract: ``tmslurm-launch [--cfg job] [--help] [OVERRIDE ...]`` (``--help``: the groups and keys,
+Contract: ``tmslurm-launch [--cfg job | --check] [--help] [OVERRIDE ...]`` (``--help``: the groups and keys,
 :mod:`tmslurm.cli.launch_help`) composes the config from Hydra
 overrides (``parallel.dp=2 model=small faults='[{step:10,kind:drain,rank:1}]'``), validates it, and
 
@@ -10,7 +10,12 @@ overrides (``parallel.dp=2 model=small faults='[{step:10,kind:drain,rank:1}]'``)
   host, and exits 0 when the run finished with its final hash (``<run_dir>/summary.json``
   written);
 - ``cluster=slurm`` submits the main job and the spares (see :mod:`tmslurm.slurm.proc.job`).
-A bad override prints one ``error:`` line naming the override and exits 2; nothing is started.
+- ``--check`` validates and exits 0 (one ``config ok`` line), writing nothing: the config, the run
+  directory to be (:func:`~tmslurm.run.prepare.check_run_dir`) and, inside a Slurm job, its node
+  count against the layout (:func:`~tmslurm.slurm.allocation.check_allocation`); what
+  ``scripts/tmslurm.sbatch`` runs first.
+A bad override prints one ``error:`` line naming the override and exits 2; nothing is started, and
+every refusal comes before the run directory is created or anything is submitted.
 ``tmslurm-launch --prepared RUN_DIR`` runs a ``cluster=local`` run whose directory
 :func:`~tmslurm.run.prepare.prepare_run_dir` already wrote (``config.json`` and the token), as
 :func:`tmslurm.launch` does in a child process; it exits as above.
@@ -23,7 +28,7 @@ import sys
 from pathlib import Path
 
 from tmslurm.cli.guard import guarded
-from tmslurm.core.config import RunConfig, compose_config, from_dict, to_dict, world_size
+from tmslurm.core.config import RunConfig, compose_config, from_dict, num_nodes, to_dict, world_size
 from tmslurm.core.errors import TmslurmError
 from tmslurm.core.results import Summary, load_summary
 from tmslurm.core.rundir import RunDir
@@ -93,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
 
         print(usage())
         return 0
+    if argv[:1] == ["--check"]:
+        return guarded(lambda: check(argv[1:]))
     if argv[:1] == ["--prepared"] and len(argv) == 2:
         return guarded(lambda: _run_prepared(Path(argv[1])))
     show = False
@@ -101,6 +108,25 @@ def main(argv: list[str] | None = None) -> int:
         show = True
         del argv[i : i + (2 if i + 1 < len(argv) and argv[i + 1] in ("job", "all") else 1)]
     return guarded(lambda: _launch(argv, show))
+
+
+def check(overrides: list[str]) -> int:
+    """``--check``: compose and validate the config, and check what :func:`_launch` would refuse
+    before it writes the run directory (a finished run there, a resume_from without a checkpoint)
+    and, inside a Slurm job, the allocation's nodes against the layout; nothing is written."""
+    from tmslurm.run.prepare import check_run_dir, run_dir_of
+
+    cfg = compose_config(overrides)
+    check_run_dir(cfg, run_dir_of(cfg))
+    where = ""
+    if cfg.cluster == "slurm":
+        from tmslurm.slurm.allocation import check_allocation
+
+        have = check_allocation(cfg)
+        where = "" if have is None else f" (this job has {have} node(s))"
+    p = cfg.parallel
+    print(f"config ok: {world_size(p)} ranks on {num_nodes(p)} node(s){where}, cluster={cfg.cluster}")
+    return 0
 
 
 def _launch(argv: list[str], show: bool) -> int:

@@ -12,11 +12,13 @@ from __future__ import annotations
 from tmslurm.core.config.fielddocs import Key, first_sentence, keys, sections
 from tmslurm.core.config.presets import APPENDED_GROUPS, GROUPS, group_doc, group_options
 
-HEAD = """usage: tmslurm-launch [--cfg job] [--help] [OVERRIDE ...]
+HEAD = """usage: tmslurm-launch [--cfg job | --check] [--help] [OVERRIDE ...]
 
 Composes the run's config from Hydra overrides and runs it: here (cluster=local) or as Slurm jobs
-(cluster=slurm). --cfg job prints the composed config and starts nothing. A bad override prints one
-error: line naming it and exits 2. hydra.run.dir=DIR is taken as run_dir=DIR.
+(cluster=slurm). --cfg job prints the composed config and starts nothing; --check validates it (and,
+inside a Slurm job, the job's nodes against the layout) and writes nothing. A bad override prints one
+error: line naming it and exits 2, before anything is written or submitted. hydra.run.dir=DIR is
+taken as run_dir=DIR.
 """
 TAIL = "Every key with its whole description: docs/config-reference.md (in the repository)."
 NAME_WIDTH = 30

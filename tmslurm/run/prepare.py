@@ -1,7 +1,8 @@
 """Preparing a run directory: create it (0700), copy a checkpoint to resume from, write the config.
 
 Contract: :func:`prepare_run_dir` resolves ``cfg.run_dir`` (default ``runs/<time>``), refuses a
-directory that already holds a finished run (TmslurmError naming it), creates it mode 0700,
+directory that already holds a finished run and a ``train.resume_from`` without a complete
+checkpoint (TmslurmError naming them; :func:`check_run_dir`, before anything is written), creates it mode 0700,
 copies the newest complete checkpoint of ``train.resume_from`` (TmslurmError when there is none)
 and writes ``config.json``. :func:`warn_unprotected` logs a warning when a run has neither a
 standby nor periodic checkpoints, and when a Slurm run has no periodic checkpoint (its batch host
@@ -23,10 +24,31 @@ from tmslurm.core.topology import Layout
 log = logging.getLogger(__name__)
 
 
-def prepare_run_dir(cfg: RunConfig) -> Path:
-    run_dir = Path(cfg.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+def run_dir_of(cfg: RunConfig) -> Path:
+    """The run directory ``cfg`` names (default ``runs/<time>``), resolved; nothing is created."""
+    return Path(cfg.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+
+
+def check_run_dir(cfg: RunConfig, run_dir: Path) -> int | None:
+    """What :func:`prepare_run_dir` would refuse, checked without writing anything: ``run_dir`` holds a
+    finished run, or ``train.resume_from`` has no complete checkpoint (TmslurmError naming the fix).
+    The step of the checkpoint to resume from, or None."""
     if RunDir(run_dir).summary.exists():
         raise TmslurmError(f"run directory {run_dir} already holds a finished run; pass run_dir=<new dir>")
+    if not cfg.train.resume_from:
+        return None
+    from tmslurm.train.checkpoint import latest_complete
+
+    src = Path(cfg.train.resume_from)
+    step = latest_complete(src, Layout.from_config(cfg).shard_names)
+    if step is None:
+        raise TmslurmError(f"train.resume_from={src}: no complete checkpoint there (every shard needs meta.json)")
+    return step
+
+
+def prepare_run_dir(cfg: RunConfig) -> Path:
+    run_dir = run_dir_of(cfg)
+    check_run_dir(cfg, run_dir)  # refused before the directory exists
     RunDir(run_dir).create()  # 0700: the token, checkpoints and logs inside are the owner's alone
     cfg.run_dir = str(run_dir)
     if cfg.train.resume_from:

@@ -15,7 +15,6 @@ submission failure raises SlurmError (sbatch's message).
 from __future__ import annotations
 
 import logging
-import math
 import os
 import signal
 import subprocess
@@ -26,32 +25,13 @@ from typing import Any
 from submitit.core.utils import FailedJobError
 
 from tmslurm.core.config import RunConfig, num_nodes, wants_monitors
-from tmslurm.core.errors import ConfigError, SlurmError
+from tmslurm.core.config.slurmtime import RENEW_S, time_minutes
+from tmslurm.core.config.slurmtime import spare_minutes as _spare_minutes
+from tmslurm.core.errors import SlurmError
 from tmslurm.slurm.placement import Placement, placement_from_config
 from tmslurm.slurm.runtag import run_comment
 
 log = logging.getLogger(__name__)
-
-
-def time_minutes(text: str, override: str = "slurm.time") -> int:
-    """sbatch --time forms D-HH:MM:SS, HH:MM:SS, MM:SS, MM -> whole minutes (at least 1); a bad one is
-    a ConfigError naming ``override``."""
-    try:
-        days, _, rest = text.rpartition("-")
-        parts = [int(p) for p in rest.split(":")]
-        if len(parts) == 3:
-            minutes = parts[0] * 60 + parts[1] + parts[2] / 60
-        elif len(parts) == 2:
-            minutes = parts[0] + parts[1] / 60
-        else:
-            minutes = parts[0]
-        minutes += int(days) * 1440 if days else 0
-    except ValueError:
-        raise ConfigError(
-            f"{override}={text!r} is not a Slurm time (D-HH:MM:SS, HH:MM:SS, MM:SS or MM). "
-            f"Fix: pass {override}=00:30:00"
-        ) from None
-    return max(1, math.ceil(minutes))  # never shorter than asked
 
 
 def _extra_args(args: list[str]) -> dict[str, Any]:
@@ -141,24 +121,9 @@ def main_sbatch_text(run_dir: Path, cfg: RunConfig, after: str | None = None) ->
     return text.replace(str(Path(run_dir)), "RUN_DIR")
 
 
-RENEW_S = 600
-"""The renewal lead of a spare when slurm.spare_renew_s is not given (for limits of 2 x RENEW_S and more)."""
-
-
 def spare_minutes(cfg: RunConfig) -> int:
-    """A spare's time limit (``slurm.spare_time``, else ``slurm.time``) in minutes; ConfigError when a
-    given ``slurm.spare_renew_s`` leaves no time between a spare's warm-up and its renewal."""
-    override = "slurm.spare_time" if cfg.slurm.spare_time is not None else "slurm.time"
-    minutes = time_minutes(cfg.slurm.spare_time or cfg.slurm.time, override)
-    lead = cfg.slurm.spare_renew_s
-    if lead is not None and not 60 <= lead <= minutes * 30:
-        raise ConfigError(
-            f"slurm.spare_renew_s={lead} must be at least 60 and at most half a spare's "
-            f"time limit ({override}: {minutes} min), or every spare is renewed as soon as it starts. "
-            f"Fix: pass slurm.spare_renew_s={max(60, min(RENEW_S, minutes * 30))}, a longer {override}, "
-            "or leave slurm.spare_renew_s unset."
-        )
-    return minutes
+    """A spare's time limit in minutes (:func:`tmslurm.core.config.slurmtime.spare_minutes`)."""
+    return _spare_minutes(cfg.slurm)
 
 
 def spare_renew_lead(cfg: RunConfig) -> int | None:

@@ -35,7 +35,9 @@ def sh(*cmd: str, check: bool = True, timeout: float = 120) -> str:
 class SlurmJob:
     def __init__(self, run_dir: Path, overrides: list[str]) -> None:
         self.run_dir = run_dir
-        out = sh(sys.executable, "-m", "tmslurm.cli.launch", "cluster=slurm", f"run_dir={run_dir}", *overrides)
+        # the lab's partition (scripts/local-slurm); an override in ``overrides`` wins
+        launch = (sys.executable, "-m", "tmslurm.cli.launch", "cluster=slurm", "slurm.partition=debug")
+        out = sh(*launch, f"run_dir={run_dir}", *overrides)
         self.job_id = out.split("main job ")[1].split(":")[0]
         log.info("main job %s -> %s", self.job_id, run_dir)
 

@@ -6,6 +6,7 @@ for all of them. The package is split by what each part touches:
 - :mod:`.schema`: the kw-only dataclasses with field docstrings (root :class:`RunConfig`), registered in
   Hydra's ConfigStore; :mod:`.faults`: one injected fault's schema;
 - :mod:`.validation`: the cross-field rules (:func:`validate`), pure;
+- :mod:`.slurmtime`: the Slurm time limits and leads (``slurm.time``, ``slurm.spare_*``, ``slurm.signal_lead_s``);
 - :mod:`.dicts`: a config as plain data (config.json, what ranks receive);
 - :mod:`.compose`: Hydra composition, presets, the file-system checks and the import of the user's Task.
 

@@ -137,8 +137,9 @@ class StandbyConfig:
 class SlurmConfig:
     """Jobs on Slurm (cluster=slurm): partition, time limits, spares, what happens at the limit."""
 
-    partition: str = "debug"
-    """Partition for the main job and the spares."""
+    partition: str | None = None
+    """Partition (sbatch --partition) of the main job and the spares; None: the cluster's default
+    partition (no --partition). The local lab's is debug."""
     time: str = "00:30:00"
     """Time limit (sbatch --time) of the main job and the spares."""
     account: str | None = None

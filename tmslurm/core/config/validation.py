@@ -33,6 +33,7 @@ from tmslurm.core.config.schema import (
     TrainConfig,
     world_size,
 )
+from tmslurm.core.config.slurmtime import validate_slurm_times
 from tmslurm.core.errors import ConfigError
 
 
@@ -234,11 +235,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     _one_of(cfg.runtime.switch_mode, ("delta", "full"), "runtime.switch_mode")
     _one_of(cfg.slurm.backend, ("auto", "cli", "pyslurm"), "slurm.backend")
     _one_of(cfg.slurm.on_limit, ON_LIMIT, "slurm.on_limit")
-    if not 10 <= cfg.slurm.signal_lead_s <= 65535:
-        raise ConfigError(
-            f"slurm.signal_lead_s={cfg.slurm.signal_lead_s} is outside 10..65535 (sbatch --signal's range, "
-            "with room for a step and a checkpoint). Fix: pass slurm.signal_lead_s=120."
-        )
+    validate_slurm_times(cfg.slurm)
     if cfg.runtime.backend == "nccl" and cfg.runtime.device != "cuda":
         raise ConfigError(
             "runtime.backend=nccl needs runtime.device=cuda. Fix: pass runtime.device=cuda or runtime.backend=gloo."

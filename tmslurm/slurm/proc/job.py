@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -157,6 +158,10 @@ def launch_slurm(cfg: RunConfig) -> str:
     from tmslurm.run.prepare import prepare_run_dir
     from tmslurm.wire.protocol import write_token
 
+    if shutil.which("sbatch") is None:  # refused before the run directory is written
+        raise SlurmError(
+            "cluster=slurm needs Slurm's sbatch on PATH. Fix: launch from a Slurm login node, or pass cluster=local."
+        )
     run_dir = prepare_run_dir(cfg)
     write_token(run_dir)
     job_id = submit_main(run_dir, cfg)
@@ -173,6 +178,7 @@ def launch_slurm(cfg: RunConfig) -> str:
 def main(argv: list[str] | None = None) -> int:
     from tmslurm.core.logs import setup_logging
     from tmslurm.run.prepare import prepare_run_dir, warn_unprotected
+    from tmslurm.slurm.allocation import check_allocation
     from tmslurm.wire.protocol import write_token
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -183,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = from_dict(json.loads(RunDir(run_dir).config.read_text()))
         else:
             cfg = compose_config(["cluster=slurm", *argv])
+            check_allocation(cfg)  # before the run directory: too few nodes for the layout
             warn_unprotected(cfg)
             if not cfg.run_dir:
                 cfg.run_dir = f"runs/job{os.environ.get('SLURM_JOB_ID', int(time.time()))}"
