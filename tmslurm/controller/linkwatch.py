@@ -2,7 +2,7 @@
 
 A slow link slows every rank that talks over it alike (everyone waits at the same collective), so
 busy times (:mod:`tmslurm.controller.gray`) cannot tell whose link it is. The node monitors measure
-the links instead: every ``runtime.link_probe_s`` each monitor sends ``runtime.link_probe_bytes``
+the links instead: every ``gray.link_probe_s`` each monitor sends ``gray.link_probe_bytes``
 to another monitor's sink (:mod:`tmslurm.agent.linkprobe`) and reports how long it took.
 
 Contract:
@@ -119,7 +119,7 @@ class Pending:
 
 
 class LinkProbes:
-    """The controller's side of the link probes (``runtime.gray_evict`` and ``runtime.link_probe_s`` > 0)."""
+    """The controller's side of the link probes (``gray.evict`` and ``gray.link_probe_s`` > 0)."""
 
     def __init__(
         self,
@@ -128,14 +128,14 @@ class LinkProbes:
         ranks_of_node: Callable[[str], list[int]],
     ) -> None:
         """``move_off(node, reason, record)``: :meth:`GrayEvictions.move_off`, None once moved, else why not."""
-        rt = ctx.cfg.runtime
+        g = ctx.cfg.gray
         self.ctx = ctx
         self.move_off = move_off
         self.ranks_of_node = ranks_of_node
-        self.period_s = rt.link_probe_s
-        self.nbytes = rt.link_probe_bytes
-        self.timeout_s = rt.link_probe_timeout_s
-        self.watch = LinkWatch(LinkSettings(factor=rt.link_slow_factor, window=rt.link_window))
+        self.period_s = g.link_probe_s
+        self.nbytes = g.link_probe_bytes
+        self.timeout_s = g.link_probe_timeout_s
+        self.watch = LinkWatch(LinkSettings(factor=g.link_slow_factor, window=g.link_window))
         self.sinks: dict[str, tuple[str, int]] = {}
         self.pending: dict[int, Pending] = {}
         self.seq = 0
