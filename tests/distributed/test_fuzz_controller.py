@@ -26,7 +26,7 @@ EXAMPLES = 1500  # derandomized: the same 1,500 lines every run (2,500 took ~40 
 # liveness is not what this test checks, and it asserts that the run had no event at all: under a
 # loaded CI host a rank once went 3.03 s without a heartbeat while it started (before any message
 # was sent), the 3 s default fenced it and every rank restarted (docs/recovery.md "Noticed")
-FUZZ_RUN = ["train.steps=1000000", "train.step_delay_s=0.05", "runtime.heartbeat_timeout_s=15.0"]
+FUZZ_RUN = ["train.steps=1000000", "bench.step_delay_s=0.05", "detect.heartbeat_timeout_s=15.0"]
 TYPES = [
     "hello",
     "hb",

@@ -18,7 +18,7 @@ TP_LAYOUT = ("parallel.dp=2", "parallel.pp=2", "parallel.tp=2")
 # Ten processes (8 ranks, 2-3 standbys) start on 2 cores here: BASE's 2 s heartbeat timeout once
 # declared a starting rank hung at step 0 (CI) and the run restarted. No test here hangs a rank;
 # their faults are kills and drains, found by process exit and notices.
-HEARTBEAT = "runtime.heartbeat_timeout_s=10.0"
+HEARTBEAT = "detect.heartbeat_timeout_s=10.0"
 
 
 def _run(launch, baseline, *extra):
