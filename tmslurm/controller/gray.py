@@ -36,6 +36,7 @@ from tmslurm.controller.context import Context
 from tmslurm.controller.items import NoticeIn
 from tmslurm.controller.membership import Membership
 from tmslurm.controller.state import Mode
+from tmslurm.core.config import GrayConfig
 from tmslurm.core.notices import Notice
 
 log = logging.getLogger(__name__)
@@ -131,10 +132,10 @@ class GrayEvictions:
     a standby is idle, no plan is in flight and the hourly budget allows; otherwise it is journalled
     (``gray_suspect``, once per rank and reason) and judged again at the next step."""
 
-    def __init__(self, ctx: Context, members: Membership) -> None:
+    def __init__(self, ctx: Context, members: Membership, g: GrayConfig) -> None:
+        """``g``: the run's gray section, the only settings read here."""
         self.ctx = ctx
         self.members = members
-        g = ctx.cfg.gray
         self.watch = GrayWatch(
             GraySettings(
                 factor=g.factor, window=g.window, min_excess_s=g.min_excess_s, budget_per_hour=g.budget_per_hour

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from tmslurm.controller.context import Context
 from tmslurm.controller.state import Mode
+from tmslurm.core.config import GrayConfig
 from tmslurm.wire.messages import Probed, ProbeLink, SinkAt
 from tmslurm.wire.protocol import LineChannel
 
@@ -124,11 +125,12 @@ class LinkProbes:
     def __init__(
         self,
         ctx: Context,
+        g: GrayConfig,
         move_off: Callable[[str, str, dict[str, object]], str | None],
         ranks_of_node: Callable[[str], list[int]],
     ) -> None:
-        """``move_off(node, reason, record)``: :meth:`GrayEvictions.move_off`, None once moved, else why not."""
-        g = ctx.cfg.gray
+        """``g``: the run's gray section (the probes' settings come only from it); ``move_off(node, reason,
+        record)``: :meth:`GrayEvictions.move_off`, None once moved, else why not."""
         self.ctx = ctx
         self.move_off = move_off
         self.ranks_of_node = ranks_of_node

@@ -56,7 +56,7 @@ from tmslurm.controller.snapshot import Snapshots
 from tmslurm.controller.spawner import Spawner
 from tmslurm.controller.state import JobEnd, Mode, RunState
 from tmslurm.controller.summary import Summary
-from tmslurm.core.config import RunConfig, wants_monitors
+from tmslurm.core.config import MetricsConfig, RunConfig, SecurityConfig, wants_monitors
 from tmslurm.core.errors import TmslurmError
 from tmslurm.core.notices import Notice
 from tmslurm.core.rundir import RunDir
@@ -96,7 +96,7 @@ class Controller:
     ) -> None:
         layout = Layout.from_config(cfg)
         rundir = RunDir(Path(run_dir))
-        self.metrics = _run_metrics(cfg, rundir, layout, hooks, adopt)
+        self.metrics = _run_metrics(cfg.metrics, rundir, layout, hooks, adopt)
         """Prometheus metrics (metrics.port), None when off."""
         journal = Journal(rundir.events, listener=self.metrics.observe if self.metrics is not None else None)
         state = RunState(world=layout.world)
@@ -109,10 +109,10 @@ class Controller:
         self.restarts = Restarts(self.ctx, self.members, self.plans)
         self.recoveries = Recoveries(self.ctx, self.members, self.plans, self.restarts)
         self.switches = Switches(self.ctx, self.members, self.plans, self.restarts, self.recoveries)
-        gray = GrayEvictions(self.ctx, self.members) if cfg.gray.evict else None
+        gray = GrayEvictions(self.ctx, self.members, cfg.gray) if cfg.gray.evict else None
         self.commits = Commits(self.ctx, self.members, gray)
         links = (
-            LinkProbes(self.ctx, gray.move_off, self.members.ranks_of_node)
+            LinkProbes(self.ctx, cfg.gray, gray.move_off, self.members.ranks_of_node)
             if gray is not None and cfg.gray.link_probe_s > 0 and wants_monitors(cfg)
             else None
         )
@@ -173,7 +173,9 @@ class Controller:
         # process: out of the cyclic collector's reach, so that its full collections do not walk
         # it. They did, for 110-140 ms each, collecting nothing: the p99 commit at 4,096 ranks.
         gc.freeze()
-        server.serve(token, _verifier(self.ctx), self.ctx.journal, self.ctx.submit, self.touch)
+        server.serve(
+            token, _verifier(self.ctx.cfg.security, self.ctx.rundir.name), self.ctx.journal, self.ctx.submit, self.touch
+        )
         if self.metrics is not None:
             m = self.ctx.cfg.metrics
             bound = self.metrics.serve(m.addr, m.port)
@@ -273,21 +275,23 @@ class Controller:
                 item.ch.close()
 
 
-def _verifier(ctx: Context) -> NoticeVerifier | None:
-    path = ctx.cfg.security.admin_public_key_file
-    if not path:
+def _verifier(sec: SecurityConfig, run_name: str) -> NoticeVerifier | None:
+    """The gate's signature check of admin notices, from the security section alone; None: token only."""
+    if not sec.admin_public_key_file:
         return None
     try:
-        return NoticeVerifier(load_public_key(Path(path)), ctx.rundir.name, ctx.cfg.security.notice_max_age_s)
+        return NoticeVerifier(load_public_key(Path(sec.admin_public_key_file)), run_name, sec.notice_max_age_s)
     except TmslurmError as exc:
         log.error("%s (signed admin notices will be refused)", exc)
         return None
 
 
-def _run_metrics(cfg: RunConfig, rundir: RunDir, layout: Layout, hooks: ClusterHooks, adopt: AdoptOrder | None) -> Any:
+def _run_metrics(
+    m: MetricsConfig, rundir: RunDir, layout: Layout, hooks: ClusterHooks, adopt: AdoptOrder | None
+) -> Any:
     """The run's Prometheus metrics when ``metrics.port`` is set (prometheus_client is imported
     only then)."""
-    if not cfg.metrics.port:
+    if not m.port:
         return None
     from tmslurm.controller.metrics import RunMetrics
 
