@@ -21,7 +21,7 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--repeats", type=int, default=10, help="events per cell")
     d.add_argument("--checkpoint-every", type=int, default=20)
     d.add_argument(
-        "--heartbeat-timeout", type=float, default=None, help="runtime.heartbeat_timeout_s (default: the run's)"
+        "--heartbeat-timeout", type=float, default=None, help="detect.heartbeat_timeout_s (default: the run's)"
     )
     d.add_argument("--reference-steps", type=int, default=100, help="steps of the uninterrupted reference run")
     d.add_argument("--seed", type=int, default=0, help="seeds where in a checkpoint interval each event lands")
@@ -50,7 +50,7 @@ def parser() -> argparse.ArgumentParser:
     o.add_argument("--model", default="small")
     o.add_argument("--steps", type=int, default=60)
     o.add_argument("--repeats", type=int, default=3)
-    o.add_argument("--step-delay-s", type=float, default=0.5, help="pace each step (train.step_delay_s)")
+    o.add_argument("--step-delay-s", type=float, default=0.5, help="pace each step (bench.step_delay_s)")
     o.add_argument("--json", default="docs/bench/overhead.json")
     m = sub.add_parser("memory", help="stayer peak RSS around switches, standby RSS per role (local)")
     m.add_argument("--model", default="small")
@@ -74,7 +74,7 @@ def parser() -> argparse.ArgumentParser:
         "--max-measure-s", type=float, default=150.0, help="end the measured window after this even if short of --steps"
     )
     c.add_argument("--step-ms", type=float, default=50.0, help="simulated compute time of a step")
-    c.add_argument("--heartbeat-s", type=float, default=0.2, help="runtime.heartbeat_interval_s")
+    c.add_argument("--heartbeat-s", type=float, default=0.2, help="detect.heartbeat_interval_s")
     c.add_argument("--window", type=int, default=16, help="hellos waiting for their welcome at once")
     c.add_argument(
         "--relay",
@@ -185,7 +185,7 @@ def parser() -> argparse.ArgumentParser:
     sb.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False)
     sb.add_argument("--standbys", type=int, default=2)
     sb.add_argument("--idle-s", type=float, default=30.0, help="the sampling window once every standby is warm")
-    sb.add_argument("--step-delay-s", type=float, default=0.5, help="pace each step (train.step_delay_s)")
+    sb.add_argument("--step-delay-s", type=float, default=0.5, help="pace each step (bench.step_delay_s)")
     sb.add_argument("--json", default="docs/bench/standby.json")
     g = sub.add_parser(
         "gray",
@@ -204,7 +204,7 @@ def parser() -> argparse.ArgumentParser:
     tl.add_argument("--modes", default="requeue,resubmit")
     tl.add_argument("--boundaries", type=int, default=3, help="time-limit boundaries per mode (one 2-minute job each)")
     tl.add_argument("--model", default="small")
-    tl.add_argument("--step-delay-s", type=float, default=0.2, help="pace each step (train.step_delay_s)")
+    tl.add_argument("--step-delay-s", type=float, default=0.2, help="pace each step (bench.step_delay_s)")
     tl.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for one boundary at most")
     tl.add_argument("--json", default="docs/bench/timelimit.json")
     ch = sub.add_parser(
@@ -225,7 +225,7 @@ def parser() -> argparse.ArgumentParser:
         "--step-delay",
         type=float,
         default=0.5,
-        help="pace each step (train.step_delay_s): fewer steps for the reference",
+        help="pace each step (bench.step_delay_s): fewer steps for the reference",
     )
     ch.add_argument("--checkpoint-every", type=int, default=50)
     ch.add_argument("--max-controller-kills", type=int, default=50)

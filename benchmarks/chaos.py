@@ -1,7 +1,7 @@
 """``python -m benchmarks chaos``: random faults on the failure lab for ``--minutes``, then the chaos checker.
 
 Contract: on the local Slurm cluster (``scripts/local-slurm up``, 6 nodes or more), one ``cluster=slurm`` run
-(DP2 x PP2, ``--model``, two warm standbys replenished, ``runtime.gray_evict=true``, a checkpoint
+(DP2 x PP2, ``--model``, two warm standbys replenished, ``gray.evict=true``, a checkpoint
 every ``--checkpoint-every`` steps, steps paced by ``--step-delay``) takes a fault every
 ``--min-gap``..``--max-gap`` seconds (uniform, seeded by ``--seed``) for ``--minutes`` once both
 standbys are warm. Kinds (:data:`benchmarks.chaosfaults.KINDS`) come from a shuffled bag, so every
@@ -54,10 +54,10 @@ def overrides(args: argparse.Namespace) -> list[str]:
         f"model={args.model}",
         "standby.count=2",
         "standby.replenish=true",
-        "runtime.gray_evict=true",
+        "gray.evict=true",
         f"runtime.controller_restarts={args.max_controller_kills + 1}",
         f"train.checkpoint_every={args.checkpoint_every}",
-        f"train.step_delay_s={args.step_delay}",
+        f"bench.step_delay_s={args.step_delay}",
         "train.steps=100000000",
         "slurm.partition=debug",
         f"slurm.time={args.slurm_time}",

@@ -2,7 +2,7 @@
 
 Contract: for each N in ``--sizes`` (default 64 256 1024 4096) it starts the real controller in its
 own process (:mod:`benchmarks.ctlhost`: the real loop, gate and server, a spawner that starts
-nothing) with ``parallel.dp=N/pp``, two standbys and ``runtime.heartbeat_interval_s``, then drives
+nothing) with ``parallel.dp=N/pp``, two standbys and ``detect.heartbeat_interval_s``, then drives
 it from this process with N + 2 simulated agents (:mod:`benchmarks.loadgen`, one thread, real
 protocol over loopback TCP, no torch) through:
 
@@ -81,7 +81,7 @@ class Run:
             f"standby.count={STANDBYS}",
             "train.steps=100000000",
             "model=tiny",
-            f"runtime.heartbeat_interval_s={args.heartbeat_s}",
+            f"detect.heartbeat_interval_s={args.heartbeat_s}",
             *args.override,
         ]
         out.mkdir(parents=True, exist_ok=True)

@@ -148,7 +148,7 @@ def main(args: argparse.Namespace) -> None:
         f"model={args.model}",
         "standby.count=1",
         f"train.steps={args.steps}",
-        f"train.step_delay_s={args.step_delay_s}",
+        f"bench.step_delay_s={args.step_delay_s}",
         "standby.start_when_warm=true",
     ]
     gap = (args.steps - 30) // args.kills

@@ -8,7 +8,7 @@ and a checkpoint every ``--checkpoint-every`` steps for every strategy:
   step subtracted from every strategy's gaps (``downtime = gap - reference step``);
 - ``tmslurm`` (two warm standbys): the events of ``--events`` (dtstats.TM_EVENTS): admin drain,
   silent power-off, partition, SIGKILL and SIGSTOP of a rank, drain and power-off of the batch host;
-- ``injob_restart`` / ``requeue_restart`` (``runtime.restart_mode``): ``--restart-events``; a planned
+- ``injob_restart`` / ``requeue_restart`` (``bench.restart_mode``): ``--restart-events``; a planned
   event checkpoints at the next step and restarts (nothing lost), an unexpected one pays the same
   detection as tmslurm (same node monitors and heartbeats). The in-job restart gets one spare
   allocation per event that takes a node away (a restart needs somewhere to run), and Slurm's own
@@ -67,7 +67,7 @@ def base_overrides(args: Any) -> list[str]:
         "slurm.partition=debug",
         "slurm.time=03:00:00",
         "slurm.poll_interval_s=0.5",
-    ] + ([] if args.heartbeat_timeout is None else [f"runtime.heartbeat_timeout_s={args.heartbeat_timeout}"])
+    ] + ([] if args.heartbeat_timeout is None else [f"detect.heartbeat_timeout_s={args.heartbeat_timeout}"])
 
 
 def reference(out: Path, args: Any) -> dict[str, Any]:
@@ -98,7 +98,7 @@ def run_strategy(
         over.append("standby.count=2")
     else:  # spare allocations for restarts off a node that left (none for a requeue: it gets a new allocation)
         takes = sum(1 for e in events if e in LEAVES) * args.repeats if strategy == "injob_restart" else 0
-        over += [f"runtime.restart_mode={strategy}", f"standby.count={min(takes + 1, 24) if takes else 0}"]
+        over += [f"bench.restart_mode={strategy}", f"standby.count={min(takes + 1, 24) if takes else 0}"]
     job = SlurmJob(out / strategy, over)
     job.wait(lambda st: st.get("step", 0) >= 3, 1800, "training to start")
     pool = 2 if strategy == "tmslurm" else None if strategy == "injob_restart" else 0  # a requeue has no spares

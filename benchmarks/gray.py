@@ -1,7 +1,7 @@
 """``bench gray``: a slow node on the failure lab, found and moved off (or not), and what it cost.
 
 Contract: on the local Slurm cluster (``scripts/local-slurm up``), ``--repeats`` runs per kind of
-slowness, each a fresh DP2 x PP2 job (``--model``, one warm standby, ``runtime.gray_evict=true``).
+slowness, each a fresh DP2 x PP2 job (``--model``, one warm standby, ``gray.evict=true``).
 After ``--baseline`` committed steps the benchmark slows rank 1's node itself through the lab
 (``throttle NODE PCT`` or ``slowlink NODE RATE``, at a moment it knows), then waits for the
 controller's ``gray_evict`` or for ``--observe`` more steps, stops the run and undoes the slowness.
@@ -56,11 +56,11 @@ def one(out: Path, kind: str, amount: str, i: int, args: argparse.Namespace) -> 
             f"model={args.model}",
             "standby.count=1",
             "standby.start_when_warm=true",
-            "runtime.gray_evict=true",
+            "gray.evict=true",
             "train.steps=1000000",
             "slurm.partition=debug",
             "slurm.time=00:20:00",
-            "runtime.heartbeat_timeout_s=3.0",
+            "detect.heartbeat_timeout_s=3.0",
         ],
     )
     rd = RunDir(run_dir)
@@ -81,7 +81,7 @@ def one(out: Path, kind: str, amount: str, i: int, args: argparse.Namespace) -> 
                 break
             time.sleep(0.5)
         if evict is not None:  # the move itself: wait for its event (planned; or unexpected, when the
-            # slow rank was found hung first: the only vote missing for runtime.hang_factor x the median step)
+            # slow rank was found hung first: the only vote missing for detect.hang_factor x the median step)
             job.wait(lambda st: any(_moved(e) for e in st.get("events", [])), 300, "the move off the slow node")
         summary = job.stop()
     finally:
@@ -168,7 +168,7 @@ def _result(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, A
             "cluster": "local Slurm (scripts/local-slurm), one rank per lab node, all on one 2-core host",
             "layout": "DP2 x PP2",
             "model": args.model,
-            "gray": "runtime.gray_evict=true (busy times and link probes), defaults otherwise",
+            "gray": "gray.evict=true (busy times and link probes), defaults otherwise",
             "slowed": "rank 1's node, by the benchmark through the lab, after --baseline steps",
         },
         "rows": rows,

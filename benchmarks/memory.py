@@ -25,7 +25,7 @@ def main(args: Any) -> dict[str, Any]:
             f"model={args.model}",
             "standby.count=2",
             f"train.steps={steps}",
-            "train.step_delay_s=0.05",
+            "bench.step_delay_s=0.05",
             f"faults=[{{step:{steps // 3},kind:drain,rank:1}},{{step:{2 * steps // 3},kind:kill,rank:2}}]",
         ],
     )

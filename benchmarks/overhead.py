@@ -16,7 +16,7 @@ from typing import Any
 
 from benchmarks.common import SlurmJob, median, say, write_json
 
-OFF = ["runtime.commit_vote=false", "runtime.heartbeats=false", "slurm.watch=false"]
+OFF = ["bench.commit_vote=false", "bench.heartbeats=false", "slurm.watch=false"]
 
 
 def _run(out: Path, name: str, extra: list[str], steps: int, model: str, delay_s: float) -> float:
@@ -27,7 +27,7 @@ def _run(out: Path, name: str, extra: list[str], steps: int, model: str, delay_s
             "parallel.pp=2",
             f"model={model}",
             f"train.steps={steps}",
-            f"train.step_delay_s={delay_s}",
+            f"bench.step_delay_s={delay_s}",
             "standby.count=0",
             "slurm.partition=debug",
             "slurm.time=00:30:00",

@@ -58,7 +58,7 @@ def main(args: Any) -> dict[str, Any]:
                 f"standby.count={layout.world}",
                 "standby.start_when_warm=true",
                 f"train.steps={steps}",
-                "train.step_delay_s=0.05",
+                "bench.step_delay_s=0.05",
                 f"faults=[{faults}]",
             ],
         )

@@ -1,7 +1,7 @@
 """``bench scaling``: one planned switch at 4, 8 and 16 ranks, delta switch against a full rebuild.
 
 Contract: local processes (``cluster=local``), tiny model, DP x PP2 layouts with 4, 8, 16 ranks and
-one standby; the same drain of rank 1 with ``runtime.switch_mode=delta`` (only the groups containing
+one standby; the same drain of rank 1 with ``bench.switch_mode=delta`` (only the groups containing
 the leaver, built in the background) and ``full`` (every group rebuilt inside the pause). Prints
 phase-2 time and downtime for both series side by side and the 16-vs-4 ratios; writes
 ``docs/bench/scaling.json`` (the command, commit and date, every row, and per size and mode the
@@ -26,8 +26,8 @@ def _one(out: Path, ranks: int, mode: str, rep: int, steps: int) -> dict[str, An
             "parallel.pp=2",
             "standby.count=1",
             "train.steps=100000",
-            "train.step_delay_s=0.02",
-            f"runtime.switch_mode={mode}",
+            "bench.step_delay_s=0.02",
+            f"bench.switch_mode={mode}",
             "runtime.connect_timeout_s=300",
         ],
     )

@@ -52,7 +52,7 @@ def main(args: Any) -> dict[str, Any]:
             f"model.compile={str(args.compile).lower()}",
             f"standby.count={args.standbys}",
             "train.steps=1000000",
-            f"train.step_delay_s={args.step_delay_s}",
+            f"bench.step_delay_s={args.step_delay_s}",
         ],
     )
     deadline = time.monotonic() + 900

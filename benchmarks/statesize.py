@@ -6,12 +6,12 @@ parameters + AdamW moments per rank at DP2 x PP2), local processes (``cluster=lo
 - ``link`` and ``transfer``: :mod:`benchmarks.linkbw` on one loopback gloo pair (``--link-repeats``);
 - ``shadow`` and ``noshadow``: one run each with one standby that is replaced after each use
   (``standby.replenish``); ``--repeats`` times: wait until a fresh standby is warm for every role,
-  send a maintenance notice for rank 1, wait for the switch (``runtime.shadow`` true / false);
+  send a maintenance notice for rank 1, wait for the switch (``shadow.enabled`` true / false);
 - ``unexpected``: ``--repeats`` runs, each with a SIGKILL of rank 1 (midstep) once the standby is warm;
   the DP peer that sends the state is the *source*, whose peak RSS is read before and after; the
   ranks that send no state redo the step after the transfer (``runtime.redo_overlap=false``, the default);
 - ``unexpected_overlap``: the same with ``runtime.redo_overlap=true`` (they redo it beside the transfer);
-- ``injob_restart``: one run with ``--repeats`` drains 6 steps apart, ``runtime.restart_mode=injob_restart``
+- ``injob_restart``: one run with ``--repeats`` drains 6 steps apart, ``bench.restart_mode=injob_restart``
   (each restart reloads a checkpoint of that size) and ``runtime.fork_agents=false`` (each restarted
   rank is a fresh process that imports torch, as on a cluster).
 
@@ -70,7 +70,7 @@ def drains(out: Path, model: str, shadow: bool, repeats: int) -> dict[str, Any]:
             "standby.replenish=true",
             "standby.start_when_warm=true",
             "train.steps=1000000",
-            f"runtime.shadow={str(shadow).lower()}",
+            f"shadow.enabled={str(shadow).lower()}",
         ],
     )
     try:
@@ -157,7 +157,7 @@ def restarts(out: Path, model: str, repeats: int) -> dict[str, Any]:
             *BASE,
             f"model={model}",
             "standby.count=0",
-            "runtime.restart_mode=injob_restart",
+            "bench.restart_mode=injob_restart",
             "runtime.fork_agents=false",
             f"train.steps={6 * repeats + 4}",
             f"faults=[{faults}]",

@@ -43,7 +43,7 @@ def one(out: Path, mode: str, args: argparse.Namespace, prog: Any) -> list[dict[
             f"model={args.model}",
             "standby.count=0",
             "train.steps=1000000",
-            f"train.step_delay_s={args.step_delay_s}",
+            f"bench.step_delay_s={args.step_delay_s}",
             "slurm.partition=debug",
             "slurm.time=00:02:00",
             "slurm.signal_lead_s=30",

@@ -46,7 +46,7 @@ COMMON = [
     "runtime.connect_timeout_s=600",
     "runtime.collective_timeout_s=600",
     "runtime.switch_timeout_s=600",
-    "runtime.heartbeat_timeout_s=5.0",
+    "detect.heartbeat_timeout_s=5.0",
 ]
 
 

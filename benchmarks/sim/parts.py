@@ -9,7 +9,7 @@ repository's 2-core machine live in :mod:`benchmarks.sim.measured` with the file
 
 The parts (planned = a notice ahead, unexpected = a node lost without warning)::
 
-    detect       planned 0; unexpected runtime.node_timeout_s + half the controller's 50 ms tick
+    detect       planned 0; unexpected detect.node_timeout_s + half the controller's 50 ms tick
     control      planned 0 (planned during the notice); unexpected: abort + recovery plan (fit)
     group_build  planned 0 (phase 1 overlaps training); unexpected: the replaced rank's groups
     phase2       planned: delta handle swap (flat) or full rebuild (linear in N); unexpected 0
@@ -165,13 +165,13 @@ class PartInputs:
     first_step_steps: float = 1.0
     """Steps of the modelled job counted as the first-step part of every event."""
     node_timeout_s: float = 0.8
-    """runtime.node_timeout_s: a node silent this long is declared lost."""
+    """detect.node_timeout_s: a node silent this long is declared lost."""
     detect_tick_s: float = CONTROLLER_TICK_S
     """The controller's deadline tick; half of it is added to the node timeout on average."""
     heartbeat_interval_s: float = 0.2
-    """runtime.heartbeat_interval_s (per rank); for the heartbeat load only."""
+    """detect.heartbeat_interval_s (per rank); for the heartbeat load only."""
     monitor_interval_s: float = 0.1
-    """runtime.monitor_interval_s (per node); for the heartbeat load only."""
+    """detect.monitor_interval_s (per node); for the heartbeat load only."""
     control_law: str = "power"
     """How commit latency, recovery control and controller CPU grow beyond 1,024 ranks."""
     async_commit: bool = False

@@ -133,10 +133,10 @@ PART_FLAGS = (
     ("--flops-per-param-token", "flops_per_param_token", "positive", "training FLOPs per parameter per token"),
     ("--step-s", "step_s", "positive", "step time, s (default: derived from the job)"),
     ("--first-step-steps", "first_step_steps", "number", "steps counted as the first step"),
-    ("--node-timeout-s", "node_timeout_s", "number", "runtime.node_timeout_s"),
+    ("--node-timeout-s", "node_timeout_s", "number", "detect.node_timeout_s"),
     ("--detect-tick-s", "detect_tick_s", "number", "the controller's deadline tick, s"),
-    ("--heartbeat-interval-s", "heartbeat_interval_s", "positive", "runtime.heartbeat_interval_s"),
-    ("--monitor-interval-s", "monitor_interval_s", "positive", "runtime.monitor_interval_s"),
+    ("--heartbeat-interval-s", "heartbeat_interval_s", "positive", "detect.heartbeat_interval_s"),
+    ("--monitor-interval-s", "monitor_interval_s", "positive", "detect.monitor_interval_s"),
 )
 #: (flag, ProjectionInputs field, check, help) for the rate and restart model.
 MODEL_FLAGS = (

@@ -71,7 +71,18 @@ def launch(tmp_path):
 
 
 _BASELINES: dict[tuple[str, ...], dict[str, Any]] = {}
-NOT_IN_THE_MATH = ("standby.", "runtime.", "faults", "train.step_delay_s", "train.checkpoint_")
+NOT_IN_THE_MATH = (
+    "standby.",
+    "runtime.",
+    "detect.",
+    "shadow.",
+    "gray.",
+    "metrics.",
+    "security.",
+    "bench.",
+    "faults",
+    "train.checkpoint_",
+)
 """Overrides that must not change the trained state (that is the claim under test): the uninterrupted
 run leaves them out, so it has no standby to warm and layouts that differ only in them share one run."""
 

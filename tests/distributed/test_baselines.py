@@ -9,11 +9,7 @@ from tests.distributed.test_recovery import _run, events_of
 
 def test_injob_restart_honours_a_drain_notice_and_loses_no_step(launch, baseline):
     s = _run(
-        launch,
-        baseline,
-        "standby.count=0",
-        "runtime.restart_mode=injob_restart",
-        "faults=[{step:10,kind:drain,rank:1}]",
+        launch, baseline, "standby.count=0", "bench.restart_mode=injob_restart", "faults=[{step:10,kind:drain,rank:1}]"
     )
     (ev,) = events_of(s, "injob_restart")
     assert ev["trigger"] == "planned" and ev["ranks"] == [1]

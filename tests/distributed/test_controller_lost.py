@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tests.distributed.test_recovery import BASE
 
-LAYOUT = ("parallel.dp=2", "parallel.pp=1", "standby.count=1", "train.steps=100000", "train.step_delay_s=0.05")
+LAYOUT = ("parallel.dp=2", "parallel.pp=1", "standby.count=1", "train.steps=100000", "bench.step_delay_s=0.05")
 
 
 def children(pid: int) -> set[int]:

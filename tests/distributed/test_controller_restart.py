@@ -27,7 +27,7 @@ LAYOUT = (
     "standby.count=1",
     "model=tiny",
     f"train.steps={STEPS}",
-    "train.step_delay_s=0.05",
+    "bench.step_delay_s=0.05",
     "standby.start_when_warm=true",
 )
 
@@ -117,7 +117,7 @@ def test_kill_9_in_phase_1_of_a_planned_switch_rolls_it_back_and_moves_again(lau
         "standby.start_when_warm=true",
     )
     base = baseline(*layout)
-    run = launch(*layout, "train.step_delay_s=0.2")
+    run = launch(*layout, "bench.step_delay_s=0.2")
     wait_step(run, 8)
     pid = controller_pid(run)
     reply = request(run.run_dir, {"type": "notice", "event": "maintenance", "rank": 1, "reason": "psu"})
@@ -152,7 +152,7 @@ def test_kill_9_in_the_middle_of_a_recovery_redoes_it_and_ends_exact(launch, bas
     base = baseline(*layout)
     run = launch(
         *layout,
-        "train.step_delay_s=0.05",
+        "bench.step_delay_s=0.05",
         "faults=[{step:10,kind:kill,rank:2},{step:10,kind:hiccup,rank:0,when:transfer,amount:'3'}]",
     )
     run.wait_for(lambda e: e["type"] == "fault" and e.get("kind") == "hiccup", timeout=120)
@@ -185,12 +185,12 @@ def test_kill_9_past_phase_1_of_a_planned_switch_completes_it_and_ends_exact(lau
         "model=tiny",
         "train.steps=40",
         "standby.start_when_warm=true",
-        "runtime.shadow=false",
+        "shadow.enabled=false",
     )
     base = baseline(*layout)
     run = launch(
         *layout,
-        "train.step_delay_s=0.05",
+        "bench.step_delay_s=0.05",
         "faults=[{step:10,kind:drain,rank:1},{step:10,kind:hiccup,rank:1,when:transfer,amount:'3'}]",
     )
     if moment == "phase 2":
@@ -230,7 +230,7 @@ def test_kill_9_in_the_middle_of_a_checkpoint_restart_restarts_again_and_ends_ex
         "train.checkpoint_every=10",
     )
     base = baseline(*layout)
-    run = launch(*layout, "train.step_delay_s=0.05", "faults=[{step:12,kind:kill,rank:2}]")
+    run = launch(*layout, "bench.step_delay_s=0.05", "faults=[{step:12,kind:kill,rank:2}]")
     run.wait_for(lambda e: e["type"] == "restart", timeout=120)
     pid = controller_pid(run)
     agents = children(run.proc.pid) - {pid}

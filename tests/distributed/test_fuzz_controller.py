@@ -30,7 +30,7 @@ pytestmark = pytest.mark.dist
 EXAMPLES = 1500  # derandomized: the same 1,500 lines every run (2,500 took ~40 s more of CI)
 # The default heartbeat timeout: a rank still starting (before its ``started``) is allowed
 # runtime.connect_timeout_s, which covers the start-up silence once seen here under a loaded CI host.
-FUZZ_RUN = ["train.steps=1000000", "train.step_delay_s=0.05"]
+FUZZ_RUN = ["train.steps=1000000", "bench.step_delay_s=0.05"]
 TYPES = [
     "hello",
     "hb",

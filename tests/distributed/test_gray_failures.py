@@ -16,11 +16,11 @@ LAYOUT = ("parallel.dp=2", "parallel.pp=2")
 BASE = [
     *LAYOUT,
     f"train.steps={STEPS}",
-    "train.step_delay_s=0.05",
+    "bench.step_delay_s=0.05",
     "standby.count=1",
     "standby.start_when_warm=true",
-    "runtime.gray_evict=true",
-    "runtime.gray_window=6",
+    "gray.evict=true",
+    "gray.window=6",
 ]
 
 

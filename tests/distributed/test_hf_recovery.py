@@ -28,7 +28,7 @@ def test_a_drain_and_a_kill_end_exact(launch, baseline, model):
         source,
         "standby.count=2",
         "standby.start_when_warm=true",
-        "runtime.heartbeat_timeout_s=2.0",
+        "detect.heartbeat_timeout_s=2.0",
         "faults=[{step:5,kind:drain,rank:1},{step:9,kind:kill,rank:2}]",
     ).wait()
     assert [(e["kind"], e["ranks"]) for e in s["events"]] == [("planned", [1]), ("unexpected", [2])], s["events"]

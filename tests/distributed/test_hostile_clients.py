@@ -84,7 +84,7 @@ def test_hostile_hellos_and_malformed_messages_change_nothing(launch, baseline, 
 
 def test_preauth_limits_drop_oversize_slow_and_surplus_clients(launch, baseline):
     # Slow steps: the run must outlive the gate's 5 s auth timeout so the last status request finds it running.
-    run = launch(*LAYOUT, *[o for o in BASE if not o.startswith("train.step_delay_s=")], "train.step_delay_s=0.5")
+    run = launch(*LAYOUT, *[o for o in BASE if not o.startswith("bench.step_delay_s=")], "bench.step_delay_s=0.5")
     all_up(run)
     addr = addr_of(run)
     assert send_line(addr, b'{"type": "status", "token": "' + b"x" * 100_000 + b'"}\n') is None
@@ -118,7 +118,7 @@ def test_signed_notices_forged_stale_replayed_refused_valid_one_moves_the_rank(l
     generate_keypair(tmp_path / "other.key", tmp_path / "other.pub")
     other = load_private_key(tmp_path / "other.key")
     run = launch(
-        *LAYOUT, *BASE, "standby.count=1", f"runtime.admin_public_key_file={tmp_path / 'admin.pub'}", name="signed"
+        *LAYOUT, *BASE, "standby.count=1", f"security.admin_public_key_file={tmp_path / 'admin.pub'}", name="signed"
     )
     all_up(run, n=5)
     run.wait_for(lambda e: e["type"] == "standby_ready")

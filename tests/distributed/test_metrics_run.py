@@ -43,9 +43,9 @@ def test_a_scrape_after_a_drain_and_a_kill_matches_the_journal(launch, baseline)
         "standby.count=2",
         "standby.start_when_warm=true",
         "train.steps=1000000",
-        "train.step_delay_s=0.05",
-        "runtime.heartbeat_timeout_s=2.0",
-        f"runtime.metrics_port={port}",
+        "bench.step_delay_s=0.05",
+        "detect.heartbeat_timeout_s=2.0",
+        f"metrics.port={port}",
         "train.checkpoint_every=5",
         "faults=[{step:6,kind:drain,rank:1},{step:12,kind:kill,rank:2}]",
     )
@@ -81,7 +81,7 @@ def test_a_scrape_after_a_drain_and_a_kill_matches_the_journal(launch, baseline)
 
 
 def test_a_node_monitor_serves_its_node_and_counts_an_exit(launch):
-    """runtime.monitor_metrics_port: on cluster=local every node is this host, so the first monitor binds
+    """metrics.monitor_port: on cluster=local every node is this host, so the first monitor binds
     and the others go on without metrics; the one that binds tells its port in monitors/<node>.metrics."""
     port = _free_port()
     run = launch(
@@ -89,9 +89,9 @@ def test_a_node_monitor_serves_its_node_and_counts_an_exit(launch):
         "standby.count=1",
         "standby.start_when_warm=true",
         "train.steps=1000000",
-        "train.step_delay_s=0.05",
-        "runtime.heartbeat_timeout_s=2.0",
-        f"runtime.monitor_metrics_port={port}",
+        "bench.step_delay_s=0.05",
+        "detect.heartbeat_timeout_s=2.0",
+        f"metrics.monitor_port={port}",
     )
     deadline = time.monotonic() + 120
     while not (files := sorted((run.run_dir / "monitors").glob("*.metrics"))):

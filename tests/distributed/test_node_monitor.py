@@ -29,7 +29,7 @@ def node_pids(launcher_pid: int, node: str) -> list[int]:
 
 def test_a_frozen_node_is_lost_in_under_a_second_and_its_rank_moves(launch, baseline):
     opts = [o for o in BASE if not o.startswith("train.")]
-    run = launch(*LAYOUT, *opts, f"train.steps={STEPS}", "train.step_delay_s=0.1", "standby.count=1")
+    run = launch(*LAYOUT, *opts, f"train.steps={STEPS}", "bench.step_delay_s=0.1", "standby.count=1")
     run.wait_for(lambda e: e["type"] == "standby_ready")
     run.wait_for(lambda e: e["type"] == "monitor_up" and e["node"] == "local1")
     pids = node_pids(run.proc.pid, "local1")
@@ -47,7 +47,7 @@ def test_a_frozen_node_is_lost_in_under_a_second_and_its_rank_moves(launch, base
             except ProcessLookupError:
                 pass
     assert lost["node"] == "local1" and lost["source"] == "monitor"
-    assert 0.8 <= lost["silent_s"] < 1.5, lost  # runtime.node_timeout_s=0.8, checked every 0.05 s
+    assert 0.8 <= lost["silent_s"] < 1.5, lost  # detect.node_timeout_s=0.8, checked every 0.05 s
     assert lost["t"] - frozen_t < 1.5, lost["t"] - frozen_t  # not the 2 s heartbeat timeout of BASE
     (ev,) = events_of(s, "unexpected")
     assert "node local1 lost" in ev["cause"] and ev["ranks"] == [1]
@@ -61,7 +61,7 @@ def test_the_monitor_reports_a_rank_exit(launch, baseline):
         *LAYOUT,
         *opts,
         f"train.steps={STEPS}",
-        "train.step_delay_s=0.05",
+        "bench.step_delay_s=0.05",
         "standby.count=1",
         "runtime.controller_lost_s=1",
         "faults=[{step:20,kind:kill,rank:2}]",

@@ -19,8 +19,8 @@ STEPS = 24
 # Pace steps a little so standbys (which import torch and warm up) are ready by the faults' steps.
 BASE = [
     f"train.steps={STEPS}",
-    "train.step_delay_s=0.05",
-    "runtime.heartbeat_timeout_s=2.0",
+    "bench.step_delay_s=0.05",
+    "detect.heartbeat_timeout_s=2.0",
     "standby.start_when_warm=true",
 ]
 
@@ -59,7 +59,7 @@ def assert_planned(ev, rank: int, shadow: str | None) -> None:
 @pytest.mark.parametrize(
     "rank,extra,shadow",
     [
-        (1, ("runtime.shadow=false",), None),  # the state travels in the pause
+        (1, ("shadow.enabled=false",), None),  # the state travels in the pause
         (0, ("faults=[{step:12,kind:drain,rank:0},{step:0,kind:corrupt_shadow,rank:0}]",), "mismatch"),
     ],
     ids=["last-stage-state-in-pause", "forced-shadow-mismatch-falls-back"],
@@ -88,7 +88,7 @@ def test_planned_middle_stage_with_pp3(launch, baseline):
 @pytest.mark.parametrize("overlap", ["false", "true"], ids=["held", "overlapped"])
 def test_unexpected_failures_kill_then_stop_are_exact(launch, baseline, overlap):
     """A killed rank's exit is seen at once; a SIGSTOPped rank is reported by its node's monitor after
-    runtime.node_timeout_s (0.8 s), before BASE's 2 s heartbeat timeout. One run, two standbys. The
+    detect.node_timeout_s (0.8 s), before BASE's 2 s heartbeat timeout. One run, two standbys. The
     ranks that send no state redo the step after the transfer (held) or beside it (overlapped)."""
     layout = ("parallel.dp=2", "parallel.pp=2")
     ref = baseline(*layout, f"train.steps={STEPS}")
@@ -111,7 +111,7 @@ def test_unexpected_failures_kill_then_stop_are_exact(launch, baseline, overlap)
 
 def test_rank_that_heartbeats_but_stops_training_is_hung_and_replaced_exactly(launch, baseline):
     """Its training thread sleeps before voting while its heartbeat thread goes on (fault ``hang``)."""
-    s = _run(launch, baseline, "standby.count=1", "runtime.hang_floor_s=1.0", "faults=[{step:12,kind:hang,rank:2}]")
+    s = _run(launch, baseline, "standby.count=1", "detect.hang_floor_s=1.0", "faults=[{step:12,kind:hang,rank:2}]")
     (ev,) = events_of(s, "unexpected")
     assert ev["ranks"] == [2] and ev["cause"] == "no progress" and not events_of(s, "restart")
 

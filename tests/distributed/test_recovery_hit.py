@@ -15,8 +15,8 @@ pytestmark = pytest.mark.dist
 STEPS = 20
 BASE = [
     f"train.steps={STEPS}",
-    "train.step_delay_s=0.05",
-    "runtime.heartbeat_timeout_s=2.0",
+    "bench.step_delay_s=0.05",
+    "detect.heartbeat_timeout_s=2.0",
     "standby.start_when_warm=true",
 ]
 DP2PP2 = ("parallel.dp=2", "parallel.pp=2")

@@ -21,8 +21,8 @@ LAYOUT = ("parallel.dp=2", "parallel.pp=2", "parallel.ranks_per_node=2")
 STEPS = 24
 RELAY = (
     "runtime.relay=true",
-    "train.step_delay_s=0.05",
-    "runtime.heartbeat_timeout_s=2.0",
+    "bench.step_delay_s=0.05",
+    "detect.heartbeat_timeout_s=2.0",
     "standby.start_when_warm=true",
 )
 

@@ -38,7 +38,7 @@ def test_pp8_compiled_drain_of_every_shape_class_joins_warm(launch, baseline):
         *LAYOUT,
         f"standby.count={len(DRAINED)}",
         "standby.start_when_warm=true",
-        "train.step_delay_s=0.05",
+        "bench.step_delay_s=0.05",
         f"faults=[{faults}]",
     ).wait(timeout=600)
     assert_exact(s, ref)
@@ -62,7 +62,7 @@ def test_class_beyond_the_cap_joins_cold_and_says_why(launch, baseline):
         "standby.count=1",
         "standby.max_classes=2",
         "standby.start_when_warm=true",
-        "train.step_delay_s=0.05",
+        "bench.step_delay_s=0.05",
         "faults=[{step:6,kind:drain,rank:2}]",
     ).wait()
     assert_exact(s, ref)

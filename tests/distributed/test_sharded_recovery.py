@@ -17,8 +17,8 @@ pytestmark = pytest.mark.dist
 STEPS = 16
 BASE = [
     f"train.steps={STEPS}",
-    "train.step_delay_s=0.05",
-    "runtime.heartbeat_timeout_s=2.0",
+    "bench.step_delay_s=0.05",
+    "detect.heartbeat_timeout_s=2.0",
     "standby.start_when_warm=true",
     "parallel.zero=1",
 ]

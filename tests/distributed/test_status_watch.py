@@ -20,7 +20,7 @@ def test_watch_follows_a_run_to_its_end(launch):
         "standby.count=1",
         "standby.start_when_warm=true",
         "train.steps=60",
-        "train.step_delay_s=0.05",
+        "bench.step_delay_s=0.05",
     )
     run.wait_for(lambda entry: True)  # the run directory exists (a missing one is bad input)
     watch = subprocess.Popen(

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.dist
 
 LOSS_RTOL = 1e-5
 PARAM_RTOL, PARAM_ATOL = 1e-5, 1e-5
-COMMON = ["parallel.dp=1", "parallel.pp=2", "train.steps=8", "train.optimizer=sgd", "runtime.verify_replicas=true"]
+COMMON = ["parallel.dp=1", "parallel.pp=2", "train.steps=8", "train.optimizer=sgd", "detect.verify_replicas=true"]
 
 
 def _stage_params(run_dir, pp: int, tp: int) -> dict[str, torch.Tensor]:

@@ -10,7 +10,7 @@ import torch
 
 pytestmark = pytest.mark.dist
 
-COMMON = ["train.steps=16", "runtime.verify_replicas=true"]
+COMMON = ["train.steps=16", "detect.verify_replicas=true"]
 
 
 @pytest.mark.parametrize("pp", [2, 3])

@@ -19,7 +19,7 @@ from tests.slurm.test_slurm_run import COMMON, SlurmRun, exact, job_field, refer
 pytestmark = pytest.mark.slurm
 LAYOUT = ["parallel.dp=2", "parallel.pp=2"]
 # slower steps where the test must act while the run still goes on (the numerics do not change)
-SLOW = [o if not o.startswith("train.step_delay_s=") else "train.step_delay_s=0.4" for o in COMMON]
+SLOW = [o if not o.startswith("bench.step_delay_s=") else "bench.step_delay_s=0.4" for o in COMMON]
 
 
 def _steps_of(slurm, job_id: str) -> dict[str, str]:
@@ -58,7 +58,7 @@ def test_power_off_of_a_training_node_is_detected_and_the_standby_takes_over(
     (ev,) = [e for e in s["events"] if e["kind"] == "unexpected"]
     assert ev["ranks"] == [2] and ev["node"] == node
     assert ev["sources"] == [source], ev  # at zero=1 the buddy (dp rank XOR 1); at zero=0 the first alive DP peer
-    # a silent node is found by its silence: its monitor's (runtime.node_timeout_s=0.8), well before
+    # a silent node is found by its silence: its monitor's (detect.node_timeout_s=0.8), well before
     # the ranks' 3 s heartbeat timeout; never ~0 (nothing on the wire says it died)
     (lost,) = [e for e in run.journal() if e["type"] == "node_lost"]
     assert lost["node"] == node and lost["source"] == "monitor" and lost["silent_s"] >= 0.8, lost
@@ -91,7 +91,7 @@ def test_two_nodes_powered_off_at_one_instant_are_replaced_together(slurm, tmp_p
 
 
 def test_a_throttled_node_is_found_slow_and_moved_off(slurm, tmp_path, tmp_path_factory):
-    """The lab caps rank 1's node at 15 % of one CPU at step 12. With runtime.gray_evict=true the
+    """The lab caps rank 1's node at 15 % of one CPU at step 12. With gray.evict=true the
     controller finds it by its busy time against its DP peer's, and a planned switch moves it to the
     warm standby; the run ends exact. On this host four ranks already share two cores (about 0.4 of
     a CPU each), so a 30 % cap slows a rank by less than DP peers differ by chance under the full
@@ -110,8 +110,8 @@ def test_a_throttled_node_is_found_slow_and_moved_off(slurm, tmp_path, tmp_path_
             *layout,
             "standby.count=1",
             *common,
-            "runtime.gray_evict=true",
-            "runtime.link_probe_s=0",
+            "gray.evict=true",
+            "gray.link_probe_s=0",
             "faults=[{step:12,kind:throttle,rank:1,amount:'15'}]",
         ],
     )
@@ -142,7 +142,7 @@ def test_a_node_on_a_slow_link_is_found_by_link_probes_and_moved_off(slurm, tmp_
             *LAYOUT,
             "standby.count=1",
             *SLOW,
-            "runtime.gray_evict=true",
+            "gray.evict=true",
             "faults=[{step:12,kind:slowlink,rank:1,amount:'20mbit'}]",
         ],
     )
@@ -151,7 +151,7 @@ def test_a_node_on_a_slow_link_is_found_by_link_probes_and_moved_off(slurm, tmp_
     evict = run.wait_for(lambda e: e["type"] == "gray_evict", what="the controller to move the slow-linked node off")
     assert evict["cause"] == "link" and evict["node"] == fault["node"], evict
     assert evict["best_mbps"] * 4 <= evict["median_mbps"], evict
-    # found within five rounds of probes after the limit (runtime.link_probe_s=2; a window of 6
+    # found within five rounds of probes after the limit (gray.link_probe_s=2; a window of 6
     # samples fills in three rounds), plus 10 s for slow probes and for a round begun before the limit
     assert evict["t"] - fault["at"] < 5 * 2.0 + 10.0, (evict, fault)
     s = run.summary()

@@ -21,10 +21,10 @@ pytestmark = pytest.mark.slurm
 STEPS = 60
 COMMON = [
     f"train.steps={STEPS}",
-    "train.step_delay_s=0.15",
+    "bench.step_delay_s=0.15",
     "slurm.partition=debug",
     "slurm.time=00:15:00",
-    "runtime.heartbeat_timeout_s=3.0",
+    "detect.heartbeat_timeout_s=3.0",
     "slurm.poll_interval_s=0.5",
     # the first step waits for warm standbys: a test's event never races their warm-up
     "standby.start_when_warm=true",
@@ -317,7 +317,7 @@ def test_notify_wrong_key_refused_right_key_migrates(slurm, tmp_path, tmp_path_f
     run = SlurmRun(
         slurm,
         tmp_path / "run",
-        ["parallel.dp=2", "parallel.pp=2", "standby.count=1", *COMMON, f"runtime.admin_public_key_file={pub}"],
+        ["parallel.dp=2", "parallel.pp=2", "standby.count=1", *COMMON, f"security.admin_public_key_file={pub}"],
     )
     st = run.wait_step(8)
     node = next(r["node"] for r in st["ranks"] if r["rank"] == 1)
@@ -399,7 +399,7 @@ def test_sbatch_wrapper_path_with_overrides(slurm, tmp_path, tmp_path_factory):
             "parallel.pp=2",
             "standby.count=0",
             f"train.steps={STEPS}",
-            "train.step_delay_s=0",
+            "bench.step_delay_s=0",
             "slurm.partition=debug",
         ],
         via=2,

@@ -73,7 +73,7 @@ def test_reconfig_scan_delivers_the_drain_as_an_admin_notice(slurm, tmp_path):
             *common,
             f"train.steps={LONG_STEPS}",
             "slurm.poll_interval_s=600",
-            f"runtime.admin_public_key_file={pub}",
+            f"security.admin_public_key_file={pub}",
         ],
     )
     st = run.wait_step(8)

@@ -117,7 +117,7 @@ class Harness:
                     f"parallel.pp={pp}",
                     f"standby.count={standbys}",
                     "train.steps=50",
-                    f"runtime.shadow={str(shadow).lower()}",
+                    f"shadow.enabled={str(shadow).lower()}",
                     *overrides,
                 )
             )

@@ -184,7 +184,7 @@ def test_the_run_has_two_replenished_standbys_and_a_restart_budget():
     )
     o = overrides(args)
     assert "standby.count=2" in o and "standby.replenish=true" in o and "runtime.controller_restarts=51" in o
-    assert "runtime.gray_evict=true" in o
+    assert "gray.evict=true" in o
 
 
 def _result(passed: bool, alarms: int) -> dict:

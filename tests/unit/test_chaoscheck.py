@@ -93,7 +93,7 @@ def restart_run() -> dict[str, Any]:
 
 def requeue_run() -> dict[str, Any]:
     """A drain of rank 3 at step 5 (planned switch, epoch 1); a kill of rank 0 after step 12 with
-    runtime.restart_mode=requeue_restart: the next Slurm job starts again at epoch 0 with new
+    bench.restart_mode=requeue_restart: the next Slurm job starts again at epoch 0 with new
     workers, resumes from checkpoint 8 and redoes 8..12 (its note archived as requeue-<t>.json)."""
     run = switch_run()
     planned = _event("planned", 1, [3], T0 + 5.0)
@@ -487,7 +487,7 @@ LOCAL = ["cluster=local", "parallel.dp=2", "parallel.pp=1", "model=tiny", "train
 FAULTS = (
     "standby.count=2",
     "standby.start_when_warm=true",
-    "train.step_delay_s=0.05",
+    "bench.step_delay_s=0.05",
     "faults=[{step:8,kind:kill,rank:1},{step:16,kind:drain,rank:0}]",
 )
 

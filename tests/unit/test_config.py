@@ -124,19 +124,17 @@ BAD = [
     pytest.param(["runtime.device=tpu"], ["runtime.device='tpu'", "cpu, cuda"], id="bad-device"),
     pytest.param(["cluster=k8s"], ["cluster=k8s", "local, slurm"], id="bad-cluster"),
     pytest.param(
-        ["runtime.restart_mode=pray"],
-        ["runtime.restart_mode='pray'", "tmslurm, injob_restart, requeue_restart"],
+        ["bench.restart_mode=pray"],
+        ["bench.restart_mode='pray'", "tmslurm, injob_restart, requeue_restart"],
         id="bad-restart-mode",
     ),
-    pytest.param(["runtime.switch_mode=half"], ["runtime.switch_mode='half'", "delta, full"], id="bad-switch-mode"),
+    pytest.param(["bench.switch_mode=half"], ["bench.switch_mode='half'", "delta, full"], id="bad-switch-mode"),
     pytest.param(["slurm.backend=rest"], ["slurm.backend='rest'", "auto, cli, pyslurm"], id="bad-slurm-backend"),
     pytest.param(["slurm.on_limit=pray"], ["slurm.on_limit='pray'", "requeue, resubmit, stop"], id="bad-on-limit"),
     pytest.param(["slurm.signal_lead_s=5"], ["slurm.signal_lead_s=5", "10..65535"], id="signal-lead-too-short"),
     pytest.param(["slurm.signal_lead_s=70000"], ["slurm.signal_lead_s=70000"], id="signal-lead-too-long"),
     pytest.param(["runtime.backend=nccl"], ["runtime.backend=nccl", "runtime.device=cuda"], id="nccl-with-cpu"),
-    pytest.param(
-        ["runtime.heartbeat_timeout_s=0.3"], ["runtime.heartbeat_timeout_s"], id="heartbeat-timeout-too-short"
-    ),
+    pytest.param(["detect.heartbeat_timeout_s=0.3"], ["detect.heartbeat_timeout_s"], id="heartbeat-timeout-too-short"),
     pytest.param(["runtime.wait_slice_s=0"], ["runtime.wait_slice_s"], id="zero-wait-slice"),
     pytest.param(["model=huge"], ["model=huge", "small", "tiny"], id="unknown-model-preset"),
     pytest.param(
@@ -171,7 +169,7 @@ def test_bad_override_is_a_config_error_naming_it(overrides, named):
         pytest.param(["faults=[{kind:kill}]"], id="fault-without-step"),
         pytest.param(["train.task=:Task"], id="task-with-empty-module"),
         pytest.param(["train.task=os:path"], id="task-not-a-class"),
-        pytest.param(["runtime.commit_vote=false", "standby.count=1"], id="no-vote-with-standbys"),
+        pytest.param(["bench.commit_vote=false", "standby.count=1"], id="no-vote-with-standbys"),
     ],
 )
 def test_malformed_values_are_config_errors_too(overrides):
@@ -277,7 +275,21 @@ def test_from_dict_rejects_unknown_keys():
         ("train.stesp=3", "unknown key train.stesp; did you mean train.steps?"),
         (
             "runtime.heartbeat_timeout=3",
-            "unknown key runtime.heartbeat_timeout; did you mean runtime.heartbeat_timeout_s?",
+            "unknown key runtime.heartbeat_timeout; did you mean detect.heartbeat_timeout_s? "
+            "(runtime.heartbeat_timeout_s moved to detect.heartbeat_timeout_s)",
+        ),
+        (
+            "runtime.gray_evict=true",
+            "unknown key runtime.gray_evict; did you mean gray.evict? (runtime.gray_evict moved to gray.evict)",
+        ),
+        (
+            "train.step_delay_s=0.1",
+            "unknown key train.step_delay_s; did you mean bench.step_delay_s? "
+            "(train.step_delay_s moved to bench.step_delay_s)",
+        ),
+        (
+            "runtime.metrics_port=9400",
+            "unknown key runtime.metrics_port; did you mean metrics.port? (runtime.metrics_port moved to metrics.port)",
         ),
         ("modle=small", "unknown key modle; did you mean model?"),
         ("faults=[{step:1,kind:kill,rnak:1}]", "unknown key faults[i].rnak; did you mean faults[i].rank?"),

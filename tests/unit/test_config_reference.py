@@ -36,13 +36,27 @@ def test_the_keys_the_old_table_missed_are_there_with_their_docstrings():
         "model.hf_tokenizer",
         "slurm.spare_time",
         "slurm.spare_renew_s",
-        "runtime.monitor_metrics_port",
+        "metrics.monitor_port",
     ):
         k = by_path[path]
         assert k.doc and f"`{path}`" in render()
     assert by_path["parallel.dp"].type == "int" and by_path["parallel.dp"].default == "2"
     assert by_path["slurm.account"].default == "null" and by_path["run_dir"].default == '""'
     assert by_path["faults[i].kind"].default == "(required)"
+
+
+def test_the_benchmark_only_switches_come_last_under_their_own_heading():
+    page = render()
+    head = page.index("# Benchmark-only switches")
+    for path in (
+        "bench.restart_mode",
+        "bench.switch_mode",
+        "bench.commit_vote",
+        "bench.heartbeats",
+        "bench.step_delay_s",
+    ):
+        assert page.index(f"`{path}`") > head, path
+    assert page.index("`gray.evict`") < head and page.index("`detect.heartbeat_timeout_s`") < head
 
 
 def test_first_sentence_is_one_line():

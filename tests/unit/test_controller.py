@@ -700,7 +700,7 @@ def test_a_first_commit_held_for_a_standby_whose_spare_job_died_looks_and_stops_
         "standby.count=1",
         "standby.start_when_warm=true",
         "standby.replenish=false",
-        "runtime.heartbeat_timeout_s=60",  # the ticks below run ahead of the clock
+        "detect.heartbeat_timeout_s=60",  # the ticks below run ahead of the clock
         cluster=lambda cfg: (FakeSpawner(), cluster),
     )
     h.ctl.members.spawn_standby()

@@ -37,16 +37,16 @@ def _commit(h: Harness) -> dict:
         (None, (), True),  # "as soon as possible": shadowing moves nothing in the pause
         (600.0, (), True),  # minutes of warning
         (3.0, (), False),  # too short to catch up: the state travels in the pause
-        (600.0, ("runtime.shadow=false",), False),  # switched off
-        (None, ("runtime.switch_mode=full",), False),  # everything in the pause, by request
+        (600.0, ("shadow.enabled=false",), False),  # switched off
+        (None, ("bench.switch_mode=full",), False),  # everything in the pause, by request
     ],
 )
 def test_who_is_told_to_shadow(tmp_path, deadline_in, overrides, shadow):
-    h = Harness(tmp_path, 2, 2, 1, *overrides, shadow="runtime.shadow=false" not in overrides)
+    h = Harness(tmp_path, 2, 2, 1, *overrides, shadow="shadow.enabled=false" not in overrides)
     h.ctl.intake.notice(_notice(deadline_in))
     plan = h.state.plan
     assert isinstance(plan, PlannedSwitch) and plan.shadow is shadow
-    if "runtime.switch_mode=full" in overrides:
+    if "bench.switch_mode=full" in overrides:
         return  # phase 1 is deferred to the pause
     assert h.got("s0", "join")[-1]["shadow"] is shadow
     assert h.got(1, "prepare")[-1]["shadow"] is shadow  # the leaver feeds the shadow
@@ -175,7 +175,7 @@ def test_a_check_from_another_rank_changes_nothing(tmp_path):
 
 
 def test_a_shadow_out_of_time_does_not_hold_the_switch(tmp_path):
-    h = Harness(tmp_path, 2, 2, 1, "runtime.shadow_catchup_timeout_s=0", shadow=True)
+    h = Harness(tmp_path, 2, 2, 1, "shadow.catchup_timeout_s=0", shadow=True)
     h.ctl.intake.notice(_notice(None))
     h.prepare_all()
     assert _commit(h)["switch"] is not None  # the rest of the state then travels in the pause, in order

@@ -101,7 +101,7 @@ def _notices(h: Harness) -> list:
 
 
 def test_a_slow_rank_has_its_node_noticed_for_maintenance(tmp_path):
-    h = Harness(tmp_path, 2, 2, 1, "runtime.gray_evict=true", "runtime.gray_window=4")
+    h = Harness(tmp_path, 2, 2, 1, "gray.evict=true", "gray.window=4")
     for _ in range(6):
         _votes(h, {0: 0.1, 1: 0.1, 2: 0.1, 3: 0.4})
     (ev,) = h.journal("gray_evict")
@@ -114,7 +114,7 @@ def test_a_slow_rank_has_its_node_noticed_for_maintenance(tmp_path):
 
 
 def test_without_an_idle_standby_a_slow_rank_is_kept_and_said_once(tmp_path):
-    h = Harness(tmp_path, 2, 2, 0, "runtime.gray_evict=true", "runtime.gray_window=4")
+    h = Harness(tmp_path, 2, 2, 0, "gray.evict=true", "gray.window=4")
     for _ in range(8):
         _votes(h, {0: 0.1, 1: 0.5, 2: 0.1, 3: 0.1})
     assert h.journal("gray_evict") == [] and _notices(h) == []
@@ -126,10 +126,10 @@ def test_gray_evictions_need_data_parallel_peers():
     from tmslurm.core.config import compose_config
     from tmslurm.core.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="parallel.dp >= 2 or runtime.gray_evict=false"):
-        compose_config(["parallel.dp=1", "parallel.pp=2", "runtime.gray_evict=true"])
-    with pytest.raises(ConfigError, match="runtime.gray_factor"):
-        compose_config(["runtime.gray_factor=1.0"])
+    with pytest.raises(ConfigError, match="parallel.dp >= 2 or gray.evict=false"):
+        compose_config(["parallel.dp=1", "parallel.pp=2", "gray.evict=true"])
+    with pytest.raises(ConfigError, match="gray.factor"):
+        compose_config(["gray.factor=1.0"])
 
 
 def test_an_even_window_needs_more_than_half_of_it_slow():

@@ -44,7 +44,7 @@ def test_a_rank_lagging_behind_every_other_vote_is_hung(tmp_path, voters, lag_s,
 
 @pytest.mark.parametrize(
     "override,field",
-    [("runtime.hang_factor=0", "runtime.hang_factor"), ("runtime.hang_floor_s=-1", "runtime.hang_floor_s")],
+    [("detect.hang_factor=0", "detect.hang_factor"), ("detect.hang_floor_s=-1", "detect.hang_floor_s")],
 )
 def test_hang_settings_are_validated(override, field):
     with pytest.raises(ConfigError, match=field):

@@ -24,6 +24,13 @@ def test_cfg_job_prints_the_resolved_config(tmp_path):
     assert "dp: 2" in p.stdout and "pp: 3" in p.stdout
     assert "task: tmslurm.train.model:ReferenceTask" in p.stdout
     assert not (tmp_path / "runs").exists()  # nothing started, no run directory
+    assert "detect:" in p.stdout and "gray:" in p.stdout and "bench:" not in p.stdout
+
+
+def test_cfg_job_shows_the_bench_section_only_when_a_bench_key_was_changed(tmp_path):
+    p = run("-m", "tmslurm.cli.launch", "--cfg", "job", "bench.switch_mode=full", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "bench:" in p.stdout and "switch_mode: full" in p.stdout
 
 
 @pytest.mark.parametrize("override", ["parallel.dp=-1", "parallel.nodes=3", "parallel.dp=abc"])
@@ -52,17 +59,12 @@ def test_help_lists_the_groups_and_the_keys_with_their_docstrings(tmp_path):
     p = run("-m", "tmslurm.cli.launch", "--help", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     out = p.stdout
-    for line in (
-        "cluster=slurm",
-        "model=small",
-        "+experiment=demo",
-        "slurm.spare_time=null",
-        "runtime.monitor_metrics_port=0",
-    ):
+    for line in ("cluster=slurm", "model=small", "+experiment=demo", "slurm.spare_time=null", "metrics.monitor_port=0"):
         assert line in out, line
     assert "parallel.dp=2" in out and "Data-parallel degree: number of model replicas." in out
     assert "docs/config-reference.md" in out
     assert max(len(line) for line in out.splitlines()) <= 120
+    assert "bench." not in out and "restart_mode" not in out  # benchmark-only switches are not offered
     assert not (tmp_path / "runs").exists()
 
 

@@ -85,9 +85,7 @@ def test_fewer_than_three_nodes_judge_nobody_and_a_node_fast_again_may_be_report
 
 # ---- the controller's side --------------------------------------------------------------------
 def _harness(tmp_path, standbys: int = 1) -> tuple[Harness, dict[str, tuple[int, object]]]:
-    h = Harness(
-        tmp_path, 2, 2, standbys, "runtime.gray_evict=true", "runtime.link_probe_s=1.0", "runtime.link_window=2"
-    )
+    h = Harness(tmp_path, 2, 2, standbys, "gray.evict=true", "gray.link_probe_s=1.0", "gray.link_window=2")
     mons = {}
     for node in ["n0", "n1", "n2", "n3"] + [f"s{i}" for i in range(standbys)]:
         conn, ch = add_monitor(h, node)
@@ -168,7 +166,7 @@ def test_a_monitor_that_goes_away_is_forgotten(tmp_path):
 
 
 def test_links_are_probed_only_while_the_run_is_steady_and_a_change_of_epoch_starts_every_window_over(tmp_path):
-    h = Harness(tmp_path, 2, 2, 1, "runtime.gray_evict=true", "runtime.link_probe_s=1.0", "runtime.link_window=2")
+    h = Harness(tmp_path, 2, 2, 1, "gray.evict=true", "gray.link_probe_s=1.0", "gray.link_window=2")
     mons = {}
     for node in ["n0", "n1", "n2", "n3", "s0"]:
         conn, ch = add_monitor(h, node)

@@ -33,7 +33,7 @@ def _get(samples, name, **labels):
 
 
 def test_a_scrape_reads_commits_events_nodes_and_standbys(tmp_path):
-    h = Harness(tmp_path, 2, 1, 1, "runtime.metrics_port=1")  # on; served below on a free port instead
+    h = Harness(tmp_path, 2, 1, 1, "metrics.port=1")  # on; served below on a free port instead
     port = h.ctl.metrics.serve("127.0.0.1", 0)
     assert port
     for _ in range(2):
@@ -92,29 +92,23 @@ def test_a_scrape_reads_commits_events_nodes_and_standbys(tmp_path):
 @pytest.mark.parametrize(
     "overrides,named",
     [
-        (["runtime.metrics_port=70000"], "runtime.metrics_port=70000"),
-        (["runtime.monitor_metrics_port=-1"], "runtime.monitor_metrics_port=-1"),
-        (
-            ["runtime.metrics_port=9400", "runtime.monitor_metrics_port=9400"],
-            "Fix: pass another runtime.monitor_metrics_port",
-        ),
-        (
-            ["runtime.monitor_metrics_port=9401", "runtime.monitors=false", "runtime.heartbeats=false"],
-            "needs the node monitors",
-        ),
+        (["metrics.port=70000"], "metrics.port=70000"),
+        (["metrics.monitor_port=-1"], "metrics.monitor_port=-1"),
+        (["metrics.port=9400", "metrics.monitor_port=9400"], "Fix: pass another metrics.monitor_port"),
+        (["metrics.monitor_port=9401", "detect.monitors=false", "bench.heartbeats=false"], "needs the node monitors"),
     ],
 )
 def test_off_by_default_and_bad_ports_are_refused(overrides, named):
-    rt = compose_config([]).runtime
-    assert rt.metrics_port == 0 and rt.monitor_metrics_port == 0
+    m = compose_config([]).metrics
+    assert m.port == 0 and m.monitor_port == 0
     with pytest.raises(ConfigError, match=re.escape(named)):
         compose_config(overrides)
 
 
 def test_a_port_in_use_leaves_the_run_without_metrics(tmp_path):
-    h = Harness(tmp_path, 1, 1, 0, "runtime.metrics_port=1")
+    h = Harness(tmp_path, 1, 1, 0, "metrics.port=1")
     port = h.ctl.metrics.serve("127.0.0.1", 0)
-    other = Harness(tmp_path / "b", 1, 1, 0, "runtime.metrics_port=1")
+    other = Harness(tmp_path / "b", 1, 1, 0, "metrics.port=1")
     assert other.ctl.metrics.serve("127.0.0.1", port) is None
 
 
@@ -123,7 +117,7 @@ def test_the_grafana_board_asks_only_for_series_the_controller_exports(tmp_path)
     import re
     from pathlib import Path
 
-    h = Harness(tmp_path, 2, 1, 0, "runtime.metrics_port=1")
+    h = Harness(tmp_path, 2, 1, 0, "metrics.port=1")
     h.ctl.metrics.observe({"type": "event", "kind": "planned", "downtime_s": 0.1})  # series with a kind/part/class
     h.ctl.metrics.on_commits([{"step": 0, "dt": 0.1}], {"first": 1})  # exist from the first one
     exported = {s.name for fam in h.ctl.metrics.registry.collect() for s in fam.samples}

@@ -42,7 +42,7 @@ def test_a_monitor_is_told_to_watch_every_process_on_its_node(tmp_path):
     "dark,age_s,lost",
     [
         ({"n1"}, 0.9, True),  # monitor and rank silent past 0.8 s, others heard: lost
-        ({"n1"}, 0.5, False),  # within runtime.node_timeout_s
+        ({"n1"}, 0.5, False),  # within detect.node_timeout_s
         (set(), 0.9, False),  # nothing silent
         ({"n0", "n1", "n2", "n3", "s0"}, 5.0, False),  # everyone silent: the controller stalled, not a node
     ],

@@ -1,5 +1,5 @@
 """An agent still starting (before its ``started`` or first ``ready``) may be silent for
-``runtime.connect_timeout_s``; once started, ``runtime.heartbeat_timeout_s`` fences it."""
+``runtime.connect_timeout_s``; once started, ``detect.heartbeat_timeout_s`` fences it."""
 
 from __future__ import annotations
 

@@ -330,13 +330,13 @@ def hello(
         raise TmslurmError(f"controller refused {kind} {ident}: {reply}")
     welcome = decode_controller(reply)
     cfg = welcome.config
-    rt = cfg["runtime"]
-    beat_s = float(rt["monitor_interval_s"] if kind == "monitor" else rt["heartbeat_interval_s"])
+    det = cfg["detect"]
+    beat_s = float(det["monitor_interval_s"] if kind == "monitor" else det["heartbeat_interval_s"])
     rejoiner = Rejoiner(Path(run_dir), first) if restartable(cfg) else None
     link = Link(
         ch,
-        beat_s if rt.get("heartbeats", True) else 0.0,
-        float(rt["controller_lost_s"]),
+        beat_s if cfg["bench"]["heartbeats"] else 0.0,
+        float(cfg["runtime"]["controller_lost_s"]),
         on_lost=on_lost,
         rejoin=rejoiner,
     )

@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 from tmslurm.agent.link import hello, node_name
+from tmslurm.core.config import from_dict
 from tmslurm.core.errors import TmslurmError
 from tmslurm.core.logs import LOG_CONTEXT, setup_logging
 from tmslurm.wire.messages import AgentKind
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     LOG_CONTEXT["who"] = {"worker": f"rank{ident}", "standby": f"standby{ident}", "monitor": "monitor"}[kind]
     # Imported before the hello: a worker's or standby's import (torch) takes seconds and holds the GIL
     # through whole C-extension loads. Started after the hello, its heartbeat thread could stay silent
-    # past runtime.heartbeat_timeout_s on a loaded host (a CI run fenced every rank at step 0 that way).
+    # past detect.heartbeat_timeout_s on a loaded host (a CI run fenced every rank at step 0 that way).
     if kind == "monitor":
         from tmslurm.agent.monitor import run_monitor
     elif kind == "worker":
@@ -76,9 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         link, welcome = hello(args.run_dir, kind, ident, node_name(args.node))
         if kind == "monitor":
-            return run_monitor(
-                args.run_dir, link, node_name(args.node), welcome.config["runtime"], welcome.address.host
-            )
+            cfg = from_dict(welcome.config)
+            return run_monitor(args.run_dir, link, node_name(args.node), cfg, welcome.address.host)
         if kind == "worker":
             Worker.from_welcome(args.run_dir, link, welcome, ident).run()
         else:

@@ -1,7 +1,7 @@
 """The node monitor: one small process per node that trains nothing.
 
 Contract: ``python -m tmslurm.agent.main --run-dir D --monitor [--node NAME]`` says hello as a
-``monitor`` of its node, heartbeats every ``runtime.monitor_interval_s`` (its own process: no
+``monitor`` of its node, heartbeats every ``detect.monitor_interval_s`` (its own process: no
 training thread, compile or GIL of a rank can delay it), and watches the processes the controller
 names in ``watch`` messages through a pidfd each (Linux >= 5.3): the moment one exits, it sends
 ``exited`` (agent id and pid), even when no socket closed (a child holding the socket open, a
@@ -11,7 +11,7 @@ reported. A watched process that stays stopped (state ``T``/``t``: SIGSTOP, a de
 ``stop_after_s`` is reported once as ``stopped``; its heartbeat thread is stopped too, but this is
 seen sooner than any heartbeat timeout. It signals nothing. It ends on ``finish`` and, through its
 link, when the controller is lost; with ``runtime.relay`` it also runs the node's relay
-(:func:`run_monitor`), and with ``runtime.monitor_metrics_port`` it serves its node's Prometheus
+(:func:`run_monitor`), and with ``metrics.monitor_port`` it serves its node's Prometheus
 metrics (:mod:`tmslurm.agent.nodemetrics`); when its link rejoins a restarted controller it forgets every
 watch (agent ids belong to one controller incarnation) and the new controller names them again. Its silence together
 with the silence of every process on its node is how the controller tells a node that went dark (power, kernel, cut
@@ -26,11 +26,12 @@ import queue
 import select
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tmslurm.agent.link import Link
 from tmslurm.agent.linkprobe import ProbeJob, Prober, Sink
 from tmslurm.agent.relay import start_relay
+from tmslurm.core.config import RunConfig
 from tmslurm.core.netaddr import local_address_towards
 from tmslurm.wire.messages import Exited, Finish, Probed, ProbeLink, SinkAt, Stopped, Watch
 
@@ -58,7 +59,7 @@ class Monitor:
     ) -> None:
         self.run_dir = Path(run_dir)
         self.sink = sink
-        """This node's link-probe sink (``runtime.link_probe_s`` > 0), announced at start and on a rejoin."""
+        """This node's link-probe sink (``gray.link_probe_s`` > 0), announced at start and on a rejoin."""
         self.prober = prober
         self.metrics = metrics
         self.link = link
@@ -193,27 +194,25 @@ def is_agent_of(pid: int, run_dir: Path) -> bool:
     return bool(given) and Path(os.fsdecode(given[0])).resolve() == Path(run_dir).resolve()
 
 
-def run_monitor(run_dir: Path, link: Link, node: str, rt: dict[str, Any], controller_host: str) -> int:
+def run_monitor(run_dir: Path, link: Link, node: str, cfg: RunConfig, controller_host: str) -> int:
     """The node's monitor, and its node relay (:mod:`tmslurm.agent.relay`) when ``runtime.relay`` is on,
-    and its link-probe sink and prober when ``runtime.gray_evict`` and ``runtime.link_probe_s`` are on."""
-    relay = start_relay(run_dir, node, float(rt["heartbeat_interval_s"])) if rt.get("relay") else None
+    and its link-probe sink and prober when ``gray.evict`` and ``gray.link_probe_s`` are on."""
+    relay = start_relay(run_dir, node, cfg.detect.heartbeat_interval_s) if cfg.runtime.relay else None
     sink = prober = None
-    if rt.get("gray_evict") and float(rt.get("link_probe_s") or 0) > 0:
+    if cfg.gray.evict and cfg.gray.link_probe_s > 0:
         sink = Sink(local_address_towards(controller_host)).start()
         prober = Prober(
             lambda seq, sec, err, late: link.send(Probed(seq=seq, seconds=sec, error=err, timed_out=late)),
-            timeout_s=float(rt["link_probe_timeout_s"]),
+            timeout_s=cfg.gray.link_probe_timeout_s,
         )
     metrics = None
-    if rt.get("monitor_metrics_port"):
+    if cfg.metrics.monitor_port:
         from tmslurm.agent.nodemetrics import NodeMetrics
 
         metrics = NodeMetrics(run_dir, node)
-        metrics.serve(str(rt["metrics_addr"]), int(rt["monitor_metrics_port"]))
+        metrics.serve(cfg.metrics.addr, cfg.metrics.monitor_port)
     try:
-        return Monitor(
-            run_dir, link, node, float(rt["node_timeout_s"]), metrics=metrics, sink=sink, prober=prober
-        ).run()
+        return Monitor(run_dir, link, node, cfg.detect.node_timeout_s, metrics=metrics, sink=sink, prober=prober).run()
     finally:
         if sink is not None:
             sink.stop()

@@ -1,10 +1,10 @@
-"""A node monitor's own Prometheus metrics (``runtime.monitor_metrics_port``; 0 = off).
+"""A node monitor's own Prometheus metrics (``metrics.monitor_port``; 0 = off).
 
 Contract: :class:`NodeMetrics` owns its own registry. Every series carries the labels ``run`` (the
 run directory's name), ``job`` (``SLURM_JOB_ID`` of the monitor's job, ``local`` otherwise) and
 ``node`` (the monitor's node: one per process, so bounded). It exports what this node sees:
 processes watched now, exits and stops reported, rejoins of a restarted controller, and when the
-monitor started. :meth:`serve` starts prometheus_client's HTTP server on ``runtime.metrics_addr``
+monitor started. :meth:`serve` starts prometheus_client's HTTP server on ``metrics.addr``
 (default 127.0.0.1); every request gets the text exposition format and changes nothing. The bound
 port is written to ``<run_dir>/monitors/<node>.metrics`` so an operator (or a test) finds it.
 

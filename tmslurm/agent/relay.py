@@ -326,7 +326,7 @@ def connect_local(run_dir: Path, node: str, timeout_s: float) -> socket.socket:
             if time.monotonic() > deadline:
                 raise TmslurmError(
                     f"the node relay of {node} is not listening ({exc}): is the node's monitor "
-                    "running? (runtime.relay=true needs runtime.monitors=true)"
+                    "running? (runtime.relay=true needs detect.monitors=true)"
                 ) from None
             time.sleep(0.05)
 

@@ -203,8 +203,8 @@ class Worker:
             self.recording = False
         dt = time.perf_counter() - t0
         busy = max(0.0, dt - self.fabric.wait_s)
-        digest = self.runner.digest() if self.cfg.runtime.verify_replicas else None
-        if not self.cfg.runtime.commit_vote:
+        digest = self.runner.digest() if self.cfg.detect.verify_replicas else None
+        if not self.cfg.bench.commit_vote:
             self.link.send(
                 Progress(
                     step=self.step,
@@ -266,8 +266,8 @@ class Worker:
         if decision.switch is not None:
             self.plans.switch(decision.switch, self.step, self.apply_s)
         self.plans.epoch = decision.epoch
-        if self.cfg.train.step_delay_s:
-            time.sleep(self.cfg.train.step_delay_s)
+        if self.cfg.bench.step_delay_s:
+            time.sleep(self.cfg.bench.step_delay_s)
 
     def _checkpoint(self, decision: Decision) -> None:
         """Periodic checkpoints in the background (train.checkpoint_async); one the controller asks for is

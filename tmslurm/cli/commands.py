@@ -155,7 +155,7 @@ def parser() -> argparse.ArgumentParser:
     kg = sub.add_parser("keygen", help="write a new admin key pair for signed notices (private 0600, public 0644)")
     kg.add_argument("--private", required=True, help="private key file to create (keep it root-only)")
     kg.add_argument(
-        "--public", required=True, help="public key file to create (runs read it: runtime.admin_public_key_file)"
+        "--public", required=True, help="public key file to create (runs read it: security.admin_public_key_file)"
     )
     kg.set_defaults(fn=_keygen)
     rp = sub.add_parser("report", help="write a markdown report with plots for a run")

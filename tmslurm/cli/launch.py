@@ -4,7 +4,8 @@ Contract: ``tmslurm-launch [--cfg job | --check] [--help] [OVERRIDE ...]`` (``--
 :mod:`tmslurm.cli.launch_help`) composes the config from Hydra
 overrides (``parallel.dp=2 model=small faults='[{step:10,kind:drain,rank:1}]'``), validates it, and
 
-- ``--cfg job`` prints the resolved config as YAML and exits 0;
+- ``--cfg job`` prints the resolved config as YAML and exits 0 (the benchmark-only ``bench`` section
+  only when one of its keys was changed);
 - ``cluster=local`` runs a supervisor here (:mod:`tmslurm.run.supervisor`), which runs the controller
   as a child process (restarting it if it dies) and every rank and standby as a process on this
   host, and exits 0 when the run finished with its final hash (``<run_dir>/summary.json``
@@ -26,9 +27,10 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 from tmslurm.cli.guard import guarded
-from tmslurm.core.config import RunConfig, compose_config, from_dict, num_nodes, to_dict, world_size
+from tmslurm.core.config import BENCH_SECTIONS, RunConfig, compose_config, from_dict, num_nodes, to_dict, world_size
 from tmslurm.core.errors import TmslurmError
 from tmslurm.core.results import Summary, load_summary
 from tmslurm.core.rundir import RunDir
@@ -36,6 +38,12 @@ from tmslurm.run.prepare import prepare_run_dir, warn_unprotected
 from tmslurm.wire.protocol import write_token
 
 log = logging.getLogger(__name__)
+
+
+def shown(cfg: RunConfig) -> dict[str, Any]:
+    """The config as ``--cfg job`` prints it: without the benchmark-only sections left at their defaults."""
+    data, default = to_dict(cfg), to_dict(RunConfig())
+    return {k: v for k, v in data.items() if k not in BENCH_SECTIONS or v != default[k]}
 
 
 def run_local(cfg: RunConfig) -> Summary:
@@ -136,7 +144,7 @@ def _launch(argv: list[str], show: bool) -> int:
     if show:
         from omegaconf import OmegaConf
 
-        print(OmegaConf.to_yaml(OmegaConf.create(to_dict(cfg))))
+        print(OmegaConf.to_yaml(OmegaConf.create(shown(cfg))))
         return 0
     setup_logging()
     warn_unprotected(cfg)

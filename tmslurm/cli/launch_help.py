@@ -4,13 +4,14 @@ Contract: :func:`usage` returns the help text, written from the schema (each key
 first sentence of its field docstring, :mod:`tmslurm.core.config.fielddocs`) and the preset files
 (:mod:`tmslurm.core.config.presets`), so it cannot drift from them; each line fits ``width`` columns
 (a description that does not is cut with "..."). It points to docs/config-reference.md for the whole
-text. Nothing here raises for a well-formed installation.
+text. The benchmark-only sections (``bench``) are left out. Nothing here raises for a well-formed installation.
 """
 
 from __future__ import annotations
 
 from tmslurm.core.config.fielddocs import Key, first_sentence, keys, sections
 from tmslurm.core.config.presets import APPENDED_GROUPS, GROUPS, group_doc, group_options
+from tmslurm.core.config.schema import BENCH_SECTIONS
 
 HEAD = """usage: tmslurm-launch [--cfg job | --check] [--help] [OVERRIDE ...]
 
@@ -46,6 +47,8 @@ def usage(width: int = 120) -> str:
     all_keys = keys()
     out = [HEAD, *_groups(width), "", "keys (key=default  what it sets):"]
     for name, _cls in sections():
+        if name in BENCH_SECTIONS:
+            continue
         out += [f" {name}:"] + [_key(k, width) for k in all_keys if k.section == name]
     out += [" top level:"] + [_key(k, width) for k in all_keys if k.section == ""]
     out += [" faults[i] (faults='[{step:10,kind:drain,rank:1}]'):"]

@@ -146,7 +146,7 @@ def complete(
     plan = PlannedSwitch(
         c.epoch,
         [Move(r, j.agent.aid) for r, j in sorted(c.joiners.items())],
-        switch_groups(ctx.layout, ctx.cfg.runtime.switch_mode == "full", sorted(c.joiners)),
+        switch_groups(ctx.layout, ctx.cfg.bench.switch_mode == "full", sorted(c.joiners)),
         "planned move",
     )
     plan.ready = plan.applied = True

@@ -133,7 +133,7 @@ class Adoption:
                 workers,
                 self.claims.last_step,
                 self.ctx.layout,
-                self.ctx.cfg.runtime.switch_mode == "full",
+                self.ctx.cfg.bench.switch_mode == "full",
             )
         )
         if isinstance(found, str):

@@ -42,7 +42,7 @@ class Commits:
         self.state = ctx.state
         self.members = members
         self.gray = gray
-        """Gray-failure evictions (``runtime.gray_evict``), fed every commit's busy times; None: off."""
+        """Gray-failure evictions (``gray.evict``), fed every commit's busy times; None: off."""
         self.step_times = StepTimes()
         self.rss_logged: dict[int, float] = {}
         """The peak RSS last written to the step log, per rank."""

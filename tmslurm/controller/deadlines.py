@@ -1,10 +1,10 @@
 """Deadlines: nothing waits forever. Checked by the loop between queue items, at most every ``loop.TICK_S``.
 
-Contract (on the controller's thread): an agent silent for ``runtime.heartbeat_timeout_s`` is
+Contract (on the controller's thread): an agent silent for ``detect.heartbeat_timeout_s`` is
 fenced (``runtime.connect_timeout_s`` while it is still starting: see ``Agent.starting``) (its own handle; silent agents
 are looked for 20 times per timeout) and handled as lost; so is a rank that heartbeats but makes no progress: its vote
-is the only one missing for longer than ``runtime.hang_factor`` x the median step time (at least
-``runtime.hang_floor_s``; ``runtime.connect_timeout_s`` while no step time is known) after every other rank voted (cause
+is the only one missing for longer than ``detect.hang_factor`` x the median step time (at least
+``detect.hang_floor_s``; ``runtime.connect_timeout_s`` while no step time is known) after every other rank voted (cause
 ``no progress``); ranks silent during an abort past the recovery's deadline are declared dead and the failure is
 replanned; a phase 1 that does not finish within ``runtime.connect_timeout_s`` cancels its switch (the notice is
 retried); a communication error nobody explains within ``heartbeat_timeout_s`` aborts the step; a drained run finishes;
@@ -69,11 +69,11 @@ class Deadlines:
         self._stuck(now)
         self._beat(now_m)
         self._lost_standbys()
-        rt, st = self.ctx.cfg.runtime, self.state
+        st = self.state
         if (
             st.comm_error_since is not None
             and st.mode is Mode.RUNNING
-            and now - st.comm_error_since > rt.heartbeat_timeout_s
+            and now - st.comm_error_since > self.ctx.cfg.detect.heartbeat_timeout_s
         ):
             self.recoveries.fail(set(), "unexplained communication error", now)
         if st.mode is Mode.DRAINING and self._drained():
@@ -102,12 +102,12 @@ class Deadlines:
         one at once by its closed connection, a powered-off node by its monitor. The scan walks every agent, so it runs
         at most :data:`SCANS_PER_TIMEOUT` times per ``heartbeat_timeout_s`` (at 4,096 agents a scan every 50 ms tick
         was a millisecond each): an agent is caught at most 1/20 of the timeout late."""
-        rt = self.ctx.cfg.runtime
-        if not rt.heartbeats or now_m - self.scanned_m < rt.heartbeat_timeout_s / SCANS_PER_TIMEOUT:
+        det = self.ctx.cfg.detect
+        if not self.ctx.cfg.bench.heartbeats or now_m - self.scanned_m < det.heartbeat_timeout_s / SCANS_PER_TIMEOUT:
             return
         self.scanned_m = now_m
-        oldest = now_m - rt.heartbeat_timeout_s
-        oldest_starting = now_m - max(rt.heartbeat_timeout_s, rt.connect_timeout_s)
+        oldest = now_m - det.heartbeat_timeout_s
+        oldest_starting = now_m - max(det.heartbeat_timeout_s, self.ctx.cfg.runtime.connect_timeout_s)
         for agent in [
             a
             for a in self.state.agents.values()
@@ -126,20 +126,15 @@ class Deadlines:
         state, GBs per rank at real sizes, and the ranks' shares of that differ by seconds (a
         ``model=large`` first stage lagged 2 s behind its peers at step 0): then the limit is
         ``runtime.connect_timeout_s``. Heartbeats still find a silent rank in that window."""
-        rt = self.ctx.cfg.runtime
+        det = self.ctx.cfg.detect
         median = self.commits.median_step()
         if median <= 0:
-            return max(rt.hang_floor_s, rt.connect_timeout_s)
-        return max(rt.hang_floor_s, rt.hang_factor * median)
+            return max(det.hang_floor_s, self.ctx.cfg.runtime.connect_timeout_s)
+        return max(det.hang_floor_s, det.hang_factor * median)
 
     def _progress(self, now_m: float) -> None:
         st, world = self.state, self.ctx.layout.world
-        if (
-            st.mode is not Mode.RUNNING
-            or world < 2
-            or len(st.votes) != world - 1
-            or not self.ctx.cfg.runtime.commit_vote
-        ):
+        if st.mode is not Mode.RUNNING or world < 2 or len(st.votes) != world - 1 or not self.ctx.cfg.bench.commit_vote:
             return  # a lone rank has no peers to be late against: its heartbeats are its liveness
         (rank,) = set(range(world)) - set(st.votes)
         agent = st.agent_of(rank)

@@ -96,7 +96,7 @@ class Admission:
             notice = decode_first(raw)
             assert isinstance(notice, SignedNotice)
             if self.verifier is None:
-                raise NoticeRefused("this run accepts no signed notices (runtime.admin_public_key_file is not set)")
+                raise NoticeRefused("this run accepts no signed notices (security.admin_public_key_file is not set)")
             p = self.verifier.verify(notice)
         except BadMessage as exc:
             self.refuse(ch, "bad_message", str(exc), peer=peer)

@@ -16,7 +16,7 @@ Contract (pure: the caller passes every committed step's busy times and the cloc
   changes who holds the slots, and every window starts over).
 - :meth:`GrayWatch.allow_eviction` spends the hourly budget: at most ``budget_per_hour``
   evictions in any hour.
-- :class:`GrayEvictions` (``runtime.gray_evict``) feeds it each commit and turns a slow rank into a
+- :class:`GrayEvictions` (``gray.evict``) feeds it each commit and turns a slow rank into a
   maintenance notice for its node, so that the ordinary planned switch moves it to a warm standby;
   :meth:`GrayEvictions.move_off` does the same for a node whose link is slow
   (:mod:`tmslurm.controller.linkwatch`), under the same conditions and hourly budget.
@@ -36,6 +36,7 @@ from tmslurm.controller.context import Context
 from tmslurm.controller.items import NoticeIn
 from tmslurm.controller.membership import Membership
 from tmslurm.controller.state import Mode
+from tmslurm.core.config import GrayConfig
 from tmslurm.core.notices import Notice
 
 log = logging.getLogger(__name__)
@@ -131,16 +132,13 @@ class GrayEvictions:
     a standby is idle, no plan is in flight and the hourly budget allows; otherwise it is journalled
     (``gray_suspect``, once per rank and reason) and judged again at the next step."""
 
-    def __init__(self, ctx: Context, members: Membership) -> None:
+    def __init__(self, ctx: Context, members: Membership, g: GrayConfig) -> None:
+        """``g``: the run's gray section, the only settings read here."""
         self.ctx = ctx
         self.members = members
-        rt = ctx.cfg.runtime
         self.watch = GrayWatch(
             GraySettings(
-                factor=rt.gray_factor,
-                window=rt.gray_window,
-                min_excess_s=rt.gray_min_excess_s,
-                budget_per_hour=rt.gray_budget_per_hour,
+                factor=g.factor, window=g.window, min_excess_s=g.min_excess_s, budget_per_hour=g.budget_per_hour
             ),
             dp_peers(ctx.layout.world, ctx.layout.shard),
         )
@@ -187,7 +185,7 @@ class GrayEvictions:
         if not self.members.any_idle_standby():
             return "no idle standby"
         if not self.watch.allow_eviction(time.time()):
-            return f"the budget of runtime.gray_budget_per_hour={self.watch.s.budget_per_hour} is spent"
+            return f"the budget of gray.budget_per_hour={self.watch.s.budget_per_hour} is spent"
         self.evicted.append({**record, "node": node, "step": st.step})
         self.ctx.journal.write("gray_evict", **record, node=node, step=st.step)
         log.warning("%s: moving node %s off", reason, node)

@@ -2,7 +2,7 @@
 
 A slow link slows every rank that talks over it alike (everyone waits at the same collective), so
 busy times (:mod:`tmslurm.controller.gray`) cannot tell whose link it is. The node monitors measure
-the links instead: every ``runtime.link_probe_s`` each monitor sends ``runtime.link_probe_bytes``
+the links instead: every ``gray.link_probe_s`` each monitor sends ``gray.link_probe_bytes``
 to another monitor's sink (:mod:`tmslurm.agent.linkprobe`) and reports how long it took.
 
 Contract:
@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from tmslurm.controller.context import Context
 from tmslurm.controller.state import Mode
+from tmslurm.core.config import GrayConfig
 from tmslurm.wire.messages import Probed, ProbeLink, SinkAt
 from tmslurm.wire.protocol import LineChannel
 
@@ -119,23 +120,24 @@ class Pending:
 
 
 class LinkProbes:
-    """The controller's side of the link probes (``runtime.gray_evict`` and ``runtime.link_probe_s`` > 0)."""
+    """The controller's side of the link probes (``gray.evict`` and ``gray.link_probe_s`` > 0)."""
 
     def __init__(
         self,
         ctx: Context,
+        g: GrayConfig,
         move_off: Callable[[str, str, dict[str, object]], str | None],
         ranks_of_node: Callable[[str], list[int]],
     ) -> None:
-        """``move_off(node, reason, record)``: :meth:`GrayEvictions.move_off`, None once moved, else why not."""
-        rt = ctx.cfg.runtime
+        """``g``: the run's gray section (the probes' settings come only from it); ``move_off(node, reason,
+        record)``: :meth:`GrayEvictions.move_off`, None once moved, else why not."""
         self.ctx = ctx
         self.move_off = move_off
         self.ranks_of_node = ranks_of_node
-        self.period_s = rt.link_probe_s
-        self.nbytes = rt.link_probe_bytes
-        self.timeout_s = rt.link_probe_timeout_s
-        self.watch = LinkWatch(LinkSettings(factor=rt.link_slow_factor, window=rt.link_window))
+        self.period_s = g.link_probe_s
+        self.nbytes = g.link_probe_bytes
+        self.timeout_s = g.link_probe_timeout_s
+        self.watch = LinkWatch(LinkSettings(factor=g.link_slow_factor, window=g.link_window))
         self.sinks: dict[str, tuple[str, int]] = {}
         self.pending: dict[int, Pending] = {}
         self.seq = 0

@@ -56,7 +56,7 @@ from tmslurm.controller.snapshot import Snapshots
 from tmslurm.controller.spawner import Spawner
 from tmslurm.controller.state import JobEnd, Mode, RunState
 from tmslurm.controller.summary import Summary
-from tmslurm.core.config import RunConfig, wants_monitors
+from tmslurm.core.config import MetricsConfig, RunConfig, SecurityConfig, wants_monitors
 from tmslurm.core.errors import TmslurmError
 from tmslurm.core.notices import Notice
 from tmslurm.core.rundir import RunDir
@@ -96,8 +96,8 @@ class Controller:
     ) -> None:
         layout = Layout.from_config(cfg)
         rundir = RunDir(Path(run_dir))
-        self.metrics = _run_metrics(cfg, rundir, layout, hooks, adopt)
-        """Prometheus metrics (runtime.metrics_port), None when off."""
+        self.metrics = _run_metrics(cfg.metrics, rundir, layout, hooks, adopt)
+        """Prometheus metrics (metrics.port), None when off."""
         journal = Journal(rundir.events, listener=self.metrics.observe if self.metrics is not None else None)
         state = RunState(world=layout.world)
         if cfg.train.resume_from:
@@ -109,11 +109,11 @@ class Controller:
         self.restarts = Restarts(self.ctx, self.members, self.plans)
         self.recoveries = Recoveries(self.ctx, self.members, self.plans, self.restarts)
         self.switches = Switches(self.ctx, self.members, self.plans, self.restarts, self.recoveries)
-        gray = GrayEvictions(self.ctx, self.members) if cfg.runtime.gray_evict else None
+        gray = GrayEvictions(self.ctx, self.members, cfg.gray) if cfg.gray.evict else None
         self.commits = Commits(self.ctx, self.members, gray)
         links = (
-            LinkProbes(self.ctx, gray.move_off, self.members.ranks_of_node)
-            if gray is not None and cfg.runtime.link_probe_s > 0 and wants_monitors(cfg)
+            LinkProbes(self.ctx, cfg.gray, gray.move_off, self.members.ranks_of_node)
+            if gray is not None and cfg.gray.link_probe_s > 0 and wants_monitors(cfg)
             else None
         )
         self.summary = Summary(self.ctx, self.commits, links)
@@ -173,13 +173,13 @@ class Controller:
         # process: out of the cyclic collector's reach, so that its full collections do not walk
         # it. They did, for 110-140 ms each, collecting nothing: the p99 commit at 4,096 ranks.
         gc.freeze()
-        server.serve(token, _verifier(self.ctx), self.ctx.journal, self.ctx.submit, self.touch)
+        server.serve(
+            token, _verifier(self.ctx.cfg.security, self.ctx.rundir.name), self.ctx.journal, self.ctx.submit, self.touch
+        )
         if self.metrics is not None:
-            rt = self.ctx.cfg.runtime
-            bound = self.metrics.serve(rt.metrics_addr, rt.metrics_port)
-            self.ctx.journal.write(
-                "metrics" if bound else "metrics_unavailable", addr=rt.metrics_addr, port=rt.metrics_port
-            )
+            m = self.ctx.cfg.metrics
+            bound = self.metrics.serve(m.addr, m.port)
+            self.ctx.journal.write("metrics" if bound else "metrics_unavailable", addr=m.addr, port=m.port)
         if self.adoption is None:  # a restarted controller adopts the live processes instead
             for rank in range(self.ctx.layout.world):
                 self.members.spawn_worker(rank, 0)
@@ -275,21 +275,23 @@ class Controller:
                 item.ch.close()
 
 
-def _verifier(ctx: Context) -> NoticeVerifier | None:
-    path = ctx.cfg.runtime.admin_public_key_file
-    if not path:
+def _verifier(sec: SecurityConfig, run_name: str) -> NoticeVerifier | None:
+    """The gate's signature check of admin notices, from the security section alone; None: token only."""
+    if not sec.admin_public_key_file:
         return None
     try:
-        return NoticeVerifier(load_public_key(Path(path)), ctx.rundir.name, ctx.cfg.runtime.notice_max_age_s)
+        return NoticeVerifier(load_public_key(Path(sec.admin_public_key_file)), run_name, sec.notice_max_age_s)
     except TmslurmError as exc:
         log.error("%s (signed admin notices will be refused)", exc)
         return None
 
 
-def _run_metrics(cfg: RunConfig, rundir: RunDir, layout: Layout, hooks: ClusterHooks, adopt: AdoptOrder | None) -> Any:
-    """The run's Prometheus metrics when ``runtime.metrics_port`` is set (prometheus_client is imported
+def _run_metrics(
+    m: MetricsConfig, rundir: RunDir, layout: Layout, hooks: ClusterHooks, adopt: AdoptOrder | None
+) -> Any:
+    """The run's Prometheus metrics when ``metrics.port`` is set (prometheus_client is imported
     only then)."""
-    if not cfg.runtime.metrics_port:
+    if not m.port:
         return None
     from tmslurm.controller.metrics import RunMetrics
 

@@ -173,8 +173,7 @@ class Membership:
         return sorted(r for r, a in agents.items() if a is not None and a.alive and a.node == node)
 
     def heartbeating(self, ranks: list[int]) -> bool:
-        rt = self.ctx.cfg.runtime
-        fresh = 3 * rt.heartbeat_interval_s if rt.heartbeats else 0.0
+        fresh = 3 * self.ctx.cfg.detect.heartbeat_interval_s if self.ctx.cfg.bench.heartbeats else 0.0
         now = time.monotonic()
         agents = [self.state.agent_of(r) for r in ranks]
         return bool(agents) and all(a is not None and a.alive and now - a.last_seen < fresh for a in agents)

@@ -1,4 +1,4 @@
-"""Prometheus metrics of a run, served by its controller (``runtime.metrics_port``; 0 = off).
+"""Prometheus metrics of a run, served by its controller (``metrics.port``; 0 = off).
 
 Contract:
 - :class:`RunMetrics` owns its own ``CollectorRegistry`` (never prometheus_client's global one).
@@ -10,7 +10,7 @@ Contract:
   restart, a gray eviction by ``cause``), and :meth:`on_commits` gets the step log entries of new commits and the warm
   pool (steps, step times, commit latencies, checkpoint stalls, warm standbys by shape class). The checkpoint's age is
   read at scrape time from the run directory (:func:`~tmslurm.train.ckpt_index.latest_complete`).
-- :meth:`serve` starts prometheus_client's HTTP server on ``runtime.metrics_addr`` (default
+- :meth:`serve` starts prometheus_client's HTTP server on ``metrics.addr`` (default
   127.0.0.1) in a daemon thread. It answers every request with the text exposition format and
   changes nothing. A port that cannot be bound is logged and journalled (``metrics_unavailable``);
   the run goes on without metrics.

@@ -7,10 +7,10 @@ thread, which only stamps a time):
   node, now and whenever one says hello later.
 - ``exited`` from a monitor about an agent on the monitor's own node with that pid ends that agent
   as a process exit (detected even when no socket closed); ``stopped`` (it stayed SIGSTOPped for
-  ``runtime.node_timeout_s``) fences it and handles it as lost (cause ``stopped``, journal ``hung``
+  ``detect.node_timeout_s``) fences it and handles it as lost (cause ``stopped``, journal ``hung``
   with ``source: monitor``); anything else is journalled and ignored.
 - :meth:`tick`: a node whose monitor *and* every tmslurm process on it were silent for
-  ``runtime.node_timeout_s``, while some other node was heard within half of it (so a stall of
+  ``detect.node_timeout_s``, while some other node was heard within half of it (so a stall of
   the controller itself never looks like a dead node), is lost: its processes are fenced and its
   ranks fail at once, with the cause ``node lost`` and the silence in the journal (``node_lost``).
   A lone node, or a monitor silent while its node's processes talk, is left to the per-process
@@ -69,7 +69,7 @@ class NodeMonitors:
     ) -> None:
         self.ctx = ctx
         self.links = links
-        """Link probes between the monitors (``runtime.gray_evict`` with ``runtime.link_probe_s`` > 0); None: off."""
+        """Link probes between the monitors (``gray.evict`` with ``gray.link_probe_s`` > 0); None: off."""
         self.state = ctx.state
         self.members = members
         self.recoveries = recoveries
@@ -158,14 +158,14 @@ class NodeMonitors:
     # ---- deadlines ----------------------------------------------------------------------------
     def tick(self, now_m: float | None = None) -> None:
         now_m = time.monotonic() if now_m is None else now_m
-        limit = self.ctx.cfg.runtime.node_timeout_s
+        limit = self.ctx.cfg.detect.node_timeout_s
         self._beat(now_m)
         if self.state.mode.ending:
             return
         for mon in [m for m in self.monitors.values() if m.alive and now_m - m.last_seen > limit]:
             agents = self._agents_on(mon.node)
             if any(now_m - a.last_seen <= limit for a in agents):
-                if now_m - mon.last_seen > self.ctx.cfg.runtime.heartbeat_timeout_s:
+                if now_m - mon.last_seen > self.ctx.cfg.detect.heartbeat_timeout_s:
                     self._drop(mon, "silent while its node's processes talk")
                 continue
             if not agents:

@@ -6,7 +6,7 @@ Contract (on the controller's thread):
   groups and the leaver, ``join`` with ``activate=false`` to the joiners). With no warm standby
   yet but one warming, the notice waits (retried when a standby is ready); with none at all it
   checkpoints at the next step and restarts from that checkpoint (nothing lost); so does a restart
-  baseline (``runtime.restart_mode`` injob_restart / requeue_restart), as a good restart-based
+  baseline (``bench.restart_mode`` injob_restart / requeue_restart), as a good restart-based
   system honours a notice: no step is lost to a planned event in any mode.
 - The next commit decision after every ``prepared`` carries the switch (see
   :mod:`tmslurm.controller.commits`); ``left`` and ``joined`` finish it. A joiner that followed a live
@@ -50,8 +50,8 @@ class Switches:
 
     def start(self, ranks: list[int], notice: Notice) -> None:
         t0, cfg, layout = time.time(), self.ctx.cfg, self.ctx.layout
-        if cfg.runtime.restart_mode != "tmslurm":  # a fair baseline honours the notice: checkpoint, then restart
-            self.restarts.checkpoint_and_restart(ranks, f"planned {notice.reason} ({cfg.runtime.restart_mode})", t0)
+        if cfg.bench.restart_mode != "tmslurm":  # a fair baseline honours the notice: checkpoint, then restart
+            self.restarts.checkpoint_and_restart(ranks, f"planned {notice.reason} ({cfg.bench.restart_mode})", t0)
             return
         try:
             moves = sw.pick_joiners(layout, ranks, self.members.warm_pool(), self.members.standby_nodes())
@@ -63,7 +63,7 @@ class Switches:
             log.warning("planned migration of ranks %s impossible (%s); checkpoint, then restart", ranks, exc)
             self.restarts.checkpoint_and_restart(ranks, str(exc), t0)
             return
-        full = cfg.runtime.switch_mode == "full"
+        full = cfg.bench.switch_mode == "full"
         groups = layout.groups if full else layout.affected_groups(ranks)
         plan = PlannedSwitch(
             self.state.new_epoch(),
@@ -98,25 +98,19 @@ class Switches:
     def _decide_shadow(self, plan: PlannedSwitch, notice: Notice, now: float, full: bool) -> None:
         """Shadow unless switched off, in switch_mode=full, at parallel.zero=1 (a live shadow follows a whole
         replica's state, not a slice and its buddy's), or the notice's deadline leaves no time to catch up."""
-        rt = self.ctx.cfg.runtime
+        sh = self.ctx.cfg.shadow
         left = None if notice.deadline is None else notice.deadline - now
-        plan.shadow = (
-            rt.shadow and not full and not self.ctx.layout.zero and (left is None or left >= rt.shadow_min_notice_s)
-        )
+        plan.shadow = sh.enabled and not full and not self.ctx.layout.zero and (left is None or left >= sh.min_notice_s)
         if not plan.shadow:
-            if rt.shadow and not full and not self.ctx.layout.zero:
+            if sh.enabled and not full and not self.ctx.layout.zero:
                 log.info(
-                    "notice leaves %.1fs (< runtime.shadow_min_notice_s=%.1f): switching without a shadow",
+                    "notice leaves %.1fs (< shadow.min_notice_s=%.1f): switching without a shadow",
                     left,
-                    rt.shadow_min_notice_s,
+                    sh.min_notice_s,
                 )
             return
         plan.shadow_pending = plan.joiners()
-        budget = (
-            rt.shadow_catchup_timeout_s
-            if left is None
-            else min(rt.shadow_catchup_timeout_s, left - rt.shadow_min_notice_s / 2)
-        )
+        budget = sh.catchup_timeout_s if left is None else min(sh.catchup_timeout_s, left - sh.min_notice_s / 2)
         plan.shadow_until = now + budget
 
     def on_shadow_ready(self, agent: Agent, msg: ShadowReady) -> None:

@@ -49,7 +49,7 @@ class Recoveries:
         if st.mode.ending:
             return
         st.comm_error_since = None
-        if self.ctx.cfg.runtime.restart_mode != "tmslurm":
+        if self.ctx.cfg.bench.restart_mode != "tmslurm":
             self.restarts.restart(cause, sorted(dead), "unexpected", detect_t, failure_t)
             return
         for r in dead:
@@ -68,7 +68,7 @@ class Recoveries:
             dead=dead,
             alive=alive,
             target_step=st.step,
-            deadline=time.time() + 2 * self.ctx.cfg.runtime.heartbeat_timeout_s,
+            deadline=time.time() + 2 * self.ctx.cfg.detect.heartbeat_timeout_s,
         )
         plan.times["detect"] = detect_t
         if failure_t is not None:  # only an injected fault knows its instant: "failure" stays unset otherwise

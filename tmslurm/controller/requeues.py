@@ -105,7 +105,7 @@ class Requeues:
         nodes = nodes_of(st, ranks)
         self.stop_all_ranks()
         if kind is None:
-            kind = "requeue_restart" if self.ctx.cfg.runtime.restart_mode == "requeue_restart" else "batch_host_requeue"
+            kind = "requeue_restart" if self.ctx.cfg.bench.restart_mode == "requeue_restart" else "batch_host_requeue"
         saved = {
             "cause": cause,
             "ranks": ranks,

@@ -3,7 +3,7 @@
 Contract (on the controller's thread; nothing here raises into the loop):
 - :meth:`Restarts.restart` kills every rank and starts them all again (``incarnation + 1``) from
   the latest complete checkpoint, or step 0; the lost steps are redone, so the result stays exact.
-  With ``runtime.restart_mode=requeue_restart`` and a cluster that can requeue, it requeues instead
+  With ``bench.restart_mode=requeue_restart`` and a cluster that can requeue, it requeues instead
   (:mod:`tmslurm.controller.requeues`).
   A rank whose node left the job starts on a spare allocation; while one is still queued or
   starting it waits for it (:meth:`ClusterHooks.waiting_ranks`). A rank with nowhere to run in the
@@ -63,7 +63,7 @@ class Restarts:
     def restart(
         self, cause: str, ranks: list[int], trigger: str, detect_t: float, failure_t: float | None = None
     ) -> None:
-        mode = self.ctx.cfg.runtime.restart_mode
+        mode = self.ctx.cfg.bench.restart_mode
         if mode == "requeue_restart" and self.ctx.hooks.can_requeue():
             self.requeues.requeue(cause, ranks, trigger, detect_t, failure_t, exclude=[])
             return

@@ -154,7 +154,7 @@ class Summary:
             "pending_notices": [dataclasses.asdict(n) for n in st.pending_notices],
             "gray": self.commits.gray.report() if self.commits.gray is not None else None,
             "links": self.links.report() if self.links is not None else None,
-            "restart_mode": self.ctx.cfg.runtime.restart_mode,
+            "restart_mode": self.ctx.cfg.bench.restart_mode,
             "failed": st.failed_reason,
             **cluster,
             "jobs": job_chain(summary_events, cluster.get("main_job_id")),

@@ -2,7 +2,7 @@
 
 Contract:
 - The admin holds the private key (root-only, mode 0600); every run reads the public key
-  (world-readable) named by ``runtime.admin_public_key_file``. :func:`generate_keypair` writes both.
+  (world-readable) named by ``security.admin_public_key_file``. :func:`generate_keypair` writes both.
 - :func:`sign` signs a :class:`~tmslurm.wire.messages.SignedPayload` (run, node, event, deadline,
   timestamp, nonce, reason) over its canonical JSON; :func:`signed_notice` builds a fresh one.
 - :class:`NoticeVerifier` accepts a :class:`~tmslurm.wire.messages.SignedNotice` only when the signature

@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(sys.stdout, io.TextIOWrapper):  # every line reaches a CI log at once, in order with stderr's
         sys.stdout.reconfigure(line_buffering=True)
     out = Path(args.out).resolve()
-    common = ["+experiment=demo", f"train.steps={args.steps}", "train.step_delay_s=0.1", f"cluster={args.cluster}"]
+    common = ["+experiment=demo", f"train.steps={args.steps}", "bench.step_delay_s=0.1", f"cluster={args.cluster}"]
     drain, kill = args.steps // 3, 2 * args.steps // 3
     kill_kind = "kill" if args.cluster == "local" else "node_down"
     faults = f"faults=[{{step:{drain},kind:drain,rank:1}},{{step:{kill},kind:{kill_kind},rank:2}}]"
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     local_faults = faults.replace("node_down", "kill")
     with follow_steps(out / "restart", args.steps, "restart"):
         rs = _run(
-            [*local, f"run_dir={out}/restart", local_faults, "runtime.restart_mode=injob_restart", "standby.count=0"]
+            [*local, f"run_dir={out}/restart", local_faults, "bench.restart_mode=injob_restart", "standby.count=0"]
         )
     runs.advance(note="in-job restart run done")
     print(_compare(tm, rs))

@@ -121,9 +121,9 @@ def check_environment(cfg: RunConfig) -> None:
             f"train.data_path={t.data_path!r} is not a readable file. "
             "Fix: point train.data_path at a text file or leave it unset."
         )
-    for name in ("metrics_port", "monitor_metrics_port"):
-        if getattr(cfg.runtime, name) and importlib.util.find_spec("prometheus_client") is None:
+    for name in ("port", "monitor_port"):
+        if getattr(cfg.metrics, name) and importlib.util.find_spec("prometheus_client") is None:
             raise ConfigError(
-                f"runtime.{name} needs prometheus-client. Fix: pip install 'tmslurm[metrics]', "
-                f"or pass runtime.{name}=0."
+                f"metrics.{name} needs prometheus-client. Fix: pip install 'tmslurm[metrics]', "
+                f"or pass metrics.{name}=0."
             )

@@ -13,15 +13,7 @@ import dataclasses
 from typing import Any
 
 from tmslurm.core.config.faults import FaultConfig
-from tmslurm.core.config.schema import (
-    ModelConfig,
-    ParallelConfig,
-    RunConfig,
-    RuntimeConfig,
-    SlurmConfig,
-    StandbyConfig,
-    TrainConfig,
-)
+from tmslurm.core.config.schema import RunConfig
 from tmslurm.core.errors import ConfigError
 
 
@@ -42,12 +34,7 @@ def from_dict(data: dict) -> RunConfig:
     sub = {f.name: f.type for f in dataclasses.fields(RunConfig)}
     kwargs: dict[str, Any] = {}
     classes = {
-        "parallel": ParallelConfig,
-        "model": ModelConfig,
-        "train": TrainConfig,
-        "standby": StandbyConfig,
-        "slurm": SlurmConfig,
-        "runtime": RuntimeConfig,
+        f.name: f.default_factory for f in dataclasses.fields(RunConfig) if dataclasses.is_dataclass(f.default_factory)
     }
     for key, value in data.items():
         if key not in sub:
@@ -55,7 +42,7 @@ def from_dict(data: dict) -> RunConfig:
                 f"unknown config key {key!r}; valid keys: {', '.join(k for k in sub if k != 'defaults')}."
             )
         if key in classes:
-            kwargs[key] = classes[key](**value)
+            kwargs[key] = classes[key](**value)  # type: ignore[operator]
         elif key == "faults":
             kwargs[key] = [FaultConfig(**f) for f in value]
         else:

@@ -6,8 +6,9 @@ compose: every key is a key of the schema, a config group (``cluster``, ``model`
 becomes ``run_dir=DIR`` (the run directory; tmslurm composes with Hydra's compose API, which has no
 hydra.* settings, so they were silently ignored before). Failure behaviour: an unknown key raises
 :class:`~tmslurm.core.errors.ConfigError` ``unknown key parallel.dpp; did you mean parallel.dp?`` (the
-closest keys of the schema by difflib, for ``+key`` too), an unknown preset names the valid ones, any
-other ``hydra.*`` key is refused naming the fix. An override without ``=`` is left for Hydra to report.
+closest keys of the schema by difflib, for ``+key`` too), a key that moved to another section names its
+new home (:data:`MOVED`: ``runtime.gray_evict moved to gray.evict``), an unknown preset names the valid
+ones, any other ``hydra.*`` key is refused naming the fix. An override without ``=`` is left for Hydra to report.
 """
 
 from __future__ import annotations
@@ -19,6 +20,40 @@ from tmslurm.core.config.presets import APPENDED_GROUPS, GROUPS, group_options
 from tmslurm.core.errors import ConfigError
 
 RUN_DIR_ALIAS = "hydra.run.dir"
+MOVED = {
+    "runtime.heartbeat_interval_s": "detect.heartbeat_interval_s",
+    "runtime.heartbeat_timeout_s": "detect.heartbeat_timeout_s",
+    "runtime.hang_factor": "detect.hang_factor",
+    "runtime.hang_floor_s": "detect.hang_floor_s",
+    "runtime.monitors": "detect.monitors",
+    "runtime.monitor_interval_s": "detect.monitor_interval_s",
+    "runtime.node_timeout_s": "detect.node_timeout_s",
+    "runtime.verify_replicas": "detect.verify_replicas",
+    "runtime.shadow": "shadow.enabled",
+    "runtime.shadow_min_notice_s": "shadow.min_notice_s",
+    "runtime.shadow_catchup_timeout_s": "shadow.catchup_timeout_s",
+    "runtime.gray_evict": "gray.evict",
+    "runtime.gray_factor": "gray.factor",
+    "runtime.gray_window": "gray.window",
+    "runtime.gray_min_excess_s": "gray.min_excess_s",
+    "runtime.gray_budget_per_hour": "gray.budget_per_hour",
+    "runtime.link_probe_s": "gray.link_probe_s",
+    "runtime.link_probe_bytes": "gray.link_probe_bytes",
+    "runtime.link_probe_timeout_s": "gray.link_probe_timeout_s",
+    "runtime.link_slow_factor": "gray.link_slow_factor",
+    "runtime.link_window": "gray.link_window",
+    "runtime.metrics_port": "metrics.port",
+    "runtime.monitor_metrics_port": "metrics.monitor_port",
+    "runtime.metrics_addr": "metrics.addr",
+    "runtime.admin_public_key_file": "security.admin_public_key_file",
+    "runtime.notice_max_age_s": "security.notice_max_age_s",
+    "runtime.restart_mode": "bench.restart_mode",
+    "runtime.switch_mode": "bench.switch_mode",
+    "runtime.commit_vote": "bench.commit_vote",
+    "runtime.heartbeats": "bench.heartbeats",
+    "train.step_delay_s": "bench.step_delay_s",
+}
+"""Keys that moved when runtime was split by concern: old override path -> new one (named in the error)."""
 
 
 def schema_keys() -> list[str]:
@@ -56,7 +91,9 @@ def _split(override: str) -> tuple[str, str, str] | None:
 
 
 def _unknown(key: str) -> ConfigError:
-    close = closest(key, schema_keys() + list(GROUPS))
+    close = closest(key, schema_keys() + list(GROUPS) + list(MOVED))
+    if close in MOVED:
+        return ConfigError(f"unknown key {key}; did you mean {MOVED[close]}? ({close} moved to {MOVED[close]})")
     if close:
         return ConfigError(f"unknown key {key}; did you mean {close}?")
     return ConfigError(f"unknown key {key}; tmslurm-launch --help and docs/config-reference.md list the keys")

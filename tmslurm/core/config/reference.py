@@ -2,9 +2,10 @@
 
 Contract: :func:`render` returns the whole Markdown page: the config groups and their presets, then
 every key of every section with its type, default and field docstring (:mod:`.fielddocs`), in the
-schema's order. It is deterministic (the same schema gives the same text), so a test can compare it
-with the committed page; ``scripts/config-reference`` writes it. Failure behaviour: a field without a
-docstring raises ValueError naming it.
+schema's order; the benchmark-only sections (``bench``) last, under a heading of their own. It is
+deterministic (the same schema gives the same text), so a test can compare it with the committed
+page; ``scripts/config-reference`` writes it. Failure behaviour: a field without a docstring raises
+ValueError naming it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import inspect
 from tmslurm.core.config.faults import FaultConfig
 from tmslurm.core.config.fielddocs import Key, keys, sections
 from tmslurm.core.config.presets import APPENDED_GROUPS, GROUPS, MODEL_PRESETS, group_doc, group_options
-from tmslurm.core.config.schema import ModelConfig, RunConfig
+from tmslurm.core.config.schema import BENCH_SECTIONS, ModelConfig, RunConfig
 
 PAGE = "docs/config-reference.md"
 COMMAND = "scripts/config-reference"
@@ -31,6 +32,14 @@ any of them as a Hydra override on the `tmslurm-launch` command line, `section.k
 override to change and, where there are some, the valid values. `tmslurm-launch --help` prints the
 keys with the first sentence of each docstring; `tmslurm-launch --cfg job OVERRIDE ...` prints the
 composed config.
+"""
+
+
+BENCH_HEAD = """# Benchmark-only switches
+
+The baselines and the costs the benchmarks measure (`benchmarks/`, `scripts/bench`). They are not
+for production runs: `tmslurm-launch --help` does not list them and `--cfg job` prints them only when
+one was changed.
 """
 
 
@@ -73,8 +82,9 @@ def render() -> str:
     all_keys = keys()
     parts = [HEAD, _groups(), _model_presets()]
     for name, cls in sections():
-        ks = [k for k in all_keys if k.section == name]
-        parts.append(_section(f"`{name}` ({cls.__name__})", cls, ks, ""))
+        if name not in BENCH_SECTIONS:
+            ks = [k for k in all_keys if k.section == name]
+            parts.append(_section(f"`{name}` ({cls.__name__})", cls, ks, ""))
     parts.append(_section("Top level (RunConfig)", RunConfig, [k for k in all_keys if k.section == ""], ""))
     fault_keys = [k for k in all_keys if k.section == "faults[i]"]
     parts.append(_section("`faults[i]`: one injected fault (FaultConfig)", FaultConfig, fault_keys, ""))
@@ -82,5 +92,10 @@ def render() -> str:
         "Faults are given as a list, e.g. "
         "`faults='[{step:10,kind:drain,rank:1},{step:20,kind:kill,rank:2,when:recover}]'`.\n"
     )
+    parts.append(BENCH_HEAD)
+    for name, cls in sections():
+        if name in BENCH_SECTIONS:
+            ks = [k for k in all_keys if k.section == name]
+            parts.append(_section(f"`{name}` ({cls.__name__}): benchmark-only", cls, ks, ""))
     text = "\n".join(parts)
     return "".join(line.rstrip() + "\n" for line in text.splitlines())

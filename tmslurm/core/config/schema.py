@@ -1,7 +1,10 @@
 """The schema of a tmslurm run: one kw-only dataclass per concern, registered in Hydra's ConfigStore.
 
 Contract: every field carries a docstring (the configuration reference, docs/config-reference.md, and
-``tmslurm-launch --help`` are generated from them); the root is :class:`RunConfig`. This module only
+``tmslurm-launch --help`` are generated from them); the root is :class:`RunConfig`, with one top-level
+section per concern (``runtime`` keeps the protocol core; ``detect``, ``shadow``, ``gray``, ``metrics``
+and ``security`` each serve one collaborator; ``bench`` holds the benchmark-only switches, see
+:data:`BENCH_SECTIONS`). This module only
 declares: the rules that tie fields together are in :mod:`.validation`, composition from overrides in
 :mod:`.compose`. Nothing here reads files, imports user code or raises on a value.
 """
@@ -20,6 +23,9 @@ RESTART_MODES = ("tmslurm", "injob_restart", "requeue_restart")
 ON_LIMIT = ("requeue", "resubmit", "stop")
 SLURM_CHECKPOINT_EVERY = 50
 """Default train.checkpoint_every of a cluster=slurm run that does not set it."""
+BENCH_SECTIONS = ("bench",)
+"""Sections of benchmark-only switches: ``tmslurm-launch --cfg job`` and ``--help`` leave them out, the
+reference lists them under a heading of their own."""
 
 
 @dataclass(kw_only=True)
@@ -102,8 +108,6 @@ class TrainConfig:
     """Text file to train on; None uses the Python standard library's sources (sorted)."""
     threads: int = 1
     """torch intra-op threads per rank; standbys use the same value (bitwise equality)."""
-    step_delay_s: float = 0.0
-    """Extra sleep per step (demo pacing only; 0 in tests and benchmarks)."""
     resume_from: str | None = None
     """Run directory whose latest complete checkpoint this run starts from (None: start at step 0)."""
 
@@ -178,25 +182,12 @@ class SlurmConfig:
 
 @dataclass(kw_only=True)
 class RuntimeConfig:
-    """The controller's and agents' protocol: timeouts, detection, switches, metrics, gray failures."""
+    """The controller's and agents' protocol core: backend, device, timeouts, relays, controller restarts."""
 
-    shadow: bool = True
-    """Planned switches move no state in their pause: each standby takes its leaver's state in the
-    background, then applies the leaver's reduced gradient at every committed step (comm/shadow.py)."""
-    shadow_min_notice_s: float = 10.0
-    """A notice whose deadline is nearer than this switches at once, the state in the pause."""
-    shadow_catchup_timeout_s: float = 120.0
-    """Longest wait for shadows to catch up before the switch goes ahead anyway (what is left of the
-    leaver's state then travels in the pause)."""
     backend: str = "gloo"
     """torch.distributed backend of the training groups: gloo | nccl."""
     device: str = "cpu"
     """Device of the stage modules: cpu | cuda."""
-    heartbeat_interval_s: float = 0.2
-    """Agent -> controller heartbeat period."""
-    heartbeat_timeout_s: float = 3.0
-    """A rank silent this long is declared hung and fenced (runtime.connect_timeout_s while it is still
-    starting: before its started, or a standby's first ready)."""
     collective_timeout_s: float = 60.0
     """Upper bound of any single collective before it fails on its own."""
     wait_slice_s: float = 0.05
@@ -208,29 +199,10 @@ class RuntimeConfig:
     the joiners? false: they wait for the transfers to end, which then run alone (on ranks that
     share CPUs, as here, a redone step beside a transfer slowed it 2.5x); true: their first
     forward overlaps the transfer (nodes of their own). docs/recovery.md section 3."""
-    restart_mode: str = "tmslurm"
-    """Recovery strategy: tmslurm (standby switch) | injob_restart | requeue_restart (baselines)."""
-    switch_mode: str = "delta"
-    """delta (rebuild only affected groups, in the background) | full (rebuild every group inside
-    the pause, what a naive re-initialisation does; for the scaling benchmark)."""
-    hang_factor: float = 10.0
-    """A rank whose vote is the only one missing for longer than hang_factor x the median step time
-    (at least runtime.hang_floor_s) is declared hung, fenced and replaced, even if it heartbeats.
-    Before a step time is known (the first two commits) the limit is runtime.connect_timeout_s."""
-    hang_floor_s: float = 2.0
-    """The least time a rank may lag behind all the others' votes before it is declared hung."""
-    monitors: bool = True
-    """Run one node monitor per node (a tiny process that trains nothing): it heartbeats every
-    runtime.monitor_interval_s and reports the exit of the node's tmslurm processes at once (pidfd)."""
-    monitor_interval_s: float = 0.1
-    """Node monitor -> controller heartbeat period."""
     relay: bool = False
     """Each node's agents reach the controller through their node monitor's relay: one connection,
     one vote frame per step and one heartbeat line per node instead of per rank (needs
-    runtime.monitors=true and runtime.heartbeats=true; for runs of hundreds of nodes and more)."""
-    node_timeout_s: float = 0.8
-    """A node whose monitor and processes were all silent this long, while other nodes were heard,
-    is declared lost (a power-off or a cut link sends nothing)."""
+    detect.monitors=true; for runs of hundreds of nodes and more)."""
     switch_timeout_s: float = 60.0
     """A switch or recovery whose plan was applied (groups being rebuilt, state in flight) must
     finish within this; whoever has not reported by then is fenced and the step is recovered again."""
@@ -242,44 +214,71 @@ class RuntimeConfig:
     """How many times the supervisor (the launcher locally, the batch step on Slurm) restarts a
     controller that died (kill -9, crash); the new one re-adopts the live agents, which reconnect
     within runtime.controller_lost_s. 0: a dead controller ends the run (its agents exit)."""
-    metrics_port: int = 0
-    """Serve Prometheus metrics from the controller on this port (0 = off; needs prometheus-client,
-    ``pip install tmslurm[metrics]``). Read-only: every request gets the text exposition format."""
-    monitor_metrics_port: int = 0
-    """Each node monitor serves its node's Prometheus metrics on this port (0 = off; one monitor per
-    host on a real cluster; with cluster=local every node is this host and only the first binds)."""
-    metrics_addr: str = "127.0.0.1"
-    """Address the metrics endpoints (the controller's, the monitors') bind to (``0.0.0.0`` to let a
-    Prometheus server on another host scrape them)."""
     fork_agents: bool = True
     """cluster=local: fork ranks and standbys from one process that imported torch once (a restart
     of N ranks does not pay N imports); false: each is a fresh ``python -m tmslurm.agent.main``."""
-    heartbeats: bool = True
-    """Agents send heartbeats (off only to measure their cost; hangs are then not detected)."""
-    commit_vote: bool = True
-    """Vote on every step commit (off only to measure its cost)."""
-    admin_public_key_file: str | None = None
-    """The cluster admin's Ed25519 public key (PEM): notices signed with its private key are
-    accepted (they can only notify); none: only the run token is accepted."""
-    notice_max_age_s: float = 120.0
-    """A signed notice older (or newer) than this by its timestamp is refused as stale."""
+
+
+@dataclass(kw_only=True)
+class DetectConfig:
+    """Failure detection: heartbeats, hangs by progress, node monitors, lost nodes, replica checks."""
+
+    heartbeat_interval_s: float = 0.2
+    """Agent -> controller heartbeat period."""
+    heartbeat_timeout_s: float = 3.0
+    """A rank silent this long is declared hung and fenced (runtime.connect_timeout_s while it is still
+    starting: before its started, or a standby's first ready)."""
+    hang_factor: float = 10.0
+    """A rank whose vote is the only one missing for longer than hang_factor x the median step time
+    (at least detect.hang_floor_s) is declared hung, fenced and replaced, even if it heartbeats.
+    Before a step time is known (the first two commits) the limit is runtime.connect_timeout_s."""
+    hang_floor_s: float = 2.0
+    """The least time a rank may lag behind all the others' votes before it is declared hung."""
+    monitors: bool = True
+    """Run one node monitor per node (a tiny process that trains nothing): it heartbeats every
+    detect.monitor_interval_s and reports the exit of the node's tmslurm processes at once (pidfd)."""
+    monitor_interval_s: float = 0.1
+    """Node monitor -> controller heartbeat period."""
+    node_timeout_s: float = 0.8
+    """A node whose monitor and processes were all silent this long, while other nodes were heard,
+    is declared lost (a power-off or a cut link sends nothing)."""
     verify_replicas: bool = False
     """Workers send a parameter digest with every vote; the controller checks DP replicas are equal."""
-    gray_evict: bool = False
-    """Gray failures: move a node off with a planned switch to a warm standby when one of its ranks
-    stays slower than its data-parallel peers (its busy time, step time less communication waits;
-    see runtime.gray_*). Needs parallel.dp >= 2: a rank is judged against its peers."""
-    gray_factor: float = 1.5
+
+
+@dataclass(kw_only=True)
+class ShadowConfig:
+    """Live shadowing: planned switches that move no state in their pause."""
+
+    enabled: bool = True
+    """Planned switches move no state in their pause: each standby takes its leaver's state in the
+    background, then applies the leaver's reduced gradient at every committed step (comm/shadow.py)."""
+    min_notice_s: float = 10.0
+    """A notice whose deadline is nearer than this switches at once, the state in the pause."""
+    catchup_timeout_s: float = 120.0
+    """Longest wait for shadows to catch up before the switch goes ahead anyway (what is left of the
+    leaver's state then travels in the pause)."""
+
+
+@dataclass(kw_only=True)
+class GrayConfig:
+    """Gray failures: a slow node (compute or link) moved off to a warm standby with a planned switch."""
+
+    evict: bool = False
+    """Move a node off with a planned switch to a warm standby when one of its ranks stays slower
+    than its data-parallel peers (its busy time, step time less communication waits; see gray.*).
+    Needs parallel.dp >= 2: a rank is judged against its peers."""
+    factor: float = 1.5
     """A rank is slow when its busy time is at least this many times its peers' (median over the window)."""
-    gray_window: int = 8
+    window: int = 8
     """Steps judged together: a rank must be slow in more than half of them (a single hiccup moves nothing)."""
-    gray_min_excess_s: float = 0.05
+    min_excess_s: float = 0.05
     """And slower than its peers by at least this many seconds a step (tiny steps are noise)."""
-    gray_budget_per_hour: int = 2
+    budget_per_hour: int = 2
     """At most this many gray evictions in any hour (a guard against evicting node after node)."""
     link_probe_s: float = 2.0
-    """With runtime.gray_evict and node monitors: every this many seconds each monitor sends
-    runtime.link_probe_bytes to another node's monitor, so that a slow link is found (a slow link
+    """With gray.evict and node monitors: every this many seconds each monitor sends
+    gray.link_probe_bytes to another node's monitor, so that a slow link is found (a slow link
     slows every rank alike, so busy times cannot). 0 turns link probes off."""
     link_probe_bytes: int = 2097152
     """Bytes per link probe. Several times a token bucket's burst, or the burst hides the rate (the
@@ -287,12 +286,56 @@ class RuntimeConfig:
     link_probe_timeout_s: float = 10.0
     """A probe not acknowledged within this counts as a sample of at most bytes/timeout."""
     link_slow_factor: float = 10.0
-    """A node's link is slow when even its best probe over runtime.link_window is this many times
+    """A node's link is slow when even its best probe over gray.link_window is this many times
     below the median of every node's best (on the 2-core lab a healthy node's best was once 8.7x
     below; a 20 mbit/s link is ~900x)."""
     link_window: int = 6
     """Probes per node judged together (each round a node sends one and receives one, each with
     another partner): its best must be slow, so one slow partner or one hiccup moves nothing."""
+
+
+@dataclass(kw_only=True)
+class MetricsConfig:
+    """Prometheus endpoints of the controller and the node monitors."""
+
+    port: int = 0
+    """Serve Prometheus metrics from the controller on this port (0 = off; needs prometheus-client,
+    ``pip install tmslurm[metrics]``). Read-only: every request gets the text exposition format."""
+    monitor_port: int = 0
+    """Each node monitor serves its node's Prometheus metrics on this port (0 = off; one monitor per
+    host on a real cluster; with cluster=local every node is this host and only the first binds)."""
+    addr: str = "127.0.0.1"
+    """Address the metrics endpoints (the controller's, the monitors') bind to (``0.0.0.0`` to let a
+    Prometheus server on another host scrape them)."""
+
+
+@dataclass(kw_only=True)
+class SecurityConfig:
+    """Who may send notices to the gate besides the run's own token."""
+
+    admin_public_key_file: str | None = None
+    """The cluster admin's Ed25519 public key (PEM): notices signed with its private key are
+    accepted (they can only notify); none: only the run token is accepted."""
+    notice_max_age_s: float = 120.0
+    """A signed notice older (or newer) than this by its timestamp is refused as stale."""
+
+
+@dataclass(kw_only=True)
+class BenchConfig:
+    """Benchmark-only switches: the baselines, the costs the benchmarks measure and step pacing. Not for
+    production runs: ``tmslurm-launch --help`` leaves this section out, ``--cfg job`` unless one was changed."""
+
+    restart_mode: str = "tmslurm"
+    """Recovery strategy: tmslurm (standby switch) | injob_restart | requeue_restart (baselines)."""
+    switch_mode: str = "delta"
+    """delta (rebuild only affected groups, in the background) | full (rebuild every group inside
+    the pause, what a naive re-initialisation does; for the scaling benchmark)."""
+    commit_vote: bool = True
+    """Vote on every step commit (off only to measure its cost)."""
+    heartbeats: bool = True
+    """Agents send heartbeats (off only to measure their cost; hangs are then not detected)."""
+    step_delay_s: float = 0.0
+    """Extra sleep per step: pacing for the demo and for tests and benchmarks that need a step to last (0: none)."""
 
 
 @dataclass(kw_only=True)
@@ -313,6 +356,18 @@ class RunConfig:
     """Slurm jobs."""
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     """The runtime protocol."""
+    detect: DetectConfig = field(default_factory=DetectConfig)
+    """Failure detection."""
+    shadow: ShadowConfig = field(default_factory=ShadowConfig)
+    """Live shadowing."""
+    gray: GrayConfig = field(default_factory=GrayConfig)
+    """Gray failures."""
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    """Metrics endpoints."""
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    """Signed notices."""
+    bench: BenchConfig = field(default_factory=BenchConfig)
+    """Benchmark-only switches."""
     cluster: str = "local"
     """Where ranks run: local (processes on this host) | slurm (submit jobs)."""
     run_dir: str = ""
@@ -335,7 +390,7 @@ def world_size(p: ParallelConfig) -> int:
 
 def wants_monitors(cfg: RunConfig) -> bool:
     """Node monitors run when enabled and heartbeats are on (a silent monitor would look dead)."""
-    return cfg.runtime.monitors and cfg.runtime.heartbeats
+    return cfg.detect.monitors and cfg.bench.heartbeats
 
 
 def num_nodes(p: ParallelConfig) -> int:

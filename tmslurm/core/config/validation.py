@@ -26,10 +26,11 @@ from tmslurm.core.config.schema import (
     DEVICES,
     ON_LIMIT,
     RESTART_MODES,
+    GrayConfig,
+    MetricsConfig,
     ModelConfig,
     ParallelConfig,
     RunConfig,
-    RuntimeConfig,
     TrainConfig,
     world_size,
 )
@@ -167,57 +168,77 @@ def _validate_faults(cfg: RunConfig) -> None:
             )
 
 
-def _validate_gray(cfg: RunConfig) -> None:
-    rt = cfg.runtime
-    _positive(rt.gray_window, "runtime.gray_window")
-    _positive(rt.gray_budget_per_hour, "runtime.gray_budget_per_hour", minimum=0)
-    if rt.gray_factor <= 1.0:
+def _validate_gray(g: GrayConfig, dp: int) -> None:
+    _positive(g.window, "gray.window")
+    _positive(g.budget_per_hour, "gray.budget_per_hour", minimum=0)
+    if g.factor <= 1.0:
         raise ConfigError(
-            f"runtime.gray_factor={rt.gray_factor} must be > 1 (a rank is slow when this many times its peers). "
-            "Fix: pass runtime.gray_factor=<x> with x > 1."
+            f"gray.factor={g.factor} must be > 1 (a rank is slow when this many times its peers). "
+            "Fix: pass gray.factor=<x> with x > 1."
         )
-    if rt.gray_min_excess_s < 0:
-        raise ConfigError("runtime.gray_min_excess_s must be >= 0. Fix: pass runtime.gray_min_excess_s=<seconds>.")
-    if rt.link_probe_s < 0 or 0 < rt.link_probe_s < 0.1:
+    if g.min_excess_s < 0:
+        raise ConfigError("gray.min_excess_s must be >= 0. Fix: pass gray.min_excess_s=<seconds>.")
+    if g.link_probe_s < 0 or 0 < g.link_probe_s < 0.1:
         raise ConfigError(
-            f"runtime.link_probe_s={rt.link_probe_s} must be 0 (off) or at least 0.1. "
-            "Fix: pass runtime.link_probe_s=<seconds>."
+            f"gray.link_probe_s={g.link_probe_s} must be 0 (off) or at least 0.1. "
+            "Fix: pass gray.link_probe_s=<seconds>."
         )
-    if not 1 << 16 <= rt.link_probe_bytes <= 64 << 20:
+    if not 1 << 16 <= g.link_probe_bytes <= 64 << 20:
         raise ConfigError(
-            f"runtime.link_probe_bytes={rt.link_probe_bytes} must be 64 KiB..64 MiB (65536..67108864). "
-            "Fix: pass runtime.link_probe_bytes=<bytes>."
+            f"gray.link_probe_bytes={g.link_probe_bytes} must be 64 KiB..64 MiB (65536..67108864). "
+            "Fix: pass gray.link_probe_bytes=<bytes>."
         )
-    if rt.link_probe_timeout_s <= 0:
-        raise ConfigError("runtime.link_probe_timeout_s must be > 0. Fix: pass runtime.link_probe_timeout_s=<seconds>.")
-    if rt.link_slow_factor <= 1.0:
+    if g.link_probe_timeout_s <= 0:
+        raise ConfigError("gray.link_probe_timeout_s must be > 0. Fix: pass gray.link_probe_timeout_s=<seconds>.")
+    if g.link_slow_factor <= 1.0:
         raise ConfigError(
-            f"runtime.link_slow_factor={rt.link_slow_factor} must be > 1. "
-            "Fix: pass runtime.link_slow_factor=<x> with x > 1."
+            f"gray.link_slow_factor={g.link_slow_factor} must be > 1. Fix: pass gray.link_slow_factor=<x> with x > 1."
         )
-    _positive(rt.link_window, "runtime.link_window", minimum=2)
-    if rt.gray_evict and cfg.parallel.dp < 2:
+    _positive(g.link_window, "gray.link_window", minimum=2)
+    if g.evict and dp < 2:
         raise ConfigError(
-            f"runtime.gray_evict=true judges a rank against its data-parallel peers, and parallel.dp={cfg.parallel.dp} "
-            "has none. Fix: pass parallel.dp >= 2 or runtime.gray_evict=false."
+            f"gray.evict=true judges a rank against its data-parallel peers, and parallel.dp={dp} "
+            "has none. Fix: pass parallel.dp >= 2 or gray.evict=false."
         )
 
 
-def _validate_metrics(rt: RuntimeConfig) -> None:
-    for name in ("metrics_port", "monitor_metrics_port"):
-        port = getattr(rt, name)
+def _validate_metrics(m: MetricsConfig, monitors: bool) -> None:
+    for name in ("port", "monitor_port"):
+        port = getattr(m, name)
         if not 0 <= port <= 65535:
-            raise ConfigError(f"runtime.{name}={port} is not a port. Fix: pass runtime.{name}=<1..65535> (0 = off).")
-    if rt.monitor_metrics_port and rt.monitor_metrics_port == rt.metrics_port:
+            raise ConfigError(f"metrics.{name}={port} is not a port. Fix: pass metrics.{name}=<1..65535> (0 = off).")
+    if m.monitor_port and m.monitor_port == m.port:
         raise ConfigError(
-            f"runtime.monitor_metrics_port={rt.monitor_metrics_port} equals runtime.metrics_port: the batch "
-            "host runs a controller and a monitor. Fix: pass another runtime.monitor_metrics_port."
+            f"metrics.monitor_port={m.monitor_port} equals metrics.port: the batch "
+            "host runs a controller and a monitor. Fix: pass another metrics.monitor_port."
         )
-    if rt.monitor_metrics_port and not rt.monitors:
+    if m.monitor_port and not monitors:
         raise ConfigError(
-            "runtime.monitor_metrics_port needs the node monitors. Fix: pass runtime.monitors=true "
-            "or runtime.monitor_metrics_port=0."
+            "metrics.monitor_port needs the node monitors. Fix: pass detect.monitors=true or metrics.monitor_port=0."
         )
+
+
+def _validate_durations(cfg: RunConfig) -> None:
+    for section, names in (
+        (
+            "runtime",
+            ("collective_timeout_s", "wait_slice_s", "connect_timeout_s", "switch_timeout_s", "controller_lost_s"),
+        ),
+        (
+            "detect",
+            (
+                "heartbeat_interval_s",
+                "heartbeat_timeout_s",
+                "hang_factor",
+                "hang_floor_s",
+                "monitor_interval_s",
+                "node_timeout_s",
+            ),
+        ),
+    ):
+        for name in names:
+            if getattr(getattr(cfg, section), name) <= 0:
+                raise ConfigError(f"{section}.{name} must be > 0. Fix: pass {section}.{name}=<seconds>.")
 
 
 def validate(cfg: RunConfig) -> RunConfig:
@@ -231,8 +252,8 @@ def validate(cfg: RunConfig) -> RunConfig:
     _one_of(cfg.cluster, CLUSTERS, "cluster")
     _one_of(cfg.runtime.backend, BACKENDS, "runtime.backend")
     _one_of(cfg.runtime.device, DEVICES, "runtime.device")
-    _one_of(cfg.runtime.restart_mode, RESTART_MODES, "runtime.restart_mode")
-    _one_of(cfg.runtime.switch_mode, ("delta", "full"), "runtime.switch_mode")
+    _one_of(cfg.bench.restart_mode, RESTART_MODES, "bench.restart_mode")
+    _one_of(cfg.bench.switch_mode, ("delta", "full"), "bench.switch_mode")
     _one_of(cfg.slurm.backend, ("auto", "cli", "pyslurm"), "slurm.backend")
     _one_of(cfg.slurm.on_limit, ON_LIMIT, "slurm.on_limit")
     validate_slurm_times(cfg.slurm)
@@ -240,43 +261,29 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise ConfigError(
             "runtime.backend=nccl needs runtime.device=cuda. Fix: pass runtime.device=cuda or runtime.backend=gloo."
         )
-    for name in (
-        "heartbeat_interval_s",
-        "heartbeat_timeout_s",
-        "collective_timeout_s",
-        "wait_slice_s",
-        "connect_timeout_s",
-        "hang_factor",
-        "hang_floor_s",
-        "switch_timeout_s",
-        "controller_lost_s",
-        "monitor_interval_s",
-        "node_timeout_s",
-    ):
-        if getattr(cfg.runtime, name) <= 0:
-            raise ConfigError(f"runtime.{name} must be > 0. Fix: pass runtime.{name}=<seconds>.")
+    _validate_durations(cfg)
     _positive(cfg.runtime.controller_restarts, "runtime.controller_restarts", minimum=0)
-    _validate_metrics(cfg.runtime)
-    _validate_gray(cfg)
-    if cfg.runtime.heartbeat_timeout_s <= 2 * cfg.runtime.heartbeat_interval_s:
+    _validate_metrics(cfg.metrics, cfg.detect.monitors)
+    _validate_gray(cfg.gray, cfg.parallel.dp)
+    if cfg.detect.heartbeat_timeout_s <= 2 * cfg.detect.heartbeat_interval_s:
         raise ConfigError(
-            "runtime.heartbeat_timeout_s must exceed 2 x runtime.heartbeat_interval_s. "
-            "Fix: raise runtime.heartbeat_timeout_s."
+            "detect.heartbeat_timeout_s must exceed 2 x detect.heartbeat_interval_s. "
+            "Fix: raise detect.heartbeat_timeout_s."
         )
-    if cfg.runtime.node_timeout_s <= 2 * max(cfg.runtime.monitor_interval_s, cfg.runtime.heartbeat_interval_s):
+    if cfg.detect.node_timeout_s <= 2 * max(cfg.detect.monitor_interval_s, cfg.detect.heartbeat_interval_s):
         raise ConfigError(
-            "runtime.node_timeout_s must exceed 2 x runtime.monitor_interval_s and 2 x "
-            "runtime.heartbeat_interval_s. Fix: raise runtime.node_timeout_s."
+            "detect.node_timeout_s must exceed 2 x detect.monitor_interval_s and 2 x "
+            "detect.heartbeat_interval_s. Fix: raise detect.node_timeout_s."
         )
-    if cfg.runtime.relay and not (cfg.runtime.monitors and cfg.runtime.heartbeats):
+    if cfg.runtime.relay and not (cfg.detect.monitors and cfg.bench.heartbeats):
         raise ConfigError(
             "runtime.relay=true needs the node monitors, which run the relays. Fix: set "
-            "runtime.monitors=true runtime.heartbeats=true, or runtime.relay=false."
+            "detect.monitors=true bench.heartbeats=true, or runtime.relay=false."
         )
     _validate_faults(cfg)
-    if not cfg.runtime.commit_vote and (cfg.faults or cfg.standby.count):
+    if not cfg.bench.commit_vote and (cfg.faults or cfg.standby.count):
         raise ConfigError(
-            "runtime.commit_vote=false only measures the vote's cost: it cannot abort or switch. "
+            "bench.commit_vote=false only measures the vote's cost: it cannot abort or switch. "
             "Fix: use it with standby.count=0 and no faults."
         )
     return cfg

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from tmslurm.agent.link import hello, node_name
 from tmslurm.agent.monitor import run_monitor
+from tmslurm.core.config import from_dict
 from tmslurm.core.errors import ProtocolError, SlurmError, TmslurmError
 from tmslurm.core.jsonfile import write_json_atomic
 from tmslurm.core.logs import LOG_CONTEXT, setup_logging
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     except TmslurmError as exc:
         log.error("%s", exc)
         return 2
-    return run_monitor(args.run_dir, link, node, welcome.config["runtime"], welcome.address.host)
+    return run_monitor(args.run_dir, link, node, from_dict(welcome.config), welcome.address.host)
 
 
 if __name__ == "__main__":
