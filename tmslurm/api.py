@@ -137,9 +137,12 @@ def notify(
     reason: str = "",
     token: str | None = None,
     private_key_file: Path | str | None = None,
+    timeout_s: float = 10.0,
 ) -> list[str]:
     """Send an admin notice (``event``: ``maintenance`` or ``failure``) about ``node`` (or ``rank`` of
-    the one run in ``run_dirs``) to the runs using it, as ``tmslurm notify`` does; one line per run."""
+    the one run in ``run_dirs``) to the runs using it, as ``tmslurm notify`` does; one line per run.
+    Raises :class:`TmslurmError` as ``tmslurm notify`` exits non-zero: when no run accepted it, or
+    when a live run did not get it (the error lists those runs)."""
     from tmslurm.cli.notify import notify as send
 
     args = argparse.Namespace(
@@ -152,5 +155,10 @@ def notify(
         runs_root=str(runs_root),
         token=token,
         private_key_file=None if private_key_file is None else str(private_key_file),
+        timeout=timeout_s,
     )
-    return send(args)
+    delivery = send(args)
+    problem = delivery.problem()
+    if problem is not None:
+        raise problem
+    return delivery.lines

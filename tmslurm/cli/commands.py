@@ -8,7 +8,8 @@
 
 Contract: every sub-command prints a readable result (or ``--json``) and exits 0, or prints one
 ``error:`` line and exits non-zero: 2 for bad input (unknown node, bad deadline, wrong token),
-3 when the run's controller cannot be reached. ``notify`` signs with the cluster admin's Ed25519
+3 when the run's controller cannot be reached; ``notify`` exits 1 when some runs accepted the notice but
+a live run did not get it (each run's line says why). ``notify`` signs with the cluster admin's Ed25519
 private key (``--private-key-file``) or authenticates with the run's token (``RUN_DIR/token``, or
 ``--token``). ``keygen`` writes a new admin key pair.
 """
@@ -81,9 +82,12 @@ def _status_run_dir(args: argparse.Namespace) -> Path:
 def _notify(args: argparse.Namespace) -> int:
     from tmslurm.cli.notify import notify
 
-    results = notify(args)
-    for line in results:
-        print(line)
+    delivery = notify(args)
+    for line in delivery.shown():
+        print(line, flush=True)
+    problem = delivery.problem()
+    if problem is not None:
+        raise problem
     return 0
 
 
@@ -142,6 +146,13 @@ def parser() -> argparse.ArgumentParser:
     no.add_argument("--runs-root", default="runs", help="where to look for runs using the node")
     no.add_argument("--token", default=None, help="the run token (default: RUN_DIR/token)")
     no.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="how long to wait for each run's answer, seconds (default 10; a connection try: at most 2)",
+    )
+    no.add_argument(
         "--private-key-file",
         default=None,
         help="the cluster admin's Ed25519 private key: sign the notice (instead of run tokens)",
@@ -168,5 +179,10 @@ def main(argv: list[str]) -> int:
 
 
 def _status_of(exc: TmslurmError) -> int:
-    """3 when no controller answered (the run is not running), else 2."""
+    """The status a notice that did not reach every run carries; else 3 when no controller
+    answered (the run is not running), else 2."""
+    from tmslurm.cli.notify import Undelivered
+
+    if isinstance(exc, Undelivered):
+        return exc.status
     return 3 if "unreachable" in str(exc) or "not running" in str(exc) else USAGE_ERROR
