@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tmslurm.core.config import RunConfig, compose_config, validate
+from tmslurm.core.config.site import apply_site_defaults
 from tmslurm.core.errors import TmslurmError
 from tmslurm.core.results import Summary, load_summary
 from tmslurm.core.rundir import RunDir
@@ -105,7 +106,11 @@ class Run:
 
 def launch(cfg_or_overrides: RunConfig | Sequence[str] = ()) -> Run:
     """Start a run from a config or from overrides; its :class:`Run` (see the module's contract)."""
-    cfg = validate(cfg_or_overrides) if isinstance(cfg_or_overrides, RunConfig) else compose(cfg_or_overrides)
+    if isinstance(cfg_or_overrides, RunConfig):
+        cfg = validate(cfg_or_overrides)
+        apply_site_defaults(cfg)  # as composition does: the site's admin public key when none is set
+    else:
+        cfg = compose(cfg_or_overrides)
     if cfg.cluster == "slurm":
         from tmslurm.slurm.proc.job import launch_slurm
 
