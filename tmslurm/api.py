@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tmslurm.core.config import RunConfig, compose_config, validate
+from tmslurm.core.config.site import apply_site_defaults
 from tmslurm.core.errors import TmslurmError
 from tmslurm.core.results import Summary, load_summary
 from tmslurm.core.rundir import RunDir
@@ -105,7 +106,11 @@ class Run:
 
 def launch(cfg_or_overrides: RunConfig | Sequence[str] = ()) -> Run:
     """Start a run from a config or from overrides; its :class:`Run` (see the module's contract)."""
-    cfg = validate(cfg_or_overrides) if isinstance(cfg_or_overrides, RunConfig) else compose(cfg_or_overrides)
+    if isinstance(cfg_or_overrides, RunConfig):
+        cfg = validate(cfg_or_overrides)
+        apply_site_defaults(cfg)  # as composition does: the site's admin public key when none is set
+    else:
+        cfg = compose(cfg_or_overrides)
     if cfg.cluster == "slurm":
         from tmslurm.slurm.proc.job import launch_slurm
 
@@ -137,9 +142,12 @@ def notify(
     reason: str = "",
     token: str | None = None,
     private_key_file: Path | str | None = None,
+    timeout_s: float = 10.0,
 ) -> list[str]:
     """Send an admin notice (``event``: ``maintenance`` or ``failure``) about ``node`` (or ``rank`` of
-    the one run in ``run_dirs``) to the runs using it, as ``tmslurm notify`` does; one line per run."""
+    the one run in ``run_dirs``) to the runs using it, as ``tmslurm notify`` does; one line per run.
+    Raises :class:`TmslurmError` as ``tmslurm notify`` exits non-zero: when no run accepted it, or
+    when a live run did not get it (the error lists those runs)."""
     from tmslurm.cli.notify import notify as send
 
     args = argparse.Namespace(
@@ -152,5 +160,10 @@ def notify(
         runs_root=str(runs_root),
         token=token,
         private_key_file=None if private_key_file is None else str(private_key_file),
+        timeout=timeout_s,
     )
-    return send(args)
+    delivery = send(args)
+    problem = delivery.problem()
+    if problem is not None:
+        raise problem
+    return delivery.lines

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 
 import pytest
 
-from tmslurm.cli.notify import find_runs
+from tmslurm.cli.notify_targets import FINISHED, Skip, Target, survey, vet
 
 CLI = "import sys; from tmslurm.cli.main import main; sys.exit(main())"  # what the `tmslurm` console script runs
 
@@ -179,12 +178,16 @@ def test_notify_without_node_or_rank_fails_with_2(tmp_path):
 
 def test_notify_finds_the_live_runs_under_the_runs_root_in_name_order(tmp_path):
     """Several run directories under ``--runs-root`` (sorting them as RunDir objects raised TypeError);
-    a finished run (with its summary) is left out."""
+    a finished run (with its summary) is skipped, and does not count as a live run."""
     for name in ("b", "a", "done"):
         (tmp_path / name).mkdir()
-        (tmp_path / name / "controller.json").write_text("{}")
+        (tmp_path / name / "controller.json").write_text('{"host": "127.0.0.1", "port": 1}')
     (tmp_path / "done" / "summary.json").write_text("{}")
-    assert find_runs(argparse.Namespace(run_dir=None, runs_root=str(tmp_path))) == [tmp_path / "a", tmp_path / "b"]
+    runs, aliases = survey(tmp_path)
+    assert runs == [tmp_path / "a", tmp_path / "b", tmp_path / "done"] and aliases == []
+    vetted = [vet(p, read_token=False, named=False) for p in runs]
+    assert [v.run_dir for v in vetted if isinstance(v, Target)] == [tmp_path / "a", tmp_path / "b"]
+    assert vetted[2] == Skip(run_dir=tmp_path / "done", why=FINISHED, live=False)
 
 
 def test_notify_with_a_bad_event_is_an_argparse_error(tmp_path):

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from tmslurm.cli.notify import trusted_run
+from tmslurm.cli.notify_targets import Skip, Target, vet
 from tmslurm.comm.transfer import _parse_header, _split
 from tmslurm.controller.final_hashes import final_hashes
 from tmslurm.core.errors import CommError
@@ -243,20 +243,25 @@ def test_transfer_header_is_typed_json_and_refuses_anything_else():
         _split({"x": object()}, [])
 
 
-def test_trusted_run_checks_owner_and_modes(tmp_path):
+def test_vet_checks_owner_and_modes(tmp_path):
     run = tmp_path / "run"
     run.mkdir(mode=0o700)
-    (run / "controller.json").write_text("{}")
+    (run / "controller.json").write_text('{"host": "127.0.0.1", "port": 5}')
     (run / "token").write_text("t")
     os.chmod(run / "controller.json", 0o644)
-    assert trusted_run(run, with_token=True) is None
+    assert vet(run, read_token=True, named=True) == Target(run_dir=run, host="127.0.0.1", port=5, token="t")
     os.chmod(run / "controller.json", 0o666)
-    assert "writable by others" in trusted_run(run, with_token=False)
+    assert "writable by group or others" in _why(vet(run, read_token=False, named=True))
     os.chmod(run / "controller.json", 0o644)
     (run / "token").unlink()
     (run / "token").symlink_to(run / "controller.json")
-    assert "plain file" in trusted_run(run, with_token=True)
-    assert "cannot inspect" in trusted_run(tmp_path / "nope", with_token=False)
+    assert "token is a symlink" in _why(vet(run, read_token=True, named=True))
+    assert "no such run directory" in _why(vet(tmp_path / "nope", read_token=False, named=True))
+
+
+def _why(result: Skip | Target) -> str:
+    assert isinstance(result, Skip) and result.live
+    return result.why
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The ``tmslurm`` command: ``status``, ``notify``, ``report``.
+"""The ``tmslurm`` command: ``status``, ``stop``, ``notify``, ``report``.
 
 ``status RUN_DIR`` (or ``status --job JOBID``: any Slurm job of the run, resolved by
 :func:`tmslurm.slurm.runtag.resolve_job`) prints the run once (:mod:`tmslurm.cli.status_view`), or with
@@ -6,9 +6,16 @@
 (exit 0 both ways; an unreachable controller is shown and retried). A directory that holds neither
 ``config.json`` nor ``summary.json`` is not a tmslurm run: that is bad input (exit 2).
 
+``stop RUN_DIR`` (or ``stop --job JOBID``) asks the run's controller to end the run: it checkpoints
+with its next step commit, cancels its spare jobs and writes its summary (``stopped``: the checkpoint
+step), so ``train.resume_from=RUN_DIR`` goes on exactly from there. It returns once the controller
+accepted (exit 0); a run that has already finished is bad input (exit 2), one whose controller does
+not answer exits 3.
+
 Contract: every sub-command prints a readable result (or ``--json``) and exits 0, or prints one
 ``error:`` line and exits non-zero: 2 for bad input (unknown node, bad deadline, wrong token),
-3 when the run's controller cannot be reached. ``notify`` signs with the cluster admin's Ed25519
+3 when the run's controller cannot be reached; ``notify`` exits 1 when some runs accepted the notice but
+a live run did not get it (each run's line says why). ``notify`` signs with the cluster admin's Ed25519
 private key (``--private-key-file``) or authenticates with the run's token (``RUN_DIR/token``, or
 ``--token``). ``keygen`` writes a new admin key pair.
 """
@@ -31,7 +38,7 @@ def _status(args: argparse.Namespace) -> int:
     from tmslurm.cli.run_status import RunStatus, fetch
     from tmslurm.cli.status_view import Watch, format_status
 
-    run_dir = _status_run_dir(args)
+    run_dir = _run_dir_of(args)
     if args.watch:
         if args.json:
             raise TmslurmError("--watch and --json do not combine: --json prints one status")
@@ -57,7 +64,7 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _status_run_dir(args: argparse.Namespace) -> Path:
+def _run_dir_of(args: argparse.Namespace) -> Path:
     """RUN_DIR, or the run directory of Slurm job ``--job`` (exactly one of them)."""
     if (args.run_dir is None) == (args.job is None):
         raise TmslurmError("give a run directory or --job JOBID (one of them)")
@@ -78,12 +85,37 @@ def _status_run_dir(args: argparse.Namespace) -> Path:
     return path
 
 
+def _stop(args: argparse.Namespace) -> int:
+    from tmslurm.wire.protocol import request
+
+    run_dir = _run_dir_of(args)
+    if RunDir(run_dir).summary.is_file():
+        raise TmslurmError(f"{run_dir} has already finished (it has a summary.json): there is nothing to stop")
+    if not RunDir(run_dir).controller.is_file():
+        raise TmslurmError(
+            f"{run_dir} has no controller.json: the run's controller is not running (it has not started yet, "
+            "or it died: resume with train.resume_from)"
+        )
+    reply = request(run_dir, {"type": "stop"}, args.token)
+    if not reply.get("ok"):
+        raise TmslurmError(f"{run_dir}: the controller refused the stop: {reply.get('error')}")
+    print(
+        f"{run_dir}: stop accepted at step {reply.get('stopping_after_step')}: the run checkpoints with its next step "
+        "commit, cancels its spare jobs and writes its summary (tmslurm status shows it). "
+        f"Resume with train.resume_from={run_dir}"
+    )
+    return 0
+
+
 def _notify(args: argparse.Namespace) -> int:
     from tmslurm.cli.notify import notify
 
-    results = notify(args)
-    for line in results:
-        print(line)
+    delivery = notify(args)
+    for line in delivery.shown():
+        print(line, flush=True)
+    problem = delivery.problem()
+    if problem is not None:
+        raise problem
     return 0
 
 
@@ -132,6 +164,18 @@ def parser() -> argparse.ArgumentParser:
     )
     st.add_argument("--token", default=None)
     st.set_defaults(fn=_status)
+    sp = sub.add_parser(
+        "stop", help="end a run: checkpoint at the next step, cancel the spares, write the summary (resumable)"
+    )
+    sp.add_argument("run_dir", nargs="?", default=None, help="the run directory (or --job)")
+    sp.add_argument(
+        "--job",
+        default=None,
+        metavar="JOBID",
+        help="a Slurm job id of the run (main job or a spare) instead of RUN_DIR",
+    )
+    sp.add_argument("--token", default=None, help="the run token (default: RUN_DIR/token)")
+    sp.set_defaults(fn=_stop)
     no = sub.add_parser("notify", help="deliver a maintenance or failure notice (admin hook)")
     no.add_argument("--node", default=None, help="the node that must leave or has failed")
     no.add_argument("--rank", type=int, default=None, help="a training rank instead of a node (needs --run-dir)")
@@ -146,6 +190,13 @@ def parser() -> argparse.ArgumentParser:
     )
     no.add_argument("--runs-root", default="runs", help="where to look for runs using the node")
     no.add_argument("--token", default=None, help="the run token (default: RUN_DIR/token)")
+    no.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="how long to wait for each run's answer, seconds (default 10; a connection try: at most 2)",
+    )
     no.add_argument(
         "--private-key-file",
         default=None,
@@ -174,5 +225,10 @@ def main(argv: list[str]) -> int:
 
 
 def _status_of(exc: TmslurmError) -> int:
-    """3 when no controller answered (the run is not running), else 2."""
+    """The status a notice that did not reach every run carries; else 3 when no controller
+    answered (the run is not running), else 2."""
+    from tmslurm.cli.notify import Undelivered
+
+    if isinstance(exc, Undelivered):
+        return exc.status
     return 3 if "unreachable" in str(exc) or "not running" in str(exc) else USAGE_ERROR

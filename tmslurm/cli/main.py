@@ -1,4 +1,4 @@
-"""``tmslurm``: user and admin commands (status, notify, report)."""
+"""``tmslurm``: user and admin commands (status, stop, notify, report)."""
 
 from __future__ import annotations
 

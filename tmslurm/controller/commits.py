@@ -8,8 +8,9 @@ Contract (on the controller's thread):
   ``recovered`` (its agent finished the redone step first) is kept too: the step commits once the recovery is done and
   the last vote is in (the last reporter's own vote comes after its report), never before.
 - When all slots voted, :meth:`Commits.commit` broadcasts ``decision: commit``. It carries a
-  ready planned switch (phase 2; never on the last step), ``final`` after a stop request, and
-  ``checkpoint`` when a checkpoint-then-restart (or -requeue) is pending. ``standby.start_when_warm`` holds the first
+  ready planned switch (phase 2; never on the last step), ``final`` after a stop request (with
+  ``checkpoint`` when the stop was asked for: ``tmslurm stop``), and ``checkpoint`` when a
+  checkpoint-then-restart (or -requeue) is pending. ``standby.start_when_warm`` holds the first
   commit until every standby is warm (or ``runtime.connect_timeout_s`` passed).
 - Every commit appends to the step log (a rank's peak RSS only when it changed since the last
   entry that has it), completes event timelines, fires injected drains, and
@@ -104,8 +105,9 @@ class Commits:
         carried = plan if attach and isinstance(plan, PlannedSwitch) else None
         switch = self._apply(carried, now) if carried is not None else None
         then = st.checkpoint_then
-        checkpoint = then is not None and then.checkpoint_step is None
         final = st.stop_requested and not attach
+        stop_checkpoint = final and st.stop_checkpoint
+        checkpoint = (then is not None and then.checkpoint_step is None) or stop_checkpoint
         self.ctx.broadcast(
             Decision(
                 step=st.step,
@@ -115,7 +117,10 @@ class Commits:
                 final=final,
             )
         )
-        if checkpoint and then is not None:
+        if stop_checkpoint:
+            st.stopped_at = st.step + 1
+            self.ctx.journal.write("stop_checkpoint", step=st.step + 1)
+        elif checkpoint and then is not None:
             then.checkpoint_step = st.step + 1
             st.mode = Mode.CHECKPOINTING
         if carried is not None:

@@ -7,7 +7,8 @@ Contract (on the controller's thread):
   is journalled and ignored (Slurm lost the node's daemon, not the ranks); a ``failure`` fails
   the ranks; a ``maintenance`` starts a planned switch, or waits when a plan is in progress.
 - :meth:`Intake.request` answers ``status``, ``stop`` and ``notice`` requests (already
-  authenticated and validated by the gate). A notice for an unknown node or rank gets an
+  authenticated and validated by the gate). A ``stop`` makes the next commit the last one, with a
+  checkpoint (a run stopped so resumes exactly with ``train.resume_from``). A notice for an unknown node or rank gets an
   ``error`` naming the valid ones. The requester's connection is always closed.
 """
 
@@ -112,9 +113,10 @@ class Intake:
                 ch.try_send(self._notice_request(msg))
             elif isinstance(msg, StatusRequest):
                 ch.try_send(StatusReply(status=self.status()))
-            elif isinstance(msg, StopRequest):
-                self.state.stop_requested = True
-                self.ctx.journal.write("stop_requested")
+            elif isinstance(msg, StopRequest):  # checkpointed with the final commit (Commits.commit)
+                self.state.stop_requested = self.state.stop_checkpoint = True
+                self.ctx.journal.write("stop_requested", step=self.state.step)
+                log.warning("stop requested: checkpoint at the next step boundary, then end the run")
                 ch.try_send(OkReply(stopping_after_step=self.state.step))
         finally:
             ch.close()

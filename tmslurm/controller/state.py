@@ -162,6 +162,11 @@ class RunState:
     comm_error_since: float | None = None
     hold_since: float | None = None
     stop_requested: bool = False
+    stop_checkpoint: bool = False
+    """A stop asked for (``tmslurm stop``): the final commit carries a checkpoint, so that
+    ``train.resume_from`` goes on from the step the run stopped at."""
+    stopped_at: int | None = None
+    """The step of that checkpoint (the steps committed), once the final commit carried it."""
     checkpoint_then: CheckpointThen | None = None
     requeued: bool = False
     failed_reason: str | None = None

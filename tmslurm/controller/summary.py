@@ -6,7 +6,8 @@ events, job ids).
 :meth:`Summary.write` builds ``summary.json``: the final hashes from every rank's ``done`` report
 (:func:`~tmslurm.controller.final_hashes.final_hashes`: ``final_params_sha256``, ``final_state_sha256``,
 ``replicas_equal``, ``diverging``; a divergence is journalled and logged as an error and gives
-no hash), losses, the step log, the events with their downtime, and ``jobs``: the run's chain of
+no hash), losses, the step log, the events with their downtime, ``stopped`` (the checkpoint step of a
+run ended by ``tmslurm stop``, else None), and ``jobs``: the run's chain of
 Slurm jobs (:func:`job_chain`; ``tmslurm status`` shows the current ``incarnation``). It raises
 only when the run directory cannot be written.
 """
@@ -156,6 +157,7 @@ class Summary:
             "links": self.links.report() if self.links is not None else None,
             "restart_mode": self.ctx.cfg.bench.restart_mode,
             "failed": st.failed_reason,
+            "stopped": None if st.stopped_at is None else {"checkpoint_step": st.stopped_at},
             **cluster,
             "jobs": job_chain(summary_events, cluster.get("main_job_id")),
         }

@@ -189,6 +189,14 @@ class JobRecord(Record):
     lost_steps: int | None = None
 
 
+class StopRecord(Record):
+    """How a run ended by ``tmslurm stop`` stopped."""
+
+    checkpoint_step: int
+    """The step of its last checkpoint, taken with its final commit: ``train.resume_from`` goes on
+    from there."""
+
+
 class Summary(Record):
     """``summary.json``: what a finished run reports (see :mod:`tmslurm.controller.summary`)."""
 
@@ -224,6 +232,8 @@ class Summary(Record):
     restart_mode: str = "tmslurm"
     failed: str | None = None
     """Why the run failed, None when it did not."""
+    stopped: StopRecord | None = None
+    """Set when ``tmslurm stop`` ended the run (it checkpointed first), None otherwise."""
     main_job_id: str | None = None
     spare_job_ids: list[str] = []
     jobs: list[JobRecord] = []

@@ -215,18 +215,22 @@ def shutdown(sock: socket.socket) -> None:
         pass
 
 
-def connect(host: str, port: int, timeout_s: float = 10.0) -> Channel:
+def connect(host: str, port: int, timeout_s: float = 10.0, *, attempt_s: float = 5.0) -> Channel:
+    """Connect to ``host:port``, trying again until ``timeout_s`` has passed (``0``: one try); each
+    try waits at most ``attempt_s`` for an answer. :class:`TmslurmError` (``unreachable``) when none
+    succeeded."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            sock = socket.create_connection((host, port), timeout=5.0)
+            sock = socket.create_connection((host, port), timeout=attempt_s)
             sock.settimeout(None)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             return Channel(sock)
         except OSError as exc:
-            if time.monotonic() > deadline:
+            if time.monotonic() >= deadline:
+                why = f"no answer within {attempt_s:g} s" if isinstance(exc, TimeoutError) else str(exc)
                 raise TmslurmError(
-                    f"controller at {host}:{port} is unreachable: {exc}. "
+                    f"controller at {host}:{port} is unreachable: {why}. "
                     "Is the run still alive? (tmslurm status RUN_DIR)"
                 ) from None
             time.sleep(0.1)
@@ -279,10 +283,16 @@ def request(run_dir: Path, msg: dict[str, Any], token: str | None = None, timeou
     )
 
 
-def exchange(addr: dict[str, Any], msg: Msg | dict[str, Any], timeout_s: float = 10.0) -> dict[str, Any]:
+def exchange(
+    addr: dict[str, Any], msg: Msg | dict[str, Any], timeout_s: float = 10.0, *, connect_s: float | None = None
+) -> dict[str, Any]:
     """Send one first line to the controller at ``addr`` and return its one reply. ``msg`` may be a
-    raw dict (:func:`request`'s untyped CLI requests): the controller validates whatever comes."""
-    ch = connect(addr["host"], addr["port"], timeout_s)
+    raw dict (:func:`request`'s untyped CLI requests): the controller validates whatever comes.
+    ``connect_s``: one connection try bounded by it, instead of trying for ``timeout_s``."""
+    if connect_s is None:
+        ch = connect(addr["host"], addr["port"], timeout_s)
+    else:
+        ch = connect(addr["host"], addr["port"], 0.0, attempt_s=connect_s)
     try:
         ch.sock.settimeout(timeout_s)
         ch.send_line(encode_line(msg))

@@ -5,7 +5,8 @@ Contract: :func:`compose_config` checks the overrides' keys (:mod:`.overrides`),
 applies the cluster's defaults and a Hugging Face config (:mod:`tmslurm.core.hfconfig`), checks the
 cross-field rules (:mod:`.validation`) and then what only the outside can tell
 (:func:`check_environment`): that ``train.task`` imports, that ``train.resume_from`` and
-``train.data_path`` exist, that prometheus-client is there when metrics are asked for.
+``train.data_path`` exist, that prometheus-client is there when metrics are asked for. The site's
+defaults (:mod:`.site`: the admin public key) fill what the run left unset.
 Failure behaviour: every failure, Hydra's included, is one :class:`~tmslurm.core.errors.ConfigError`
 naming the override to change.
 """
@@ -23,6 +24,7 @@ from tmslurm.core.config.faults import FaultConfig
 from tmslurm.core.config.overrides import check_overrides, closest
 from tmslurm.core.config.presets import CONF_DIR
 from tmslurm.core.config.schema import SLURM_CHECKPOINT_EVERY, RunConfig, register_configs
+from tmslurm.core.config.site import apply_site_defaults
 from tmslurm.core.config.validation import validate
 from tmslurm.core.errors import ConfigError
 from tmslurm.core.hfconfig import apply_hf_config
@@ -50,6 +52,7 @@ def compose_config(overrides: list[str]) -> RunConfig:
     except Exception as exc:  # OmegaConf's MissingMandatoryValue, TypeError from a dataclass
         raise ConfigError(_conversion_message(exc, overrides)) from None
     apply_cluster_defaults(cfg, overrides)
+    apply_site_defaults(cfg)
     apply_hf_config(cfg)
     validate(cfg)
     check_environment(cfg)
