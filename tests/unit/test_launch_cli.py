@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -194,3 +195,22 @@ def test_notify_with_a_bad_event_is_an_argparse_error(tmp_path):
     p = run("-c", CLI, "notify", "--node", "n1", "--event", "reboot")
     assert p.returncode == 2
     assert "invalid choice" in p.stderr
+
+
+def test_help_into_a_reader_that_is_gone_ends_quietly():
+    """``tmslurm-launch --help | head -1``: the reader has closed the pipe (here before the command
+    starts, so every write fails); no traceback, status 0."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "tmslurm.cli.launch", "--help"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr

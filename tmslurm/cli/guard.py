@@ -2,12 +2,14 @@
 
 Contract: :func:`guarded` runs an entry point's body and returns its exit status; a
 :class:`~tmslurm.core.errors.TmslurmError` it raises is printed as ``error: <message>`` on stderr and
-exits with ``status_of(error)`` (:data:`USAGE_ERROR` unless the command tells errors apart). Any
+exits with ``status_of(error)`` (:data:`USAGE_ERROR` unless the command tells errors apart). A
+reader that went away (``tmslurm-launch --help | head``) ends the command quietly with status 0. Any
 other exception propagates (a bug shows its traceback).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 
@@ -23,3 +25,6 @@ def guarded(body: Callable[[], int], status_of: Callable[[TmslurmError], int] = 
     except TmslurmError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return status_of(exc)
+    except BrokenPipeError:  # stdout's reader is gone: nothing left to tell it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush must not fail again
+        return 0

@@ -102,10 +102,7 @@ def print_summary(summary: Summary, run_dir: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--help" in argv or "-h" in argv:
-        from tmslurm.cli.launch_help import usage
-
-        print(usage())
-        return 0
+        return guarded(_help)
     if argv[:1] == ["--check"]:
         return guarded(lambda: check(argv[1:]))
     if argv[:1] == ["--prepared"] and len(argv) == 2:
@@ -116,6 +113,13 @@ def main(argv: list[str] | None = None) -> int:
         show = True
         del argv[i : i + (2 if i + 1 < len(argv) and argv[i + 1] in ("job", "all") else 1)]
     return guarded(lambda: _launch(argv, show))
+
+
+def _help() -> int:
+    from tmslurm.cli.launch_help import usage
+
+    print(usage())
+    return 0
 
 
 def check(overrides: list[str]) -> int:
