@@ -39,7 +39,7 @@ from benchmarks.chaosfaults import KINDS, NODE_FAULTS, Injected, controller_pid,
 from benchmarks.common import SlurmJob, commit, progress, recorded_command, run_local, say, sh, write_json
 from tmslurm.controller.journal import read_journal
 from tmslurm.core.errors import TmslurmError
-from tmslurm.tools.chaoscheck import InjectedFault, check_run, format_report
+from tmslurm.tools.chaoscheck import InjectedFault, check_run, format_report, read_reference
 
 SETTLE_S = 900.0
 POOL_WAIT_S = 90.0
@@ -275,11 +275,12 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     journal = read_journal(run_dir / "events.jsonl")
     left = wait_gone(run_dir, [job.job_id])
     say(f"run stopped at step {summary['steps']}; running the uninterrupted reference to that step")
-    ref = run_local(
+    run_local(
         out / "reference",
         ["parallel.dp=2", "parallel.pp=2", f"model={args.model}", f"train.steps={summary['steps']}"],
         timeout=7200,
     )
+    ref = read_reference(out / "reference" / "summary.json")  # typed, both hashes set
     pids = sorted(
         {
             int(e["pid"])
