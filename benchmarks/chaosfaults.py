@@ -134,11 +134,11 @@ def inject(kind: str, victims: list[dict[str, Any]], run_dir: Path, step: int, d
         t = _lab(kind, *nodes, THROTTLE_PCT if kind == "throttle" else SLOWLINK_RATE)
         return Injected(t=t, kind=kind, ranks=ranks, nodes=nodes, step=step, undo_at=undo)
     if kind == "controller_kill":
-        pid = controller_pid(run_dir)
-        if pid is None:
+        ctl_pid = controller_pid(run_dir)
+        if ctl_pid is None:
             raise TmslurmError(f"no live controller of {run_dir} on this host; not signalled")
         t = time.time()
-        os.kill(pid, signal.SIGKILL)
+        os.kill(ctl_pid, signal.SIGKILL)
         return Injected(t=t, kind=kind, ranks=[], nodes=["controller"], step=step, repaired=True)
     if kind == "slurmctld_stop":
         t = _lab("ctld-stop")

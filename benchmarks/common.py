@@ -14,7 +14,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +49,19 @@ def progress(sub: str, total: int | None, label: str) -> Progress:
     return Progress(total, label, sys.stdout, title=f"[bench] {sub} progress", inplace=False)
 
 
-def median(xs: list[float]) -> float | None:
-    xs = [x for x in xs if isinstance(x, (int, float))]
-    return statistics.median(xs) if xs else None
+def median(xs: Iterable[object]) -> float | None:
+    """The median of the numbers among ``xs`` (other items, ``None`` say, are left out); ``None`` if none."""
+    nums = [x for x in xs if isinstance(x, (int, float))]
+    return statistics.median(nums) if nums else None
+
+
+def median_of(xs: Iterable[object], what: str) -> float:
+    """:func:`median` where a figure must come out: raises :class:`TmslurmError` naming ``what`` if
+    ``xs`` holds no number."""
+    m = median(xs)
+    if m is None:
+        raise TmslurmError(f"no samples of {what}: the runs recorded none (see their logs)")
+    return m
 
 
 def run_local(run_dir: Path, overrides: list[str], timeout: float = 900) -> dict[str, Any]:

@@ -136,10 +136,12 @@ class Run:
                 )
             return gen.t_admitted
 
-        self._wait(admitted, max(60.0, self.n * 0.1), f"{gen.total} agents admitted")
+        t_admitted: float = self._wait(admitted, max(60.0, self.n * 0.1), f"{gen.total} agents admitted")
+        if gen.t_first_connect is None:
+            raise Failed(f"{gen.total} agents admitted but the load generator recorded no first connect")
         self.row.update(
-            admit_s=round(gen.t_admitted - gen.t_first_connect, 3),
-            hello_retries=gen.retries,  # type: ignore[operator]
+            admit_s=round(t_admitted - gen.t_first_connect, 3),
+            hello_retries=gen.retries,
             generator_late_max_admit_ms=_r(1000.0 * gen.late_max_s),
         )
         self.row["reached"] = "admitted"

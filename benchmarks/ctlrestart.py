@@ -129,7 +129,11 @@ def interrupted(out: Path, overrides: list[str], kill_steps: list[int]) -> dict[
             f"kill {i + 1}/{len(kill_steps)}: SIGKILL of controller {kill_controller(job)} at step "
             f"{committed(job.run_dir)}"
         )
-        job.wait_journal(lambda e, i=i: e["type"] == "adopted" and e["incarnation"] == i + 1, 60, f"adoption {i + 1}")
+
+        def adopted(e: dict[str, Any], i: int = i) -> bool:
+            return e["type"] == "adopted" and e["incarnation"] == i + 1
+
+        job.wait_journal(adopted, 60, f"adoption {i + 1}")
     if job.proc.wait(600) != 0:
         raise TmslurmError(f"the interrupted run failed; see {job.run_dir}")
     return json.loads((job.run_dir / "summary.json").read_text())

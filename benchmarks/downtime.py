@@ -364,7 +364,7 @@ def _runs(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def _result(args: Any, commands: list[str], ref: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
     cs = dtstats.cells(rows)
-    result = {
+    result: dict[str, Any] = {
         "commands": commands,
         "commit": commit(),
         "date": time.strftime("%Y-%m-%d"),

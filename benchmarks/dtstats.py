@@ -47,7 +47,7 @@ def make_row(
     fixed_delay_s: float | None = None,
 ) -> dict[str, Any]:
     gap = _num(ev.get("gap_s"))
-    parts = {p: ev.get(p) for p in pause_parts(ev) if _num(ev.get(p)) is not None}
+    parts: dict[str, float] = {p: ev[p] for p in pause_parts(ev) if _num(ev.get(p)) is not None}
     noticed = _num(ev.get("notice_t"))
     if noticed is not None and event in UNEXPECTED:  # the run's detection (its notice is the fault where it knew it)
         noticed += _num(ev.get("detect_s")) or 0.0

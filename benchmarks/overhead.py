@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import SlurmJob, median, say, write_json
+from benchmarks.common import SlurmJob, median_of, say, write_json
 
 OFF = ["bench.commit_vote=false", "bench.heartbeats=false", "slurm.watch=false"]
 
@@ -41,8 +41,9 @@ def _run(out: Path, name: str, extra: list[str], steps: int, model: str, delay_s
     s = json.loads(summary_path.read_text())
     dts = [e["dt"] for e in s["step_log"][5:]]
     gaps = [b["t_end"] - a["t_end"] for a, b in zip(s["step_log"][5:], s["step_log"][6:])]
-    say(f"{name}: median step (commit to commit) {median(gaps):.4f}s, compute {median(dts):.4f}s")
-    return median(gaps)
+    step = median_of(gaps, f"the step gaps of {name}")
+    say(f"{name}: median step (commit to commit) {step:.4f}s, compute {median_of(dts, f'the compute of {name}'):.4f}s")
+    return step
 
 
 def main(args: Any) -> dict[str, Any]:
@@ -51,7 +52,7 @@ def main(args: Any) -> dict[str, Any]:
     for rep in range(args.repeats):
         on.append(_run(out, f"on-{rep}", [], args.steps, args.model, args.step_delay_s))
         off.append(_run(out, f"off-{rep}", OFF, args.steps, args.model, args.step_delay_s))
-    m_on, m_off = median(on), median(off)
+    m_on, m_off = median_of(on, "the runs with the monitors"), median_of(off, "the runs without")
     pct = 100.0 * (m_on - m_off) / m_off
     deltas = [1000 * (a - b) for a, b in zip(on, off)]
     print(

@@ -78,7 +78,7 @@ def main(args: Any) -> dict[str, Any]:
     roles = [
         {"role": k, **_spread(v), "all_warm": all(warm[k])} for k, v in sorted(downtimes.items(), key=lambda kv: kv[0])
     ]
-    per_class = [
+    per_class: list[dict[str, Any]] = [
         {"class": k, "warmup_s": _spread(v["warmup_s"]), "role_rss_mb": _spread(v["role_rss_mb"])}
         for k, v in classes.items()
     ]
@@ -87,10 +87,10 @@ def main(args: Any) -> dict[str, Any]:
             f"{r['role']:<22} n={r['n']} downtime median {r['median']:.3f}s (min {r['min']:.3f}, max {r['max']:.3f}) "
             f"warm={r['all_warm']}"
         )
-    for c in per_class:
-        w, m = c["warmup_s"], c["role_rss_mb"]
+    for cls in per_class:
+        w, m = cls["warmup_s"], cls["role_rss_mb"]
         say(
-            f"class {c['class']:<8} n={w['n']} warm-up median {w['median']:.2f}s "
+            f"class {cls['class']:<8} n={w['n']} warm-up median {w['median']:.2f}s "
             f"(min {w['min']:.2f}, max {w['max']:.2f}); "
             f"RSS growth median {m['median']:.1f} MiB (min {m['min']:.1f}, max {m['max']:.1f})"
         )

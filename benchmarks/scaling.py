@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import LocalJob, commit, median, recorded_command, say, write_json
+from benchmarks.common import LocalJob, commit, median, median_of, recorded_command, say, write_json
 
 
 def _one(out: Path, ranks: int, mode: str, rep: int, steps: int) -> dict[str, Any]:
@@ -32,9 +32,11 @@ def _one(out: Path, ranks: int, mode: str, rep: int, steps: int) -> dict[str, An
         ],
     )
     for role in ("first", "last"):
-        job.wait_journal(
-            lambda e, role=role: e["type"] == "standby_ready" and e["role"] == role, 900, f"standby warm for {role}"
-        )
+
+        def warm(e: dict[str, Any], role: str = role) -> bool:
+            return e["type"] == "standby_ready" and e["role"] == role
+
+        job.wait_journal(warm, 900, f"standby warm for {role}")
     job.request({"type": "notice", "event": "maintenance", "rank": 1, "reason": "bench scaling"})
     job.wait_journal(lambda e: e["type"] == "event", 600, "the switch to complete")
     time.sleep(steps * 0.05)
@@ -58,7 +60,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     lines = [f"{'ranks':>5}{'delta phase2':>14}{'full phase2':>13}{'delta downtime':>16}{'full downtime':>15}"]
     sizes = sorted({r["ranks"] for r in rows})
     med = {
-        (n, m, k): median([r[k] for r in rows if r["ranks"] == n and r["mode"] == m])
+        (n, m, k): median_of([r[k] for r in rows if r["ranks"] == n and r["mode"] == m], f"{k} ({m}, {n} ranks)")
         for n in sizes
         for m in ("delta", "full")
         for k in ("phase2_s", "downtime_s")

@@ -178,6 +178,7 @@ class SimAgent:
         if isinstance(msg, Decision):
             return self._decision(msg) if self.phase is Phase.VOTED and msg.step == self.step else Reply()
         if isinstance(msg, Prepare):
+            assert self.rank is not None  # a worker has its rank
             self.prepared.add(msg.epoch)
             return Reply(send=[Prepared(type="prepared", epoch=msg.epoch, rank=self.rank, phase1_s=0.0)])
         if isinstance(msg, Cancel):

@@ -71,7 +71,7 @@ def main(args: Any) -> dict[str, Any]:
     last = {a: proc_sample(p) for a, p in pids.items()}
     wall, steps = time.monotonic() - t0, _step(job) - step0
     summary = job.finish()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for aid in pids:
         cpu = last[aid].cpu_s - first[aid].cpu_s
         rows.append(

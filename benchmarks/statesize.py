@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -75,17 +76,17 @@ def drains(out: Path, model: str, shadow: bool, repeats: int) -> dict[str, Any]:
     )
     try:
         for i in range(repeats):
-            job.wait_journal(
-                lambda e, i=i: (
-                    e["type"] == "standby_ready" and e["role"] == "last" and e["agent"] == nth_standby(job, i)
-                ),
-                1800,
-                f"standby #{i} warm",
-            )
+
+            def warm(e: dict[str, Any], i: int = i) -> bool:
+                return e["type"] == "standby_ready" and e["role"] == "last" and e["agent"] == nth_standby(job, i)
+
+            job.wait_journal(warm, 1800, f"standby #{i} warm")
             job.request({"type": "notice", "event": "maintenance", "rank": 1, "reason": f"bench statesize {i}"})
-            job.wait_journal(
-                lambda e, i=i: is_planned(e) and sum(map(is_planned, job.journal())) > i, 1800, f"move #{i}"
-            )
+
+            def moved(e: dict[str, Any], i: int = i) -> bool:
+                return is_planned(e) and sum(map(is_planned, job.journal())) > i
+
+            job.wait_journal(moved, 1800, f"move #{i}")
             say(f"{name}: move {i + 1}/{repeats} done")
         summary = job.finish(1800)
     except BaseException:
@@ -321,7 +322,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         ("unexpected_pause_from_fault_p50_s", "SIGKILL (pause from the fault)"),
         ("injob_restart_planned_downtime_p50_s", "in-job restart, planned (downtime)"),
     ):
-        ax.plot(x, [r.get(key) for r in rows], marker="o", label=label)
+        ax.plot(x, [math.nan if r.get(key) is None else r[key] for r in rows], marker="o", label=label)  # a gap
     ax.plot(x, [r["floor_s"] for r in rows], linestyle="--", color="grey", label="floor: state bytes / link bandwidth")
     ax.set_xscale("log")
     ax.set_yscale("log")

@@ -54,16 +54,12 @@ def one(out: Path, mode: str, args: argparse.Namespace, prog: Any) -> list[dict[
     try:
         while len(rows) < args.boundaries:
             n = len(rows)
-            job.wait(
-                lambda st, n=n: (
-                    len(
-                        [e for e in job.events_done(st) if e.get("kind") == f"job_end_{mode}" and e.get("first_step_t")]
-                    )
-                    > n
-                ),
-                args.timeout,
-                f"time-limit boundary {n + 1} ({mode})",
-            )
+
+            def past(st: dict[str, Any], n: int = n) -> bool:
+                done = job.events_done(st)
+                return len([e for e in done if e.get("kind") == f"job_end_{mode}" and e.get("first_step_t")]) > n
+
+            job.wait(past, args.timeout, f"time-limit boundary {n + 1} ({mode})")
             ev = _boundaries(job, mode)[n]
             job_id = _current_job(job)
             rows.append(_row(mode, n, ev, fixed_delay(job_id, ev) if mode == "requeue" else None))

@@ -117,19 +117,21 @@ def drains(out: Path, name: str, base: list[str], zero: int, repeats: int) -> li
     )
     try:
         for i in range(repeats):
-            job.wait_journal(
-                lambda e, i=i: (
+
+            def warm(e: dict[str, Any], i: int = i) -> bool:
+                return (
                     e["type"] == "standby_ready"
                     and e["agent"] == nth_standby(job, i)
                     and _warm_everywhere(job, e["agent"])
-                ),
-                1800,
-                f"standby #{i} warm",
-            )
+                )
+
+            job.wait_journal(warm, 1800, f"standby #{i} warm")
             job.request({"type": "notice", "event": "maintenance", "rank": 1, "reason": f"bench zero {i}"})
-            job.wait_journal(
-                lambda e, i=i: is_planned(e) and sum(map(is_planned, job.journal())) > i, 1800, f"move #{i}"
-            )
+
+            def moved(e: dict[str, Any], i: int = i) -> bool:
+                return is_planned(e) and sum(map(is_planned, job.journal())) > i
+
+            job.wait_journal(moved, 1800, f"move #{i}")
         summary = job.finish(1800)
     except BaseException:
         job.proc.kill()

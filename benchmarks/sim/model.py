@@ -262,9 +262,10 @@ def strategy_downtimes_s(strategy: str, gpus: int, inputs: ProjectionInputs) -> 
             pt.downtime_s("unexpected", gpus, inputs.parts, mode),
         )
     pt.check_choice("strategy", strategy, STRATEGIES)
-    if not inputs.measured:
+    planned, unexpected = inputs.tmslurm_planned_s, inputs.tmslurm_unexpected_s
+    if planned is None or unexpected is None:
         raise ConfigError("tmslurm_measured needs tmslurm_planned_s and tmslurm_unexpected_s")
-    return inputs.tmslurm_planned_s, inputs.tmslurm_unexpected_s
+    return planned, unexpected
 
 
 def standby_gpus_of(strategy: str, inputs: ProjectionInputs) -> int:

@@ -99,17 +99,21 @@ def read_measured_downtimes(path: Path, flag: str = "--downtime-json") -> tuple[
 
 def _measured(data: dict, kind: str, path: Path, flag: str) -> float:
     key = f"tmslurm_{kind}_median_s"
-    medians = data.get("medians") if isinstance(data.get("medians"), dict) else {}
-    nested = medians.get("tmslurm") if isinstance(medians.get("tmslurm"), dict) else {}
+    medians = data.get("medians")
+    if not isinstance(medians, dict):
+        medians = {}
+    nested = medians.get("tmslurm")
+    if not isinstance(nested, dict):
+        nested = {}
     for value in (data.get(key), medians.get(key), nested.get(kind)):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return pt.check_number(f"{flag} {path}: {key}", float(value))
-    rows = [
+    found = [
         r.get("downtime_s")
         for r in data.get("rows") or []
         if isinstance(r, dict) and r.get("strategy") == "tmslurm" and r.get("event") == kind
     ]
-    rows = [float(x) for x in rows if isinstance(x, (int, float)) and not isinstance(x, bool)]
+    rows = [float(x) for x in found if isinstance(x, (int, float)) and not isinstance(x, bool)]
     if rows:
         return statistics.median(rows)
     raise ConfigError(
@@ -244,7 +248,8 @@ def parse_inputs(argv: Sequence[str] | None = None) -> tuple[ProjectionInputs, P
     if args.control_law not in pt.CONTROL_LAWS:
         raise ConfigError(f"--control-law must be one of {', '.join(pt.CONTROL_LAWS)}; got {args.control_law!r}")
     parts = pt.PartInputs(
-        **{k: v for k, v in part_values.items() if v is not None},
+        # _value's check per flag gives each field its declared type; mypy sees one union for the mixed fields
+        **{k: v for k, v in part_values.items() if v is not None},  # type: ignore[arg-type]
         control_law=args.control_law,
         async_commit=args.async_commit,
     )
@@ -258,7 +263,8 @@ def parse_inputs(argv: Sequence[str] | None = None) -> tuple[ProjectionInputs, P
         mttf_rule=args.mttf_rule,
         trainmover_beyond=args.trainmover_beyond,
         planned_loses_progress=args.planned_loses_progress,
-        **model_values,
+        # every model flag has a default, so no value is None; mypy sees one union for the mixed fields
+        **model_values,  # type: ignore[arg-type]
     )
     return inputs, Path(args.out)
 
